@@ -1,0 +1,62 @@
+// GGUF writer (version 3). Metadata is kept in insertion order; tensor data is
+// produced on demand while writing, so multi-GB models never sit in memory.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "quant/types.h"
+
+namespace glm5::gguf {
+
+class Writer {
+public:
+    explicit Writer(uint32_t alignment = 32);
+
+    // Setting an existing key replaces its value in place.
+    void set(const std::string& key, Value v);
+    void set_u32(const std::string& key, uint32_t v);
+    void set_i32(const std::string& key, int32_t v);
+    void set_u64(const std::string& key, uint64_t v);
+    void set_f32(const std::string& key, float v);
+    void set_bool(const std::string& key, bool v);
+    void set_string(const std::string& key, const std::string& v);
+    void set_array_string(const std::string& key, const std::vector<std::string>& v);
+    void set_array_i32(const std::string& key, const std::vector<int32_t>& v);
+    void set_array_u32(const std::string& key, const std::vector<uint32_t>& v);
+    void set_array_f32(const std::string& key, const std::vector<float>& v);
+    void set_array_bool(const std::string& key, const std::vector<bool>& v);
+
+    // `fill` is called once during write() with a buffer of exactly
+    // row_size(type, ne[0]) * rows bytes to fill with the tensor's data.
+    using Fill = std::function<void(uint8_t* dst, size_t nbytes)>;
+    void add_tensor(const std::string& name, quant::Type type, std::vector<int64_t> ne, Fill fill);
+    // Convenience: copies the bytes given.
+    void add_tensor_bytes(const std::string& name, quant::Type type, std::vector<int64_t> ne,
+                          const void* data, size_t nbytes);
+
+    size_t n_tensors() const { return tensors_.size(); }
+
+    // Writes the file (to path + ".tmp", then renames, so a failed write never
+    // leaves a half file under the real name). Throws glm5::Error.
+    // `progress(done_bytes, total_bytes)` is called after each tensor.
+    void write(const std::string& path,
+               const std::function<void(uint64_t, uint64_t)>& progress = nullptr) const;
+
+private:
+    struct PendingTensor {
+        std::string name;
+        quant::Type type;
+        std::vector<int64_t> ne;
+        size_t nbytes;
+        Fill fill;
+    };
+    uint32_t alignment_;
+    std::vector<std::pair<std::string, Value>> kv_;
+    std::vector<PendingTensor> tensors_;
+};
+
+}  // namespace glm5::gguf
