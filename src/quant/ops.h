@@ -1,0 +1,35 @@
+// Internal: how each format family plugs its row functions into the dispatch
+// in quant.cpp. One family per file (float.cpp, legacy.cpp, kquants.cpp,
+// iquants.cpp); SIMD variants live in *_avx2.cpp / *_avx512.cpp files.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "quant/quant.h"
+
+namespace glm5::quant {
+
+struct FormatOps {
+    void (*dequantize)(const void* src, float* dst, int64_t n) = nullptr;
+    // Quantize n_rows rows; returns bytes written.
+    size_t (*quantize)(const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                       const float* imatrix) = nullptr;
+    // For activation formats (Q8_0, Q8_1, Q8_K, F16, BF16, F32): one row.
+    void (*quantize_activation)(const float* x, void* dst, int64_t n) = nullptr;
+    VecDotFn vec_dot_ref = nullptr;
+    VecDotFn vec_dot_avx2 = nullptr;    // null when the family has none
+    VecDotFn vec_dot_avx512 = nullptr;  // null when the family has none
+};
+
+// Each returns nullptr for a type it does not handle.
+const FormatOps* float_ops(Type t);
+const FormatOps* legacy_ops(Type t);
+const FormatOps* kquant_ops(Type t);
+const FormatOps* iquant_ops(Type t);
+
+// Runtime CPU features (checked once).
+bool cpu_has_avx2();    // AVX2 + FMA + F16C
+bool cpu_has_avx512();  // AVX-512 F/BW/VL/DQ/VNNI
+
+}  // namespace glm5::quant

@@ -1,0 +1,77 @@
+#include "quant/quant.h"
+
+#include <string>
+
+#include "core/error.h"
+#include "quant/ops.h"
+
+namespace glm5::quant {
+
+namespace {
+
+const FormatOps& ops_for(Type t) {
+    const FormatOps* o = float_ops(t);
+    if (!o) o = legacy_ops(t);
+    if (!o) o = kquant_ops(t);
+    if (!o) o = iquant_ops(t);
+    if (!o) throw Error(std::string("tensor type ") + name(t) + " is not supported");
+    return *o;
+}
+
+void check_blocks(Type t, int64_t n) {
+    const int64_t bs = traits(t).block_size;
+    if (n % bs != 0)
+        throw Error(std::string(name(t)) + ": row of " + std::to_string(n) +
+                    " values is not a multiple of the block size " + std::to_string(bs));
+}
+
+}  // namespace
+
+bool cpu_has_avx2() {
+    static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+    return v;
+}
+
+bool cpu_has_avx512() {
+    static const bool v = cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+    return v;
+}
+
+void dequantize_row(Type t, const void* src, float* dst, int64_t n) {
+    check_blocks(t, n);
+    const FormatOps& o = ops_for(t);
+    if (!o.dequantize) throw Error(std::string(name(t)) + ": no dequantization");
+    o.dequantize(src, dst, n);
+}
+
+size_t quantize_rows(Type t, const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                     const float* imatrix) {
+    check_blocks(t, n_per_row);
+    const FormatOps& o = ops_for(t);
+    if (!o.quantize) throw Error(std::string(name(t)) + ": quantization is not supported");
+    return o.quantize(src, dst, n_rows, n_per_row, imatrix);
+}
+
+void quantize_activation_row(Type act_type, const float* x, void* dst, int64_t n) {
+    check_blocks(act_type, n);
+    const FormatOps& o = ops_for(act_type);
+    if (!o.quantize_activation)
+        throw Error(std::string(name(act_type)) + " is not an activation format");
+    o.quantize_activation(x, dst, n);
+}
+
+float vec_dot_ref(Type t, int64_t n, const void* w, const void* act) {
+    return ops_for(t).vec_dot_ref(n, w, act);
+}
+
+VecDotFn vec_dot_fn(Type t) {
+    const FormatOps& o = ops_for(t);
+    if (o.vec_dot_avx512 && cpu_has_avx512()) return o.vec_dot_avx512;
+    if (o.vec_dot_avx2 && cpu_has_avx2()) return o.vec_dot_avx2;
+    return o.vec_dot_ref;
+}
+
+}  // namespace glm5::quant
