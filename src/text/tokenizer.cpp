@@ -1,0 +1,330 @@
+#include "text/tokenizer.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "text/pretokenize.h"
+#include "text/unicode.h"
+
+namespace glm5::text {
+
+namespace {
+
+// GPT-2's byte-to-unicode map: printable bytes stand for themselves, the other 68 bytes
+// (controls, space, DEL, the C1 range, NBSP, soft hyphen) take code points 256, 257, ... in
+// byte order, so every byte has a visible, non-space character.
+struct ByteMap {
+    uint32_t byte_to_cp[256];
+    int16_t cp_to_byte[324];  // -1 where the code point is not a byte's character
+
+    ByteMap() {
+        std::fill(std::begin(cp_to_byte), std::end(cp_to_byte), int16_t(-1));
+        uint32_t next = 256;
+        for (uint32_t b = 0; b < 256; ++b) {
+            const bool printable =
+                (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+            byte_to_cp[b] = printable ? b : next++;
+            cp_to_byte[byte_to_cp[b]] = int16_t(b);
+        }
+    }
+};
+
+const ByteMap& byte_map() {
+    static const ByteMap m;
+    return m;
+}
+
+std::string byte_char(uint8_t b) {
+    std::string s;
+    append_utf8(s, byte_map().byte_to_cp[b]);
+    return s;
+}
+
+// The bytes a byte-level BPE token string stands for. Characters outside the byte map
+// (never in a well-formed vocabulary) are kept as their own UTF-8.
+std::string byte_decode(std::string_view text) {
+    std::string out;
+    out.reserve(text.size());
+    const auto& m = byte_map();
+    for (size_t i = 0; i < text.size();) {
+        Utf8Unit u = utf8_decode(text, i);
+        if (u.valid && u.cp < std::size(m.cp_to_byte) && m.cp_to_byte[u.cp] >= 0)
+            out.push_back(char(m.cp_to_byte[u.cp]));
+        else
+            out.append(text.substr(i, u.len));
+        i += u.len;
+    }
+    return out;
+}
+
+bool renders_raw(TokenType t) {
+    return t == TokenType::Control || t == TokenType::Unknown || t == TokenType::UserDefined;
+}
+
+}  // namespace
+
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer::Tokenizer(VocabData d) : tokens_(std::move(d.tokens)), types_(std::move(d.types)) {
+    if (d.pre != "glm4" && d.pre != "chatglm-bpe")
+        throw Error("tokenizer: pre-tokenizer '" + d.pre +
+                    "' is not supported (expected 'glm4' or 'chatglm-bpe')");
+    if (tokens_.empty()) throw Error("tokenizer: empty vocabulary");
+    if (tokens_.size() > size_t(INT32_MAX) / 2) throw Error("tokenizer: vocabulary too large");
+    const int32_t n = n_vocab();
+    if (types_.empty()) types_.assign(tokens_.size(), TokenType::Normal);
+    if (types_.size() != tokens_.size())
+        throw Error("tokenizer: " + std::to_string(types_.size()) + " token types for " +
+                    std::to_string(tokens_.size()) + " tokens");
+
+    token_index_.reserve(tokens_.size());
+    bytes_.reserve(tokens_.size());
+    for (int32_t i = 0; i < n; ++i) {
+        token_index_[tokens_[i]] = i;  // a duplicated string resolves to its last id
+        bytes_.push_back(renders_raw(types_[i]) ? tokens_[i] : byte_decode(tokens_[i]));
+    }
+
+    // Special ids.
+    auto check = [&](TokenId& id, const char* what) {
+        if (id != kNoToken && (id < 0 || id >= n))
+            throw Error(std::string("tokenizer: ") + what + " token id " + std::to_string(id) +
+                        " is outside the vocabulary of " + std::to_string(n));
+    };
+    special_ = d.special;
+    check(special_.bos, "bos");
+    check(special_.eos, "eos");
+    check(special_.eot, "eot");
+    check(special_.eom, "eom");
+    check(special_.unk, "unknown");
+    check(special_.pad, "padding");
+    if (special_.eot == kNoToken) special_.eot = find("<|user|>");
+    if (special_.eom == kNoToken) special_.eom = find("<|observation|>");
+
+    // Symbols: every byte's character, every merge operand and result.
+    std::unordered_map<std::string, int32_t> extra_index;
+    auto symbol = [&](const std::string& s) -> int32_t {
+        if (TokenId id = find(s); id != kNoToken) return id;
+        auto it = extra_index.find(s);
+        if (it != extra_index.end()) return it->second;
+        const int32_t id = n + int32_t(extra_symbols_.size());
+        extra_symbols_.push_back(s);
+        extra_index.emplace(s, id);
+        return id;
+    };
+    for (int b = 0; b < 256; ++b) byte_symbol_[b] = symbol(byte_char(uint8_t(b)));
+
+    merges_.reserve(d.merges.size());
+    for (size_t r = 0; r < d.merges.size(); ++r) {
+        const std::string& m = d.merges[r];
+        const size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
+        if (sp == std::string::npos || sp + 1 >= m.size())
+            throw Error("tokenizer: merge " + std::to_string(r) + " ('" + m +
+                        "') is not two symbols separated by a space");
+        const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
+        const int32_t l = symbol(left), rr = symbol(right);
+        const int32_t res = symbol(left + right);
+        const uint64_t key = uint64_t(uint32_t(l)) << 32 | uint32_t(rr);
+        merges_.emplace(key, Merge{int32_t(r), res});  // the first (lowest) rank wins
+    }
+
+    for (int32_t i = 0; i < n; ++i) {
+        const TokenType t = types_[i];
+        if (!renders_raw(t) || tokens_[i].empty()) continue;
+        specials_.push_back({i, t != TokenType::UserDefined});
+    }
+    std::stable_sort(specials_.begin(), specials_.end(),
+                     [&](const SpecialMatch& a, const SpecialMatch& b) {
+                         return tokens_[a.id].size() > tokens_[b.id].size();
+                     });
+}
+
+TokenId Tokenizer::find(std::string_view text) const {
+    auto it = token_index_.find(text);
+    return it == token_index_.end() ? kNoToken : it->second;
+}
+
+bool Tokenizer::is_control(TokenId id) const {
+    return is_valid(id) && types_[size_t(id)] == TokenType::Control;
+}
+
+std::vector<TokenId> Tokenizer::stop_ids() const {
+    std::vector<TokenId> ids;
+    for (TokenId id : {special_.eos, special_.eot, special_.eom})
+        if (id != kNoToken && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    return ids;
+}
+
+bool Tokenizer::is_stop(TokenId id) const {
+    return id != kNoToken && (id == special_.eos || id == special_.eot || id == special_.eom);
+}
+
+std::vector<TokenId> Tokenizer::encode(std::string_view text, bool parse_special) const {
+    std::vector<TokenId> out;
+    out.reserve(text.size() / 3 + 4);
+    encode_append(text, parse_special, out);
+    return out;
+}
+
+void Tokenizer::encode_append(std::string_view text, bool parse_special,
+                              std::vector<TokenId>& out) const {
+    // Cut special tokens out of the raw text, longest first; each token carves every
+    // occurrence out of the still-raw fragments, left to right.
+    struct Frag {
+        TokenId id;  // kNoToken: raw text [b, e)
+        size_t b, e;
+    };
+    std::vector<Frag> frags{{kNoToken, 0, text.size()}};
+    std::vector<Frag> next;
+    for (const SpecialMatch& sm : specials_) {
+        if (sm.needs_parse_special && !parse_special) continue;
+        const std::string& s = tokens_[size_t(sm.id)];
+        if (text.find(s) == std::string_view::npos) continue;
+        next.clear();
+        for (const Frag& f : frags) {
+            if (f.id != kNoToken) {
+                next.push_back(f);
+                continue;
+            }
+            size_t b = f.b;
+            while (b < f.e) {
+                const size_t m = text.substr(0, f.e).find(s, b);
+                if (m == std::string_view::npos) break;
+                if (m > b) next.push_back({kNoToken, b, m});
+                next.push_back({sm.id, m, m + s.size()});
+                b = m + s.size();
+            }
+            if (b < f.e) next.push_back({kNoToken, b, f.e});
+        }
+        frags.swap(next);
+    }
+    for (const Frag& f : frags) {
+        if (f.id != kNoToken)
+            out.push_back(f.id);
+        else
+            encode_raw(text.substr(f.b, f.e - f.b), out);
+    }
+}
+
+void Tokenizer::encode_raw(std::string_view text, std::vector<TokenId>& out) const {
+    thread_local std::vector<std::string_view> pieces;
+    pieces.clear();
+    pretokenize_glm4(text, pieces);
+    for (std::string_view w : pieces) bpe_word(w, out);
+}
+
+void Tokenizer::emit_symbol(int32_t sym, std::vector<TokenId>& out) const {
+    if (sym < n_vocab()) {
+        out.push_back(sym);
+        return;
+    }
+    // A merge product the vocabulary lacks: fall back to its characters' tokens.
+    const std::string& s = extra_symbols_[size_t(sym - n_vocab())];
+    for (size_t i = 0; i < s.size();) {
+        Utf8Unit u = utf8_decode(s, i);
+        TokenId id = find(s.substr(i, u.len));
+        if (id == kNoToken) id = special_.unk;
+        if (id != kNoToken) out.push_back(id);
+        i += u.len;
+    }
+}
+
+void Tokenizer::bpe_word(std::string_view word, std::vector<TokenId>& out) const {
+    const size_t n = word.size();
+    if (n == 0) return;
+    if (n == 1) {
+        emit_symbol(byte_symbol_[uint8_t(word[0])], out);
+        return;
+    }
+
+    // Doubly linked symbols over the word's bytes; a merge keeps the left node.
+    struct Node {
+        int32_t sym, prev, next;
+    };
+    struct Cand {
+        int32_t rank, left, lsym, rsym, result;
+        // Heap order: lowest rank first, then the leftmost pair (as llama.cpp and
+        // Hugging Face apply equal-rank merges).
+        bool operator<(const Cand& o) const {
+            return rank != o.rank ? rank > o.rank : left > o.left;
+        }
+    };
+    thread_local std::vector<Node> nodes;
+    thread_local std::vector<Cand> heap;
+    nodes.resize(n);
+    for (size_t i = 0; i < n; ++i)
+        nodes[i] = {byte_symbol_[uint8_t(word[i])], int32_t(i) - 1,
+                    i + 1 < n ? int32_t(i + 1) : -1};
+
+    heap.clear();
+    auto consider = [&](int32_t left) {
+        const int32_t right = nodes[size_t(left)].next;
+        if (right < 0) return;
+        const int32_t ls = nodes[size_t(left)].sym, rs = nodes[size_t(right)].sym;
+        auto it = merges_.find(uint64_t(uint32_t(ls)) << 32 | uint32_t(rs));
+        if (it == merges_.end()) return;
+        heap.push_back({it->second.rank, left, ls, rs, it->second.result});
+        std::push_heap(heap.begin(), heap.end());
+    };
+    for (size_t i = 0; i + 1 < n; ++i) consider(int32_t(i));
+
+    while (!heap.empty()) {
+        std::pop_heap(heap.begin(), heap.end());
+        const Cand c = heap.back();
+        heap.pop_back();
+        Node& L = nodes[size_t(c.left)];
+        // Stale when either side has changed since the candidate was queued; a symbol
+        // only ever grows, so equal ids mean the same pair.
+        if (L.sym != c.lsym || L.next < 0 || nodes[size_t(L.next)].sym != c.rsym) continue;
+        const int32_t r = L.next;
+        L.sym = c.result;
+        L.next = nodes[size_t(r)].next;
+        if (L.next >= 0) nodes[size_t(L.next)].prev = c.left;
+        nodes[size_t(r)].sym = -1;
+        if (L.prev >= 0) consider(L.prev);
+        consider(c.left);
+    }
+    for (int32_t i = 0; i >= 0; i = nodes[size_t(i)].next) emit_symbol(nodes[size_t(i)].sym, out);
+}
+
+std::string Tokenizer::decode(std::span<const TokenId> ids, bool render_special) const {
+    std::string out;
+    for (TokenId id : ids) {
+        if (!is_valid(id)) continue;
+        const TokenType t = types_[size_t(id)];
+        if (!render_special && (t == TokenType::Control || t == TokenType::Unknown)) continue;
+        out += bytes_[size_t(id)];
+    }
+    return out;
+}
+
+std::string StreamDecoder::push(TokenId id) {
+    if (!tok_->is_valid(id)) return {};
+    const TokenType t = tok_->token_type(id);
+    if (!render_special_ && (t == TokenType::Control || t == TokenType::Unknown)) return {};
+    return push_bytes(tok_->token_bytes(id));
+}
+
+std::string StreamDecoder::push_bytes(std::string_view bytes) {
+    pending_.append(bytes);
+    std::string out;
+    size_t i = 0;
+    while (i < pending_.size()) {
+        if (utf8_incomplete_tail(pending_, i) > 0) break;  // wait for the rest
+        Utf8Unit u = utf8_decode(pending_, i);
+        if (u.valid)
+            out.append(pending_, i, u.len);
+        else
+            out.append("\xEF\xBF\xBD");
+        i += u.len;
+    }
+    pending_.erase(0, i);
+    return out;
+}
+
+std::string StreamDecoder::flush() {
+    std::string out = pending_.empty() ? std::string() : sanitize_utf8(pending_);
+    pending_.clear();
+    return out;
+}
+
+}  // namespace glm5::text
