@@ -55,6 +55,7 @@ def main():
     out.write("#pragma once\n\n#include <cstdint>\n\nnamespace glm5::text::unicode_data {\n\n")
     out.write("inline constexpr const char* kUnicodeVersion = \"%s\";\n\n" % unicodedata.unidata_version)
     out.write("// (first code point << 8) | class; class 0 other, 1 letter, 2 number, 3 space.\n")
+    out.write("// clang-format off\n")
     out.write("inline constexpr uint32_t kClassRanges[%d] = {\n" % len(ranges))
     line = "   "
     for cp, k in ranges:
@@ -63,7 +64,7 @@ def main():
             out.write(line + "\n")
             line = "   "
         line += item
-    out.write(line + "\n};\n\n}  // namespace glm5::text::unicode_data\n")
+    out.write(line + "\n};\n// clang-format on\n\n}  // namespace glm5::text::unicode_data\n")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ namespace glm5::text::unicode_data {
 inline constexpr const char* kUnicodeVersion = "14.0.0";
 
 // (first code point << 8) | class; class 0 other, 1 letter, 2 number, 3 space.
+// clang-format off
 inline constexpr uint32_t kClassRanges[1534] = {
     0x00000000, 0x00000903, 0x00000E00, 0x00002003, 0x00002100, 0x00003002, 0x00003A00,
     0x00004101, 0x00005B00, 0x00006101, 0x00007B00, 0x00008503, 0x00008600, 0x0000A003,
@@ -231,5 +232,6 @@ inline constexpr uint32_t kClassRanges[1534] = {
     0x02B82001, 0x02CEA200, 0x02CEB001, 0x02EBE100, 0x02F80001, 0x02FA1E00, 0x03000001,
     0x03134B00,
 };
+// clang-format on
 
 }  // namespace glm5::text::unicode_data

@@ -1,7 +1,8 @@
-// The GGUF side of the tokenizer: reading tokenizer.ggml.* (kept apart so that code using
-// a Tokenizer built from plain vectors does not need the GGUF reader).
+// The GGUF side of the text layer: tokenizer.ggml.*, the architecture and the chat template
+// (kept apart so that code built from plain vectors does not need the GGUF reader).
 #include "core/error.h"
 #include "gguf/gguf.h"
+#include "text/chat.h"
 #include "text/tokenizer.h"
 
 namespace glm5::text {
@@ -79,6 +80,21 @@ VocabData read_vocab(const gguf::File& file) {
 
 std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& file) {
     return std::make_unique<Tokenizer>(read_vocab(file));
+}
+
+ChatFormat ChatFormat::from_gguf(const gguf::File& file) {
+    const std::string arch = file.get_string("general.architecture", "");
+    std::string tmpl;
+    if (const gguf::Value* v = file.find("tokenizer.chat_template"); v && v->as_string())
+        tmpl = *v->as_string();
+    const std::optional<ChatStyle> style = chat_style_for_arch(arch);
+    ChatFormat f(style.value_or(ChatStyle::GlmDsa), std::move(tmpl));
+    if (!style) {
+        std::string w =
+            "architecture '" + arch + "' is not glm-dsa or glm5next; using the glm-dsa chat format";
+        f.warning_ = f.warning_.empty() ? w : w + "; " + f.warning_;
+    }
+    return f;
 }
 
 }  // namespace glm5::text
