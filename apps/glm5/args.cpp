@@ -60,7 +60,8 @@ bool Args::parse(int argc, char** argv, int first) {
             std::fputs(help().c_str(), stdout);
             return false;
         }
-        if (tok.size() > 1 && tok[0] == '-' && !(tok.size() > 1 && (std::isdigit((unsigned char)tok[1]) || tok[1] == '.'))) {
+        if (tok.size() > 1 && tok[0] == '-' &&
+            !(tok.size() > 1 && (std::isdigit((unsigned char)tok[1]) || tok[1] == '.'))) {
             std::string value;
             bool has_inline = false;
             if (auto eq = tok.find('='); eq != std::string::npos && tok.rfind("--", 0) == 0) {
@@ -75,7 +76,9 @@ bool Args::parse(int argc, char** argv, int first) {
                 values_[s->name] = (tok == "--no-" + s->name) ? "false" : "true";
             } else {
                 if (!has_inline) {
-                    if (i + 1 >= argc) throw UsageError("flag --" + s->name + " needs a value (" + s->value_name + ")");
+                    if (i + 1 >= argc)
+                        throw UsageError("flag --" + s->name + " needs a value (" + s->value_name +
+                                         ")");
                     value = argv[++i];
                 }
                 values_[s->name] = value;
@@ -88,13 +91,18 @@ bool Args::parse(int argc, char** argv, int first) {
         pos_values_[positionals_[npos++].name] = tok;
     }
     for (size_t k = npos; k < positionals_.size(); ++k)
-        if (positionals_[k].is_flag) throw UsageError("missing " + positionals_[k].name + " for '" + command_ + "'");
+        if (positionals_[k].is_flag)
+            throw UsageError("missing " + positionals_[k].name + " for '" + command_ + "'");
     return true;
 }
 
-bool Args::is_set(const std::string& name) const { return given_.count(name) > 0; }
+bool Args::is_set(const std::string& name) const {
+    return given_.count(name) > 0;
+}
 
-bool Args::get_flag(const std::string& name) const { return get(name) == "true"; }
+bool Args::get_flag(const std::string& name) const {
+    return get(name) == "true";
+}
 
 const std::string& Args::get(const std::string& name) const {
     auto it = values_.find(name);
@@ -110,7 +118,8 @@ int64_t Args::get_int(const std::string& name, int64_t min, int64_t max) const {
     if (v.empty() || *end != '\0' || errno == ERANGE)
         throw UsageError("--" + name + " expects an integer, got '" + v + "'");
     if (x < min || x > max)
-        throw UsageError("--" + name + " must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " + v);
+        throw UsageError("--" + name + " must be in [" + std::to_string(min) + ", " +
+                         std::to_string(max) + "], got " + v);
     return x;
 }
 
@@ -122,7 +131,8 @@ double Args::get_double(const std::string& name, double min, double max) const {
         throw UsageError("--" + name + " expects a number, got '" + v + "'");
     if (x < min || x > max) {
         char buf[128];
-        std::snprintf(buf, sizeof(buf), "--%s must be in [%g, %g], got %s", name.c_str(), min, max, v.c_str());
+        std::snprintf(buf, sizeof(buf), "--%s must be in [%g, %g], got %s", name.c_str(), min, max,
+                      v.c_str());
         throw UsageError(buf);
     }
     return x;
@@ -134,7 +144,9 @@ const std::string& Args::positional_value(const std::string& name) const {
     return it == pos_values_.end() ? empty : it->second;
 }
 
-bool Args::has_positional(const std::string& name) const { return pos_values_.count(name) > 0; }
+bool Args::has_positional(const std::string& name) const {
+    return pos_values_.count(name) > 0;
+}
 
 std::string Args::help() const {
     std::string h = "usage: glm5 " + command_;
@@ -142,7 +154,9 @@ std::string Args::help() const {
     h += " [flags]\n\n" + summary_ + "\n";
     if (!positionals_.empty()) {
         h += "\narguments:\n";
-        for (const auto& p : positionals_) h += "  " + p.name + std::string(p.name.size() < 26 ? 26 - p.name.size() : 1, ' ') + p.help + "\n";
+        for (const auto& p : positionals_)
+            h += "  " + p.name + std::string(p.name.size() < 26 ? 26 - p.name.size() : 1, ' ') +
+                 p.help + "\n";
     }
     h += "\nflags:\n";
     for (const auto& s : specs_) {
@@ -153,7 +167,8 @@ std::string Args::help() const {
         std::string pad(left.size() < 28 ? 28 - left.size() : 1, ' ');
         std::string dflt;
         if (s.is_flag)
-            dflt = s.dflt == "true" ? " (default: on; --no-" + s.name + " turns it off)" : " (default: off)";
+            dflt = s.dflt == "true" ? " (default: on; --no-" + s.name + " turns it off)"
+                                    : " (default: off)";
         else
             dflt = " (default: " + (s.dflt.empty() ? std::string("none") : s.dflt) + ")";
         h += left + pad + s.help + dflt + "\n";

@@ -12,12 +12,12 @@
 namespace glm5::app {
 
 class UsageError : public std::runtime_error {
-public:
+  public:
     using std::runtime_error::runtime_error;
 };
 
 class Args {
-public:
+  public:
     Args(std::string command, std::string summary);
 
     // A boolean switch: --name (and --no-name when dflt is true).
@@ -41,7 +41,7 @@ public:
 
     std::string help() const;
 
-private:
+  private:
     struct Spec {
         std::string name, short_name, value_name, dflt, help;
         bool is_flag = false;

@@ -23,7 +23,8 @@ const Command kCommands[] = {
 };
 
 void usage(FILE* f) {
-    std::fprintf(f, "usage: glm5 <command> [flags]   (glm5 <command> --help for its flags)\n\ncommands:\n");
+    std::fprintf(
+        f, "usage: glm5 <command> [flags]   (glm5 <command> --help for its flags)\n\ncommands:\n");
     for (const auto& c : kCommands) std::fprintf(f, "  %-12s %s\n", c.name, c.summary);
 }
 

@@ -1,0 +1,73 @@
+#include "model_setup.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "core/format.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+
+namespace glm5::app {
+
+void add_model_flags(Args& a, bool model_required) {
+    a.option("model", "FILE", model_required ? "" : "(embedded tiny model)",
+             "GGUF model file (first shard of a split model)", "-m");
+    a.option("threads", "N", std::to_string(ThreadPool::default_threads()), "CPU threads", "-t");
+    a.option("cache-type", "TYPE", "f16",
+             "attention cache type: f16 or f32 (MLA latent and indexer keys)");
+    a.flag("spec", "load the NextN/MTP draft block (speculative decoding)");
+}
+
+LoadedModel open_model(const Args& a, const std::string& path_override) {
+    const std::string path = path_override.empty() ? a.get("model") : path_override;
+    if (path.empty()) throw UsageError("--model is required");
+    model::LoadOptions lo;
+    const std::string& ct = a.get("cache-type");
+    if (ct == "f16")
+        lo.cache_type = backend::CacheType::F16;
+    else if (ct == "f32")
+        lo.cache_type = backend::CacheType::F32;
+    else
+        throw UsageError("--cache-type must be f16 or f32, got '" + ct + "'");
+    lo.load_nextn = a.get_flag("spec");
+    backend::BackendOptions bo;
+    bo.n_threads = int(a.get_int("threads", 1, 1024));
+
+    LoadedModel m;
+    m.file = gguf::File::open(path);
+    m.backend = backend::make_cpu_backend(bo);
+    m.model = model::load_model(*m.file, *m.backend, lo);
+    const model::ModelInfo& info = m.model->info();
+    std::string blocks = std::to_string(info.n_layer) + " trunk layers";
+    if (info.has_nextn)
+        blocks += info.nextn_loaded ? " +1 NextN/MTP draft block"
+                                    : " (NextN block present but not loaded; --spec loads it)";
+    log_info("glm5: %s: %s, %s, %s of weights, vocab %lld, %s cache, %d threads\n",
+             info.name.c_str(), info.arch.c_str(), blocks.c_str(),
+             human_bytes(double(info.weight_bytes)).c_str(), (long long)info.n_vocab, ct.c_str(),
+             m.backend->n_threads());
+    return m;
+}
+
+std::vector<int32_t> parse_token_list(const std::string& s, const std::string& flag) {
+    std::vector<int32_t> ids;
+    size_t i = 0;
+    while (i <= s.size()) {
+        size_t j = s.find(',', i);
+        if (j == std::string::npos) j = s.size();
+        std::string tok = s.substr(i, j - i);
+        while (!tok.empty() && tok.front() == ' ') tok.erase(0, 1);
+        while (!tok.empty() && tok.back() == ' ') tok.pop_back();
+        char* end = nullptr;
+        errno = 0;
+        long v = std::strtol(tok.c_str(), &end, 10);
+        if (tok.empty() || *end != '\0' || errno == ERANGE || v < 0 || v > INT32_MAX)
+            throw UsageError("--" + flag + " expects comma-separated token ids, got '" + s + "'");
+        ids.push_back(int32_t(v));
+        i = j + 1;
+    }
+    if (ids.empty()) throw UsageError("--" + flag + " is empty");
+    return ids;
+}
+
+}  // namespace glm5::app

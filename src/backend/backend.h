@@ -1,0 +1,188 @@
+// The operations the model forwards are written in. Ops are coarse (a whole
+// matmul over a batch, a whole MLA attention, a whole MoE FFN) and generic over
+// shapes: they know formats and sizes, never model names. The CPU backend
+// implements them with a persistent thread pool; another backend (CUDA) can
+// implement the same interface without touching src/model/.
+//
+// Activations are float32 buffers owned by the backend (Backend::Buffer);
+// model code passes them between ops and never reads them itself, except
+// through Backend::read() at the very end (logits).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "quant/types.h"
+
+namespace glm5::backend {
+
+// A weight matrix, or a stack of matrices (experts, per-head slices), in its
+// storage format. Row r of slice s starts at data + s*slice_bytes + r*row_bytes.
+struct Weight {
+    quant::Type type = quant::Type::F32;
+    int64_t cols = 0;    // ne0: values per row (the input dimension)
+    int64_t rows = 0;    // ne1: output dimension
+    int64_t slices = 1;  // ne2: experts or heads
+    size_t row_bytes = 0;
+    size_t slice_bytes = 0;
+    const uint8_t* data = nullptr;
+
+    explicit operator bool() const { return data != nullptr; }
+    const uint8_t* row(int64_t r, int64_t s = 0) const {
+        return data + size_t(s) * slice_bytes + size_t(r) * row_bytes;
+    }
+    size_t bytes() const { return size_t(slices) * slice_bytes; }
+};
+
+// Storage type of attention caches (MLA latent rows, indexer keys).
+enum class CacheType { F32, F16 };
+const char* cache_type_name(CacheType t);
+size_t cache_elem_size(CacheType t);
+
+// A contiguous block of rows in a cache: row i is at data + i*row_bytes.
+// Cache memory is allocated by the backend (alloc_cache) and owned by a
+// sequence's state.
+struct CacheRows {
+    uint8_t* data = nullptr;
+    int64_t width = 0;  // values per row
+    CacheType type = CacheType::F32;
+    size_t row_bytes() const { return size_t(width) * cache_elem_size(type); }
+};
+
+// Which cached rows one query attends to: either the dense prefix [0, n) or
+// an explicit list of row indices (the indexer's top-k selection).
+struct Visible {
+    int32_t n_dense = 0;            // > 0: rows [0, n_dense)
+    const int32_t* rows = nullptr;  // otherwise: n_rows listed rows
+    int32_t n_rows = 0;
+};
+
+struct MoeWeights {
+    Weight router;                // [E -> n_expert], F32 in practice
+    const float* bias = nullptr;  // selection-only bias [n_expert] (host memory of the weight file)
+    Weight gate, up, down;        // stacks of n_expert matrices
+    Weight shared_gate, shared_up, shared_down;  // optional shared expert
+    int n_used = 0;
+    bool norm_weights = true;
+    float weights_scale = 1.0f;
+    float clamp_routed = 0.0f;  // SwiGLU clamp limit for routed experts (<= 1e-6: none)
+    float clamp_shared = 0.0f;  // for the shared expert
+};
+
+// Bytes of weights read by the kernels, counted as they run (for the
+// decode roofline in `glm5 bench`).
+struct Counters {
+    uint64_t weight_bytes = 0;
+    uint64_t matmul_calls = 0;
+};
+
+class Backend {
+  public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;
+    virtual int n_threads() const = 0;
+
+    // ---- memory --------------------------------------------------------
+    // Scratch activations: valid until reset_scratch(). Sizes in floats.
+    virtual float* scratch(size_t n_floats) = 0;
+    virtual void reset_scratch() = 0;
+    // Long-lived cache memory (zeroed). Freed with free_cache.
+    virtual uint8_t* alloc_cache(size_t bytes) = 0;
+    virtual void free_cache(uint8_t* p) = 0;
+    // Copies between backend memory and the host.
+    virtual void read(const float* src, float* host_dst, size_t n) = 0;
+    virtual void write(float* dst, const float* host_src, size_t n) = 0;
+    virtual void copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes) = 0;
+
+    // ---- elementwise and norms -----------------------------------------
+    // out[t] = table row ids[t] (dequantized).
+    virtual void embed(const Weight& table, std::span<const int32_t> ids, float* out) = 0;
+    // y = x / sqrt(mean(x^2) + eps) (* w when w != null), per row of `dim`.
+    virtual void rms_norm(const float* x, int64_t x_stride, const float* w, int64_t n_rows,
+                          int64_t dim, float eps, float* y, int64_t y_stride) = 0;
+    // y = (x - mean) / sqrt(var + eps) * w + b, per row.
+    virtual void layer_norm(const float* x, const float* w, const float* b, int64_t n_rows,
+                            int64_t dim, float eps, float* y) = 0;
+    // x[t][h*head_stride + 0..n_rot) rotated in place, GGML "normal" mode
+    // (adjacent pairs), angle pos[t] * freq_base^(-2i/n_rot).
+    virtual void rope(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
+                      int64_t head_stride, int64_t n_rot, const int32_t* pos, float freq_base) = 0;
+    // Normalised Walsh-Hadamard transform of n_vec vectors of `dim` (power of two), in place.
+    virtual void hadamard(float* x, int64_t n_vec, int64_t dim) = 0;
+    // dst[i][0..n_cols) = src[rows ? rows[i] : i][0..n_cols) for i < n_rows.
+    virtual void copy_rows(const float* src, int64_t src_stride, const int32_t* rows,
+                           int64_t n_rows, int64_t n_cols, float* dst, int64_t dst_stride) = 0;
+    // y += x (n values)
+    virtual void add(float* y, const float* x, int64_t n) = 0;
+    // y *= s
+    virtual void scale(float* y, float s, int64_t n) = 0;
+    // out = silu(g) * u with optional clamp (limit > 1e-6: u clamped to
+    // [-limit, limit], g to at most limit); rows of n with strides.
+    virtual void swiglu(const float* g, const float* u, int64_t n_rows, int64_t n,
+                        int64_t in_stride, float clamp, float* out) = 0;
+
+    // ---- matrix products -------------------------------------------------
+    // y[t][0..rows) = W . x[t] for t < n_tok. The input is rounded to the
+    // weight's activation format first (Q8_0 / Q8_K / F16...), as llama.cpp does.
+    virtual void matmul(const Weight& w, const float* x, int64_t x_stride, int64_t n_tok, float* y,
+                        int64_t y_stride) = 0;
+    // Per-slice products: for every slice s and token t,
+    // y[t*y_tok + s*y_slice .. +rows) = W[s] . x[t*x_tok + s*x_slice .. +cols).
+    virtual void matmul_slices(const Weight& w, const float* x, int64_t x_tok, int64_t x_slice,
+                               int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice) = 0;
+
+    // ---- caches and attention --------------------------------------------
+    // Store n_tok rows (each `width` floats, x_stride apart) at cache rows pos[t].
+    virtual void cache_store(const CacheRows& cache, const float* x, int64_t x_stride,
+                             int64_t n_tok, const int32_t* pos) = 0;
+
+    // Lightning-indexer selection for one query token: score(s) = sum_h w[h] *
+    // relu(q[h] . k[s]) over keys s < n_keys; writes the indices of the top_k
+    // highest scores (ties to the lower index) to out_rows (ascending order).
+    // Queries are rounded to the cache type like the keys.
+    struct IndexerQuery {
+        const float* q = nullptr;  // [n_heads][dim]
+        const float* w = nullptr;  // [n_heads]
+        CacheRows keys;            // this query's sequence's key cache
+        int32_t n_keys = 0;
+        int32_t* out_rows = nullptr;  // top_k entries
+    };
+    virtual void indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
+                                int64_t top_k) = 0;
+
+    // MLA (absorbed, MQA over latent rows) for a batch of queries. For each
+    // query t and head h: s_j = scale * q[t][h] . row_j over its visible rows
+    // (rows are [latent | rope], width = q width), p = softmax(s),
+    // out[t][h] = sum_j p_j * row_j[0..v_width). With an F16 cache the query
+    // and the probabilities are rounded to F16, as llama.cpp's F16 path does.
+    struct AttentionQuery {
+        const float* q = nullptr;  // [n_heads][width]
+        CacheRows cache;
+        Visible visible;
+        float* out = nullptr;  // [n_heads][v_width]
+    };
+    virtual void mla_attention(std::span<const AttentionQuery> queries, int64_t n_heads,
+                               int64_t v_width, float scale) = 0;
+
+    // ---- mixture of experts ------------------------------------------------
+    // Sigmoid router + selection bias, top n_used, renormalised and scaled
+    // weights, SwiGLU experts summed in selection order, plus the shared expert.
+    // x: [n_tok][E] (the normed FFN input), out: [n_tok][E] (overwritten).
+    virtual void moe(const MoeWeights& m, const float* x, int64_t n_tok, float* out) = 0;
+
+    // ---- accounting --------------------------------------------------------
+    virtual Counters counters() const = 0;
+    virtual void reset_counters() = 0;
+};
+
+struct BackendOptions {
+    int n_threads = 0;  // 0: all cores we may run on
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt);
+
+}  // namespace glm5::backend

@@ -1,0 +1,116 @@
+// Scalar row kernels of the CPU backend. The float operation order follows
+// ggml's CPU ops where it matters for agreement with llama.cpp (norm sums in
+// double, RoPE angles by repeated multiplication).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace glm5::backend::kernels {
+
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+    // Eight independent partial sums (vectorisable), combined in a fixed order.
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+// y = x / sqrt(mean(x^2) + eps) [* w]; in place allowed.
+inline void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += double(x[i] * x[i]);
+    const float mean = float(sum / double(n));
+    const float scale = 1.0f / std::sqrt(mean + eps);
+    if (w)
+        for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
+    else
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+}
+
+// y = (x - mean) / sqrt(var + eps) * w + b; in place allowed.
+inline void layer_norm_row(const float* x, const float* w, const float* b, int64_t n, float eps,
+                           float* y) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += double(x[i]);
+    const float mean = float(sum / double(n));
+    double sum2 = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = x[i] - mean;
+        y[i] = v;
+        sum2 += double(v * v);
+    }
+    const float var = float(sum2 / double(n));
+    const float scale = 1.0f / std::sqrt(var + eps);
+    for (int64_t i = 0; i < n; ++i) {
+        float v = y[i] * scale;
+        if (w) v *= w[i];
+        if (b) v += b[i];
+        y[i] = v;
+    }
+}
+
+// cos/sin pairs for RoPE "normal" mode at position p: theta_i = p * base^(-2i/n_rot),
+// computed by repeated multiplication as ggml does. cs holds [cos0, sin0, cos1, sin1, ...].
+inline void rope_cos_sin(int32_t p, int64_t n_rot, float freq_base, float* cs) {
+    const float theta_scale = std::pow(freq_base, -2.0f / float(n_rot));
+    float theta = float(p);
+    for (int64_t i = 0; i < n_rot; i += 2) {
+        cs[i] = std::cos(theta);
+        cs[i + 1] = std::sin(theta);
+        theta *= theta_scale;
+    }
+}
+
+// Rotates adjacent pairs (x[2i], x[2i+1]) of the first n_rot values.
+inline void rope_apply(float* x, int64_t n_rot, const float* cs) {
+    for (int64_t i = 0; i < n_rot; i += 2) {
+        const float c = cs[i], s = cs[i + 1];
+        const float x0 = x[i], x1 = x[i + 1];
+        x[i] = x0 * c - x1 * s;
+        x[i + 1] = x0 * s + x1 * c;
+    }
+}
+
+// Normalised Sylvester-Hadamard transform (entries +-1/sqrt(n)), n a power of two.
+inline void hadamard_row(float* x, int64_t n) {
+    for (int64_t len = 1; len < n; len <<= 1)
+        for (int64_t i = 0; i < n; i += 2 * len)
+            for (int64_t j = i; j < i + len; ++j) {
+                const float a = x[j], b = x[j + len];
+                x[j] = a + b;
+                x[j + len] = a - b;
+            }
+    const float s = 1.0f / std::sqrt(float(n));
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+// Indices of the k largest values in descending order; ties go to the lower index.
+inline void top_k_desc(const float* v, int64_t n, int64_t k, std::vector<int32_t>& order) {
+    order.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) order[size_t(i)] = int32_t(i);
+    auto better = [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
+    k = std::min(k, n);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), better);
+    order.resize(size_t(k));
+}
+
+// The k highest-scoring rows (ties to the lower index), written in ascending row order.
+inline void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t>& tmp,
+                       int32_t* out) {
+    tmp.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] = int32_t(i);
+    auto better = [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
+    k = std::min(k, n);
+    std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), better);
+    std::sort(tmp.begin(), tmp.begin() + k);
+    std::copy(tmp.begin(), tmp.begin() + k, out);
+}
+
+}  // namespace glm5::backend::kernels

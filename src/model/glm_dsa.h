@@ -1,0 +1,95 @@
+// glm-dsa (GLM-5.2 / GLM-5.3): absorbed MLA, the DSA lightning indexer with
+// full and shared layers, sigmoid-routed MoE with a shared expert, leading
+// dense layers, and a trailing NextN/MTP block.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "model/weights.h"
+
+namespace glm5::model {
+
+struct GlmDsaHParams {
+    int64_t n_layer_all = 0;  // block_count: trunk + NextN
+    int64_t n_nextn = 0;
+    int64_t n_layer = 0;  // trunk
+    int64_t n_embd = 0;
+    int64_t n_head = 0;
+    int64_t q_lora = 0;
+    int64_t kv_lora = 0;
+    int64_t k_mla = 0;  // nope + rope per head (softmax scale 1/sqrt(k_mla))
+    int64_t v_mla = 0;
+    int64_t n_rot = 0;
+    int64_t nope = 0;
+    float freq_base = 10000.0f;
+    float eps = 1e-6f;
+    int64_t n_dense = 0;  // leading dense layers
+    int64_t n_ff = 0;
+    int64_t n_ff_exp = 0;
+    int64_t n_expert = 0;
+    int64_t n_expert_used = 0;
+    int64_t n_expert_shared = 0;
+    bool expert_norm = false;
+    float expert_scale = 1.0f;
+    int64_t idx_heads = 0;
+    int64_t idx_dim = 0;
+    int64_t idx_top_k = 0;
+    std::vector<bool> idx_full;  // per trunk layer
+    int64_t n_ctx_train = 0;
+    int64_t n_vocab = 0;
+
+    // Reads and validates the glm-dsa.* keys; throws naming the key.
+    static GlmDsaHParams from_gguf(const gguf::File& f);
+};
+
+class GlmDsaModel final : public Model {
+  public:
+    GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOptions& opt);
+
+    std::unique_ptr<SequenceState> new_state(int64_t n_ctx) override;
+    void forward(std::span<const SeqInput> inputs, std::vector<float>& logits) override;
+
+    const GlmDsaHParams& hparams() const { return hp_; }
+    backend::CacheType cache_type() const { return cache_type_; }
+
+  private:
+    struct Layer {
+        const float* attn_norm = nullptr;
+        backend::Weight q_a, q_b, kv_a, k_b, v_b, wo;
+        const float* q_a_norm = nullptr;
+        const float* kv_a_norm = nullptr;
+        // Lightning indexer (full layers only).
+        bool full = false;
+        backend::Weight idx_q_b, idx_k, idx_proj;
+        const float* idx_k_norm = nullptr;
+        const float* idx_k_norm_b = nullptr;
+        const float* ffn_norm = nullptr;
+        // Dense FFN, or MoE.
+        backend::Weight ffn_gate, ffn_up, ffn_down;
+        backend::MoeWeights moe;
+        bool dense = false;
+    };
+    struct NextN {
+        Layer block;
+        backend::Weight eh_proj;
+        const float* enorm = nullptr;
+        const float* hnorm = nullptr;
+        const float* shared_head_norm = nullptr;
+    };
+
+    void load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_indexer);
+
+    GlmDsaHParams hp_;
+    backend::CacheType cache_type_;
+    bool dense_attention_ = false;
+    TensorSource tensors_;
+    backend::Weight tok_embd_, output_;
+    const float* output_norm_ = nullptr;
+    std::vector<Layer> layers_;
+    std::unique_ptr<NextN> nextn_;
+};
+
+}  // namespace glm5::model

@@ -1,0 +1,19 @@
+#include "core/error.h"
+#include "gguf/gguf.h"
+#include "model/glm_dsa.h"
+#include "model/model.h"
+
+namespace glm5::model {
+
+std::unique_ptr<Model> load_model(const gguf::File& file, backend::Backend& be,
+                                  const LoadOptions& opt) {
+    const gguf::Value* a = file.find("general.architecture");
+    if (!a || !a->as_string())
+        throw Error(file.path() + ": no general.architecture key: not a model file");
+    const std::string& arch = *a->as_string();
+    if (arch == "glm-dsa") return std::make_unique<GlmDsaModel>(file, be, opt);
+    throw Error(file.path() + ": architecture '" + arch +
+                "' is not supported (glm5 runs glm-dsa and glm5next models)");
+}
+
+}  // namespace glm5::model

@@ -1,0 +1,89 @@
+// What every architecture's forward offers the runtime: per-sequence state
+// (caches that belong to one sequence and can be rewound or snapshotted) and
+// a batched forward over any number of sequences at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace glm5::gguf {
+class File;
+}
+
+namespace glm5::model {
+
+struct ModelInfo {
+    std::string arch;  // "glm-dsa", "glm5next"
+    std::string name;  // general.name or the file name
+    int64_t n_vocab = 0;
+    int64_t n_embd = 0;
+    int64_t n_layer = 0;  // trunk layers
+    int64_t n_ctx_train = 0;
+    bool has_nextn = false;     // the file describes a NextN/MTP block
+    bool nextn_loaded = false;  // ... and its weights were loaded (--spec)
+    uint64_t weight_bytes = 0;  // bytes of weights the trunk uses
+};
+
+// The caches and recurrent state of one sequence. Positions start at 0 and
+// are contiguous; n_past() tokens have been evaluated.
+class SequenceState {
+  public:
+    virtual ~SequenceState() = default;
+    virtual int64_t n_past() const = 0;
+    virtual int64_t n_ctx() const = 0;  // the most tokens it may hold
+    // Forget everything (n_past = 0).
+    virtual void reset() = 0;
+    // Rewind to n tokens (0 <= n <= n_past). Returns false (changing nothing)
+    // when the architecture cannot rewind to n.
+    virtual bool rewind(int64_t n) = 0;
+    // Bytes of memory the state holds now.
+    virtual size_t memory_bytes() const = 0;
+};
+
+// One sequence's share of a batch: its new tokens, appended after n_past.
+struct SeqInput {
+    SequenceState* state = nullptr;
+    std::span<const int32_t> tokens;
+    bool all_logits = false;  // a logits row for every token, else for the last only
+};
+
+struct LoadOptions {
+    backend::CacheType cache_type = backend::CacheType::F16;
+    bool load_nextn = false;  // --spec
+    // Diagnostic: attend to every cached token, ignoring the sparse selection
+    // (used to show that the selection really drops tokens).
+    bool dense_attention = false;
+};
+
+class Model {
+  public:
+    virtual ~Model() = default;
+    const ModelInfo& info() const { return info_; }
+
+    virtual std::unique_ptr<SequenceState> new_state(int64_t n_ctx) = 0;
+
+    // Evaluates every sequence's tokens in one pass (weights are read once for
+    // all of them) and appends them to the states. Logits rows are written in
+    // order: for each input, all its rows or only its last. A token's logits do
+    // not depend on what else shares the batch.
+    virtual void forward(std::span<const SeqInput> inputs, std::vector<float>& logits) = 0;
+
+    backend::Backend& backend() { return *backend_; }
+
+  protected:
+    explicit Model(backend::Backend* be) : backend_(be) {}
+    ModelInfo info_;
+    backend::Backend* backend_;
+};
+
+// Opens a GGUF's architecture (refusing unsupported ones with the reason).
+// The file must outlive the model: weights are served from its mapping.
+std::unique_ptr<Model> load_model(const gguf::File& file, backend::Backend& be,
+                                  const LoadOptions& opt);
+
+}  // namespace glm5::model

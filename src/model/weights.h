@@ -1,0 +1,48 @@
+// Typed, validated views of a GGUF's tensors for a model's forward. Every
+// lookup checks presence, shape and type and refuses the file naming the
+// tensor; weights stay in the file mapping (no copies) unless a small vector
+// has to be converted to F32.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace glm5::gguf {
+class File;
+struct TensorInfo;
+}  // namespace glm5::gguf
+
+namespace glm5::model {
+
+class TensorSource {
+  public:
+    explicit TensorSource(const gguf::File& f) : file_(f) {}
+
+    bool has(const std::string& name) const;
+
+    // A 2-D matrix {cols, rows} or a 3-D stack {cols, rows, slices} in any
+    // weight format the engine computes with.
+    backend::Weight matrix(const std::string& name, std::initializer_list<int64_t> ne);
+    // A vector of n values as F32 (converted when stored as F16/BF16).
+    const float* vector(const std::string& name, int64_t n);
+    // As vector(), but any shape with n elements (e.g. {1, H}).
+    const float* vector_any_shape(const std::string& name, int64_t n);
+
+    // Bytes of the tensors handed out so far.
+    uint64_t bytes_used() const { return bytes_used_; }
+
+  private:
+    const gguf::TensorInfo& find(const std::string& name) const;
+    std::string where() const;
+
+    const gguf::File& file_;
+    std::deque<std::vector<float>> converted_;
+    uint64_t bytes_used_ = 0;
+};
+
+}  // namespace glm5::model

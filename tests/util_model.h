@@ -1,0 +1,110 @@
+// Test helpers: open fixture models, run forwards, compare logits.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "runtime/sampler.h"
+
+namespace glm5::test {
+
+inline std::string data_path(const std::string& rel) {
+    return std::string(GLM5_TEST_DATA) + "/" + rel;
+}
+
+inline nlohmann::json load_json(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) throw std::runtime_error("cannot open " + path);
+    return nlohmann::json::parse(f);
+}
+
+struct TestModel {
+    std::unique_ptr<gguf::File> file;
+    std::unique_ptr<backend::Backend> be;
+    std::unique_ptr<model::Model> model;
+
+    TestModel(const std::string& path, backend::CacheType ct = backend::CacheType::F32,
+              int threads = 2, bool spec = false) {
+        file = gguf::File::open(path);
+        backend::BackendOptions bo;
+        bo.n_threads = threads;
+        be = backend::make_cpu_backend(bo);
+        model::LoadOptions lo;
+        lo.cache_type = ct;
+        lo.load_nextn = spec;
+        model = model::load_model(*file, *be, lo);
+    }
+    int64_t n_vocab() const { return model->info().n_vocab; }
+
+    // Evaluates `tokens` in a fresh sequence as one batch; returns all rows.
+    std::vector<float> batch_logits(const std::vector<int32_t>& tokens, bool all = true) {
+        auto st = model->new_state(int64_t(tokens.size()) + 64);
+        model::SeqInput in{st.get(), tokens, all};
+        std::vector<float> lg;
+        model->forward({&in, 1}, lg);
+        return lg;
+    }
+
+    // Feeds `tokens` in chunks of `chunk` (1 = token by token); returns every row.
+    std::vector<float> chunked_logits(const std::vector<int32_t>& tokens, size_t chunk) {
+        auto st = model->new_state(int64_t(tokens.size()) + 64);
+        std::vector<float> all, lg;
+        for (size_t i = 0; i < tokens.size(); i += chunk) {
+            const size_t n = std::min(chunk, tokens.size() - i);
+            model::SeqInput in{st.get(), std::span<const int32_t>(tokens.data() + i, n), true};
+            model->forward({&in, 1}, lg);
+            all.insert(all.end(), lg.begin(), lg.end());
+        }
+        return all;
+    }
+
+    // Greedy continuation of n tokens after the prompt (no stop tokens).
+    std::vector<int32_t> greedy(const std::vector<int32_t>& prompt, int n) {
+        auto st = model->new_state(int64_t(prompt.size()) + n + 8);
+        std::vector<float> lg;
+        model::SeqInput in{st.get(), prompt, false};
+        model->forward({&in, 1}, lg);
+        std::vector<int32_t> out;
+        for (int i = 0; i < n; ++i) {
+            out.push_back(runtime::argmax(lg));
+            if (i + 1 == n) break;
+            model::SeqInput next{st.get(), {&out.back(), 1}, false};
+            model->forward({&next, 1}, lg);
+        }
+        return out;
+    }
+};
+
+inline double max_abs_diff(const float* a, const std::vector<float>& b) {
+    double d = 0;
+    for (size_t i = 0; i < b.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
+    return d;
+}
+
+inline std::vector<float> to_floats(const nlohmann::json& j) {
+    return j.get<std::vector<float>>();
+}
+inline std::vector<int32_t> to_ids(const nlohmann::json& j) {
+    return j.get<std::vector<int32_t>>();
+}
+
+inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](float x, float y) {
+               uint32_t ux, uy;
+               std::memcpy(&ux, &x, 4);
+               std::memcpy(&uy, &y, 4);
+               return ux == uy;
+           });
+}
+
+}  // namespace glm5::test
