@@ -242,3 +242,29 @@ TEST(TextReply, RendererAndParserAgree) {
     EXPECT_EQ(r.tool_calls[0].name, "search");
     EXPECT_EQ(r.tool_calls[0].arguments, c.arguments);
 }
+
+TEST(TextReply, ReplyJoinsTheHistory) {
+    // One chat turn: render, "generate", parse, append, render the next turn.
+    ChatFormat f(ChatStyle::GlmDsa);
+    ChatOptions o;
+    o.thinking = true;
+    std::vector<ChatMessage> history(1);
+    history[0].role = "user";
+    history[0].content = "Hi";
+    RenderedPrompt p = f.render(history, nullptr, o);
+    ASSERT_TRUE(p.reasoning_open);
+    ReplyParser parser(opts(p.reasoning_open));
+    parser.feed("Greet back.</think>Hello!");
+    parser.finish();
+    history.push_back(assistant_message(parser.result()));
+    ChatMessage u;
+    u.role = "user";
+    u.content = "Bye";
+    history.push_back(u);
+    EXPECT_EQ(f.render(history, nullptr, o).text,
+              "[gMASK]<sop><|system|>Reasoning Effort: Max<|user|>Hi<|assistant|><think></think>"
+              "Hello!<|user|>Bye<|assistant|><think>");
+    EXPECT_EQ(ChatFormat(ChatStyle::Glm5Next).render(history).text,
+              "[gMASK]<sop><|system|>Reasoning Effort: Max<|user|>Hi<|assistant|><think>Greet "
+              "back.</think>Hello!<|user|>Bye<|assistant|><think>");
+}

@@ -25,23 +25,25 @@ json load_json(const std::string& rel) {
     return json::parse(f);
 }
 
+VocabData fixture_vocab() {
+    json v = load_json("glm-dsa/vocab.json");
+    VocabData d;
+    d.pre = v["pre"].get<std::string>();
+    d.tokens = v["tokens"].get<std::vector<std::string>>();
+    for (int t : v["token_types"]) d.types.push_back(static_cast<TokenType>(t));
+    d.merges = v["merges"].get<std::vector<std::string>>();
+    // The ids the fixture GGUFs carry (shared/fixtures/README.md); eot / eom are left
+    // out on purpose so that the lookup by text is exercised.
+    const json& sp = v["special_ids"];
+    d.special.bos = sp["[gMASK]"].get<int>();
+    d.special.eos = sp["<|endoftext|>"].get<int>();
+    d.special.unk = d.special.eos;
+    d.special.pad = d.special.eos;
+    return d;
+}
+
 const Tokenizer& fixture_tokenizer() {
-    static const std::unique_ptr<Tokenizer> tok = [] {
-        json v = load_json("glm-dsa/vocab.json");
-        VocabData d;
-        d.pre = v["pre"].get<std::string>();
-        d.tokens = v["tokens"].get<std::vector<std::string>>();
-        for (int t : v["token_types"]) d.types.push_back(static_cast<TokenType>(t));
-        d.merges = v["merges"].get<std::vector<std::string>>();
-        // The ids the fixture GGUFs carry (shared/fixtures/README.md); eot / eom are left
-        // out on purpose so that the lookup by text is exercised.
-        const json& sp = v["special_ids"];
-        d.special.bos = sp["[gMASK]"].get<int>();
-        d.special.eos = sp["<|endoftext|>"].get<int>();
-        d.special.unk = d.special.eos;
-        d.special.pad = d.special.eos;
-        return std::make_unique<Tokenizer>(std::move(d));
-    }();
+    static const std::unique_ptr<Tokenizer> tok = std::make_unique<Tokenizer>(fixture_vocab());
     return *tok;
 }
 
@@ -326,4 +328,50 @@ TEST(TextTokenizer, RejectsBadVocabularies) {
     d.special.eos = kNoToken;
     d.types = {TokenType::Normal};
     EXPECT_THROW(Tokenizer{d}, glm5::Error);
+}
+
+TEST(TextTokenizer, UserDefinedTokensMatchEvenWithoutSpecialParsing) {
+    VocabData d = fixture_vocab();
+    const TokenId user_def = TokenId(d.tokens.size());
+    d.tokens.push_back("<my_tool>");
+    d.types.push_back(TokenType::UserDefined);
+    const TokenId ctrl = TokenId(d.tokens.size());
+    d.tokens.push_back("<|ctl|>");
+    d.types.push_back(TokenType::Control);
+    Tokenizer tok(std::move(d));
+    const std::string text = "a<my_tool>b<|ctl|>c";
+    const auto on = tok.encode(text, true);
+    const auto off = tok.encode(text, false);
+    EXPECT_EQ(std::count(on.begin(), on.end(), user_def), 1);
+    EXPECT_EQ(std::count(on.begin(), on.end(), ctrl), 1);
+    EXPECT_EQ(std::count(off.begin(), off.end(), user_def), 1);  // still matched
+    EXPECT_EQ(std::count(off.begin(), off.end(), ctrl), 0);      // plain text now
+    EXPECT_EQ(tok.decode(on), text);
+    EXPECT_EQ(tok.decode(off), text);
+    // Rendering without special tokens drops control tokens only.
+    EXPECT_EQ(tok.decode(on, false), "a<my_tool>bc");
+}
+
+TEST(TextTokenizer, LongerSpecialTokensAreCutFirst) {
+    VocabData d = fixture_vocab();
+    const TokenId ab = TokenId(d.tokens.size());
+    d.tokens.push_back("<ab>");
+    d.types.push_back(TokenType::Control);
+    const TokenId abc = TokenId(d.tokens.size());
+    d.tokens.push_back("<ab>c");
+    d.types.push_back(TokenType::Control);
+    const TokenId bcd = TokenId(d.tokens.size());
+    d.tokens.push_back("b>cdef");
+    d.types.push_back(TokenType::Control);
+    Tokenizer tok(std::move(d));
+    // "<ab>c" is longer than "<ab>", so it wins where both fit.
+    EXPECT_EQ(tok.encode("<ab>c<ab>"), (std::vector<TokenId>{abc, ab}));
+    // Longest token first over the whole text (not leftmost first): "b>cdef" is cut before
+    // "<ab>" or "<ab>c" could match, leaving "<a" as text.
+    const auto ids = tok.encode("<ab>cdef");
+    ASSERT_FALSE(ids.empty());
+    EXPECT_EQ(ids.back(), bcd);
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), ab), 0);
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), abc), 0);
+    EXPECT_EQ(tok.decode(ids), "<ab>cdef");
 }

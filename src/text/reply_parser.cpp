@@ -216,4 +216,13 @@ bool ReplyParser::parse_tool_call(std::string_view body, ToolCall& call) const {
     }
 }
 
+ChatMessage assistant_message(const ParsedReply& reply) {
+    ChatMessage m;
+    m.role = "assistant";
+    m.content = reply.content;
+    m.reasoning_content = reply.reasoning;
+    m.tool_calls = reply.tool_calls;
+    return m;
+}
+
 }  // namespace glm5::text

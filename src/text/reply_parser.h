@@ -78,4 +78,8 @@ class ReplyParser {
     std::map<std::string, std::map<std::string, bool>> string_params_;
 };
 
+// The assistant turn to append to a conversation's history after a reply (reasoning,
+// content and tool calls as parsed; the renderer decides whether the reasoning is shown).
+ChatMessage assistant_message(const ParsedReply& reply);
+
 }  // namespace glm5::text

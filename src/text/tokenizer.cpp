@@ -1,6 +1,8 @@
 #include "text/tokenizer.h"
 
 #include <algorithm>
+#include <functional>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "text/pretokenize.h"
@@ -43,6 +45,10 @@ std::string byte_char(uint8_t b) {
 // The bytes a byte-level BPE token string stands for. Characters outside the byte map
 // (never in a well-formed vocabulary) are kept as their own UTF-8.
 std::string byte_decode(std::string_view text) {
+    // Printable ASCII stands for itself: most tokens need no decoding.
+    bool plain = true;
+    for (char c : text) plain &= (c >= 0x21 && c <= 0x7E);
+    if (plain) return std::string(text);
     std::string out;
     out.reserve(text.size());
     const auto& m = byte_map();
@@ -55,6 +61,21 @@ std::string byte_decode(std::string_view text) {
         i += u.len;
     }
     return out;
+}
+
+// A power of two with room to spare (load factor <= 1/2).
+size_t table_size(size_t n) {
+    size_t c = 16;
+    while (c < 2 * n) c <<= 1;
+    return c;
+}
+
+inline uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
 }
 
 bool renders_raw(TokenType t) {
@@ -77,10 +98,10 @@ Tokenizer::Tokenizer(VocabData d) : tokens_(std::move(d.tokens)), types_(std::mo
         throw Error("tokenizer: " + std::to_string(types_.size()) + " token types for " +
                     std::to_string(tokens_.size()) + " tokens");
 
-    token_index_.reserve(tokens_.size());
+    index_.assign(table_size(tokens_.size()), IndexSlot{0, kNoToken});
     bytes_.reserve(tokens_.size());
     for (int32_t i = 0; i < n; ++i) {
-        token_index_[tokens_[i]] = i;  // a duplicated string resolves to its last id
+        index_insert(i);
         bytes_.push_back(renders_raw(types_[i]) ? tokens_[i] : byte_decode(tokens_[i]));
     }
 
@@ -101,30 +122,40 @@ Tokenizer::Tokenizer(VocabData d) : tokens_(std::move(d.tokens)), types_(std::mo
     if (special_.eom == kNoToken) special_.eom = find("<|observation|>");
 
     // Symbols: every byte's character, every merge operand and result.
-    std::unordered_map<std::string, int32_t> extra_index;
-    auto symbol = [&](const std::string& s) -> int32_t {
+    std::unordered_map<std::string, int32_t> extra_index;  // only for strings not in the vocab
+    auto symbol = [&](std::string_view s) -> int32_t {
         if (TokenId id = find(s); id != kNoToken) return id;
-        auto it = extra_index.find(s);
+        auto it = extra_index.find(std::string(s));
         if (it != extra_index.end()) return it->second;
         const int32_t id = n + int32_t(extra_symbols_.size());
-        extra_symbols_.push_back(s);
-        extra_index.emplace(s, id);
+        extra_symbols_.emplace_back(s);
+        extra_index.emplace(std::string(s), id);
         return id;
     };
     for (int b = 0; b < 256; ++b) byte_symbol_[b] = symbol(byte_char(uint8_t(b)));
 
-    merges_.reserve(d.merges.size());
+    merges_.assign(table_size(d.merges.size()), MergeSlot{kEmptyKey, 0, 0});
+    const uint64_t mask = merges_.size() - 1;
+    std::string joined;
     for (size_t r = 0; r < d.merges.size(); ++r) {
-        const std::string& m = d.merges[r];
-        const size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
-        if (sp == std::string::npos || sp + 1 >= m.size())
-            throw Error("tokenizer: merge " + std::to_string(r) + " ('" + m +
+        const std::string_view m = d.merges[r];
+        const size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string_view::npos;
+        if (sp == std::string_view::npos || sp + 1 >= m.size())
+            throw Error("tokenizer: merge " + std::to_string(r) + " ('" + std::string(m) +
                         "') is not two symbols separated by a space");
-        const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
+        const std::string_view left = m.substr(0, sp), right = m.substr(sp + 1);
         const int32_t l = symbol(left), rr = symbol(right);
-        const int32_t res = symbol(left + right);
+        joined.assign(left);
+        joined.append(right);
+        const int32_t res = symbol(joined);
         const uint64_t key = uint64_t(uint32_t(l)) << 32 | uint32_t(rr);
-        merges_.emplace(key, Merge{int32_t(r), res});  // the first (lowest) rank wins
+        for (uint64_t h = mix64(key) & mask;; h = (h + 1) & mask) {
+            if (merges_[h].key == key) break;  // listed twice: the first (lowest) rank wins
+            if (merges_[h].key == kEmptyKey) {
+                merges_[h] = {key, int32_t(r), res};
+                break;
+            }
+        }
     }
 
     for (int32_t i = 0; i < n; ++i) {
@@ -138,9 +169,41 @@ Tokenizer::Tokenizer(VocabData d) : tokens_(std::move(d.tokens)), types_(std::mo
                      });
 }
 
+void Tokenizer::index_insert(TokenId id) {
+    const std::string_view s = tokens_[size_t(id)];
+    const uint64_t h = std::hash<std::string_view>()(s);
+    const uint64_t mask = index_.size() - 1;
+    for (uint64_t i = h & mask;; i = (i + 1) & mask) {
+        IndexSlot& slot = index_[i];
+        if (slot.id == kNoToken) {
+            slot = {uint32_t(h >> 32), id};
+            return;
+        }
+        if (slot.tag == uint32_t(h >> 32) && tokens_[size_t(slot.id)] == s) {
+            slot.id = id;  // a duplicated string resolves to its last id, as in llama.cpp
+            return;
+        }
+    }
+}
+
 TokenId Tokenizer::find(std::string_view text) const {
-    auto it = token_index_.find(text);
-    return it == token_index_.end() ? kNoToken : it->second;
+    const uint64_t h = std::hash<std::string_view>()(text);
+    const uint64_t mask = index_.size() - 1;
+    for (uint64_t i = h & mask;; i = (i + 1) & mask) {
+        const IndexSlot& slot = index_[i];
+        if (slot.id == kNoToken) return kNoToken;
+        if (slot.tag == uint32_t(h >> 32) && tokens_[size_t(slot.id)] == text) return slot.id;
+    }
+}
+
+const Tokenizer::MergeSlot* Tokenizer::find_merge(int32_t left, int32_t right) const {
+    const uint64_t key = uint64_t(uint32_t(left)) << 32 | uint32_t(right);
+    const uint64_t mask = merges_.size() - 1;
+    for (uint64_t i = mix64(key) & mask;; i = (i + 1) & mask) {
+        const MergeSlot& slot = merges_[i];
+        if (slot.key == key) return &slot;
+        if (slot.key == kEmptyKey) return nullptr;
+    }
 }
 
 bool Tokenizer::is_control(TokenId id) const {
@@ -260,9 +323,9 @@ void Tokenizer::bpe_word(std::string_view word, std::vector<TokenId>& out) const
         const int32_t right = nodes[size_t(left)].next;
         if (right < 0) return;
         const int32_t ls = nodes[size_t(left)].sym, rs = nodes[size_t(right)].sym;
-        auto it = merges_.find(uint64_t(uint32_t(ls)) << 32 | uint32_t(rs));
-        if (it == merges_.end()) return;
-        heap.push_back({it->second.rank, left, ls, rs, it->second.result});
+        const MergeSlot* m = find_merge(ls, rs);
+        if (!m) return;
+        heap.push_back({m->rank, left, ls, rs, m->result});
         std::push_heap(heap.begin(), heap.end());
     };
     for (size_t i = 0; i + 1 < n; ++i) consider(int32_t(i));

@@ -19,7 +19,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace glm5::gguf {
@@ -101,10 +100,21 @@ class Tokenizer {
     bool is_stop(TokenId id) const;
 
   private:
-    struct Merge {
-        int32_t rank;
+    // Open-addressing tables (linear probing, power-of-two sizes): a 150k-token vocabulary
+    // with 300k merges loads in tens of milliseconds and BPE lookups stay in cache.
+    struct IndexSlot {
+        uint32_t tag;  // low hash bits, to skip most string compares
+        TokenId id;    // kNoToken: empty
+    };
+    struct MergeSlot {
+        uint64_t key;    // left << 32 | right; kEmptyKey when free
+        int32_t rank;    // merge priority, lower first
         int32_t result;  // symbol id of the merged pair
     };
+    static constexpr uint64_t kEmptyKey = ~uint64_t(0);
+
+    void index_insert(TokenId id);
+    const MergeSlot* find_merge(int32_t left, int32_t right) const;
 
     void bpe_word(std::string_view word, std::vector<TokenId>& out) const;
     void encode_raw(std::string_view text, std::vector<TokenId>& out) const;
@@ -113,7 +123,7 @@ class Tokenizer {
     std::vector<std::string> tokens_;
     std::vector<TokenType> types_;
     std::vector<std::string> bytes_;  // decoded bytes per token
-    std::unordered_map<std::string_view, TokenId> token_index_;
+    std::vector<IndexSlot> index_;
     SpecialTokens special_;
 
     // BPE works on symbol ids: vocabulary ids, plus ids >= n_vocab for strings a merge
@@ -121,7 +131,7 @@ class Tokenizer {
     // string-based BPE). extra_symbols_[id - n_vocab] holds their byte-encoded text.
     std::vector<std::string> extra_symbols_;
     int32_t byte_symbol_[256];
-    std::unordered_map<uint64_t, Merge> merges_;
+    std::vector<MergeSlot> merges_;
 
     // Tokens cut out of the text before BPE, longest text first.
     struct SpecialMatch {
