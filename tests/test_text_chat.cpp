@@ -243,6 +243,18 @@ TEST(TextChat, TemplateCheck) {
     // Not a GLM template at all.
     EXPECT_NE(check_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"),
               "");
+    // The tools block keeps its newline after <|system|>; arguments written inline pass,
+    // arguments on their own lines do not.
+    const std::string base =
+        std::string(same) + "{%- if tools -%}<|system|>\n# Tools\n\n...{%- endif -%}";
+    EXPECT_EQ(
+        check_chat_template(base + "{{- '<tool_call>' + tc.name -}}\n{% set a = 1 %}"
+                                   "<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value>"),
+        "");
+    EXPECT_NE(
+        check_chat_template(base + "<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>")
+            .find("tool calls spread over lines"),
+        std::string::npos);
     // An escaped newline inside a string literal counts too.
     EXPECT_NE(check_chat_template("[gMASK]<sop><|user|><|assistant|>{{ '\\n<think></think>' }}"),
               "");

@@ -194,6 +194,31 @@ RenderedPrompt ChatFormat::render(const std::vector<ChatMessage>& messages, cons
     return r;
 }
 
+namespace {
+
+// Whether the template writes a newline right after the marker at t[pos, pos + len): a
+// "\n" escape inside a string literal, or a raw newline that the next tag does not strip
+// ({%- / {{-). Text that legitimately keeps its newline (the tools block) is allowed by
+// `allowed_next`.
+bool newline_after(std::string_view t, size_t end, std::string_view allowed_next = {}) {
+    std::string_view after = t.substr(end);
+    if (after.starts_with("\\n")) return true;
+    if (!after.starts_with("\n")) return false;
+    const size_t k = after.find_first_not_of(" \t\r\n");
+    const std::string_view next = k == std::string_view::npos ? "" : after.substr(k);
+    if (next.starts_with("{%-") || next.starts_with("{{-")) return false;
+    return allowed_next.empty() || !next.starts_with(allowed_next);
+}
+
+bool any_newline_after(std::string_view t, std::string_view marker,
+                       std::string_view allowed_next = {}) {
+    for (size_t p = t.find(marker); p != std::string_view::npos; p = t.find(marker, p + 1))
+        if (newline_after(t, p + marker.size(), allowed_next)) return true;
+    return false;
+}
+
+}  // namespace
+
 std::string check_chat_template(std::string_view t) {
     if (t.empty()) return {};
     const std::string tail = "; prompts use the built-in GLM-5 format";
@@ -203,30 +228,17 @@ std::string check_chat_template(std::string_view t) {
         return "the GGUF's chat template is not a GLM template" + tail;
 
     std::vector<std::string> issues;
-    for (std::string_view role : {"<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"}) {
-        for (size_t p = t.find(role); p != std::string_view::npos; p = t.find(role, p + 1)) {
-            std::string_view after = t.substr(p + role.size());
-            if (after.starts_with("\\n")) {  // a newline inside a string literal
-                issues.push_back("newline after " + std::string(role));
-                break;
-            }
-            if (!after.starts_with("\n")) continue;
-            // A raw newline is dropped when the next tag strips whitespace ({%- / {{-).
-            size_t k = after.find_first_not_of(" \t\r\n");
-            std::string_view next = k == std::string_view::npos ? "" : after.substr(k);
-            if (next.starts_with("{%-") || next.starts_with("{{-")) continue;
-            if (role == "<|system|>" && next.starts_with("# Tools")) continue;  // tools block
-            issues.push_back("newline after " + std::string(role));
-            break;
-        }
-    }
+    if (any_newline_after(t, "<|system|>", "# Tools")) issues.push_back("newline after <|system|>");
+    for (std::string_view role : {"<|user|>", "<|assistant|>", "<|observation|>"})
+        if (any_newline_after(t, role)) issues.push_back("newline after " + std::string(role));
     if (t.find("\\n<think>") != std::string_view::npos) issues.push_back("newline before <think>");
     if (t.find("<think></think>") == std::string_view::npos)
         issues.push_back("closed reasoning not written as <think></think>");
     if (t.find("/nothink") != std::string_view::npos) issues.push_back("/nothink user suffix");
-    if (t.find("\n<arg_key>") != std::string_view::npos ||
-        t.find("\\n<arg_key>") != std::string_view::npos)
-        issues.push_back("tool-call arguments on separate lines");
+    if (any_newline_after(t, "</arg_key>") || any_newline_after(t, "</arg_value>") ||
+        t.find("\\n<arg_key>") != std::string_view::npos ||
+        t.find("\\n<tool_call>") != std::string_view::npos)
+        issues.push_back("tool calls spread over lines");
     if (issues.empty()) return {};
     std::string s = "the GGUF's chat template differs from the built-in GLM-5 layout (";
     for (size_t i = 0; i < issues.size(); ++i) s += (i ? ", " : "") + issues[i];
