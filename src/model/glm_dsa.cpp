@@ -38,6 +38,23 @@ class DsaState final : public SequenceState {
         n_past_ = n;
         return true;
     }
+    // Every cache is positional, so a snapshot is just the position.
+    struct Snapshot final : StateSnapshot {
+        const DsaState* owner;
+        int64_t n;
+        Snapshot(const DsaState* o, int64_t n_) : owner(o), n(n_) {}
+        int64_t n_past() const override { return n; }
+    };
+    std::unique_ptr<StateSnapshot> snapshot() const override {
+        return std::make_unique<Snapshot>(this, n_past_);
+    }
+    void restore(const StateSnapshot& s) override {
+        auto* snap = dynamic_cast<const Snapshot*>(&s);
+        if (!snap || snap->owner != this) throw Error("restore: snapshot of another sequence");
+        if (snap->n > n_past_)
+            throw Error("restore: the sequence was reset or rewound past the snapshot");
+        n_past_ = snap->n;
+    }
     size_t memory_bytes() const override {
         size_t per_row = 0;
         for (size_t i = 0; i < latent_.size(); ++i)

@@ -29,6 +29,14 @@ struct ModelInfo {
     uint64_t weight_bytes = 0;  // bytes of weights the trunk uses
 };
 
+// An opaque copy of the part of a sequence's state that a rewind cannot
+// recover (speculative decoding's rollback point).
+class StateSnapshot {
+  public:
+    virtual ~StateSnapshot() = default;
+    virtual int64_t n_past() const = 0;
+};
+
 // The caches and recurrent state of one sequence. Positions start at 0 and
 // are contiguous; n_past() tokens have been evaluated.
 class SequenceState {
@@ -39,8 +47,15 @@ class SequenceState {
     // Forget everything (n_past = 0).
     virtual void reset() = 0;
     // Rewind to n tokens (0 <= n <= n_past). Returns false (changing nothing)
-    // when the architecture cannot rewind to n.
+    // when the architecture cannot rewind to n: positional caches (glm-dsa)
+    // rewind anywhere; recurrent state (glm5next) only to 0 or n_past.
     virtual bool rewind(int64_t n) = 0;
+    // Saves what rewinding cannot recover. After restore(), the state equals
+    // the one snapshotted for every position below snapshot.n_past(); the
+    // caller then re-forwards the tokens it keeps. Throws when the snapshot
+    // belongs to another state or the state has been reset since.
+    virtual std::unique_ptr<StateSnapshot> snapshot() const = 0;
+    virtual void restore(const StateSnapshot& s) = 0;
     // Bytes of memory the state holds now.
     virtual size_t memory_bytes() const = 0;
 };

@@ -1,0 +1,388 @@
+// The CPU backend's class, shared by the files that implement its ops
+// (cpu_backend.cpp, cpu_moe.cpp, and one file per family of ops).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+#include "backend/backend.h"
+#include "backend/cpu_kernels.h"
+#include "core/error.h"
+#include "core/fp16.h"
+#include "core/thread_pool.h"
+#include "quant/quant.h"
+
+namespace glm5::backend::cpu {
+
+constexpr size_t kAlign = 64;
+
+inline void* aligned_malloc(size_t bytes) {
+    bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, bytes ? bytes : kAlign);
+    if (!p) throw ResourceError("out of memory allocating " + std::to_string(bytes) + " bytes");
+    return p;
+}
+
+struct AlignedFree {
+    void operator()(void* p) const { std::free(p); }
+};
+
+// A growable aligned byte buffer whose contents need not survive growth.
+class ByteBuffer {
+  public:
+    uint8_t* get(size_t bytes) {
+        if (bytes > cap_) {
+            cap_ = std::max(bytes, cap_ * 2);
+            p_.reset(static_cast<uint8_t*>(aligned_malloc(cap_)));
+        }
+        return p_.get();
+    }
+
+  private:
+    std::unique_ptr<uint8_t, AlignedFree> p_;
+    size_t cap_ = 0;
+};
+
+inline float sigmoid(float x) {
+    return 1.0f / (1.0f + std::exp(-x));
+}
+inline float silu(float x) {
+    return x / (1.0f + std::exp(-x));
+}
+
+class CpuBackend final : public Backend {
+  public:
+    explicit CpuBackend(const BackendOptions& opt)
+        : pool_(opt.n_threads > 0 ? opt.n_threads : ThreadPool::default_threads()) {
+        per_thread_.resize(size_t(pool_.size()));
+    }
+    ~CpuBackend() override = default;
+
+    std::string name() const override { return "cpu"; }
+    int n_threads() const override { return pool_.size(); }
+
+    // ---- memory ------------------------------------------------------------
+    float* scratch(size_t n) override {
+        const size_t bytes = (n * sizeof(float) + kAlign - 1) / kAlign * kAlign;
+        while (cur_ < blocks_.size() && blocks_[cur_].used + bytes > blocks_[cur_].cap) ++cur_;
+        if (cur_ == blocks_.size()) {
+            Block b;
+            b.cap = std::max<size_t>(bytes, size_t(64) << 20);
+            b.p.reset(static_cast<uint8_t*>(aligned_malloc(b.cap)));
+            blocks_.push_back(std::move(b));
+        }
+        Block& b = blocks_[cur_];
+        float* p = reinterpret_cast<float*>(b.p.get() + b.used);
+        b.used += bytes;
+        return p;
+    }
+    void reset_scratch() override {
+        for (auto& b : blocks_) b.used = 0;
+        cur_ = 0;
+    }
+    uint8_t* alloc_cache(size_t bytes) override {
+        auto* p = static_cast<uint8_t*>(aligned_malloc(bytes));
+        std::memset(p, 0, bytes);
+        return p;
+    }
+    void free_cache(uint8_t* p) override { std::free(p); }
+    void read(const float* src, float* dst, size_t n) override {
+        std::memcpy(dst, src, n * sizeof(float));
+    }
+    void write(float* dst, const float* src, size_t n) override {
+        std::memcpy(dst, src, n * sizeof(float));
+    }
+    void copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes) override {
+        std::memcpy(dst, src, bytes);
+    }
+
+    // ---- elementwise ---------------------------------------------------------
+    void embed(const Weight& table, std::span<const int32_t> ids, float* out) override {
+        const int64_t E = table.cols;
+        pool_.parallel_for(int64_t(ids.size()), 16, [&](int64_t b, int64_t e, int) {
+            for (int64_t t = b; t < e; ++t)
+                quant::dequantize_row(table.type, table.row(ids[size_t(t)]), out + t * E, E);
+        });
+    }
+
+    void rms_norm(const float* x, int64_t xs, const float* w, int64_t n_rows, int64_t dim,
+                  float eps, float* y, int64_t ys) override {
+        pool_.parallel_for(n_rows, 8, [&](int64_t b, int64_t e, int) {
+            for (int64_t r = b; r < e; ++r)
+                kernels::rms_norm_row(x + r * xs, w, dim, eps, y + r * ys);
+        });
+    }
+
+    void layer_norm(const float* x, const float* w, const float* bias, int64_t n_rows, int64_t dim,
+                    float eps, float* y) override {
+        pool_.parallel_for(n_rows, 8, [&](int64_t b, int64_t e, int) {
+            for (int64_t r = b; r < e; ++r)
+                kernels::layer_norm_row(x + r * dim, w, bias, dim, eps, y + r * dim);
+        });
+    }
+
+    void rope(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads, int64_t head_stride,
+              int64_t n_rot, const int32_t* pos, float freq_base) override {
+        pool_.parallel_for(n_tok, 4, [&](int64_t b, int64_t e, int ith) {
+            std::vector<float>& cs = per_thread_[size_t(ith)].rope;
+            cs.resize(size_t(n_rot));
+            for (int64_t t = b; t < e; ++t) {
+                kernels::rope_cos_sin(pos[t], n_rot, freq_base, cs.data());
+                for (int64_t hh = 0; hh < n_heads; ++hh)
+                    kernels::rope_apply(x + t * tok_stride + hh * head_stride, n_rot, cs.data());
+            }
+        });
+    }
+
+    void hadamard(float* x, int64_t n_vec, int64_t dim) override {
+        pool_.parallel_for(n_vec, 16, [&](int64_t b, int64_t e, int) {
+            for (int64_t v = b; v < e; ++v) kernels::hadamard_row(x + v * dim, dim);
+        });
+    }
+
+    void copy_rows(const float* src, int64_t ss, const int32_t* rows, int64_t n_rows,
+                   int64_t n_cols, float* dst, int64_t ds) override {
+        for (int64_t i = 0; i < n_rows; ++i)
+            std::memcpy(dst + i * ds, src + (rows ? rows[i] : i) * ss,
+                        size_t(n_cols) * sizeof(float));
+    }
+
+    void add(float* y, const float* x, int64_t n) override {
+        for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    }
+
+    void scale(float* y, float s, int64_t n) override {
+        for (int64_t i = 0; i < n; ++i) y[i] *= s;
+    }
+
+    void swiglu(const float* g, const float* u, int64_t n_rows, int64_t n, int64_t in_stride,
+                float clamp, float* out) override {
+        pool_.parallel_for(n_rows, 16, [&](int64_t b, int64_t e, int) {
+            for (int64_t r = b; r < e; ++r)
+                swiglu_row(g + r * in_stride, u + r * in_stride, n, clamp, out + r * n);
+        });
+    }
+
+    // ---- matrix products -------------------------------------------------------
+    void matmul(const Weight& w, const float* x, int64_t xs, int64_t n_tok, float* y,
+                int64_t ys) override {
+        products(w, 1, x, xs, 0, n_tok, y, ys, 0);
+    }
+
+    void matmul_slices(const Weight& w, const float* x, int64_t x_tok, int64_t x_slice,
+                       int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice) override {
+        products(w, w.slices, x, x_tok, x_slice, n_tok, y, y_tok, y_slice);
+    }
+
+    // ---- caches and attention ----------------------------------------------------
+    void cache_store(const CacheRows& c, const float* x, int64_t xs, int64_t n_tok,
+                     const int32_t* pos) override {
+        for (int64_t t = 0; t < n_tok; ++t) {
+            uint8_t* dst = c.data + size_t(pos[t]) * c.row_bytes();
+            const float* src = x + t * xs;
+            if (c.type == CacheType::F32) {
+                std::memcpy(dst, src, size_t(c.width) * sizeof(float));
+            } else {
+                auto* d16 = reinterpret_cast<uint16_t*>(dst);
+                for (int64_t i = 0; i < c.width; ++i) d16[i] = fp32_to_fp16(src[i]);
+            }
+        }
+    }
+
+    void indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
+                        int64_t top_k) override {
+        // Scores for every (query, key chunk), then a top-k per query.
+        constexpr int64_t kChunk = 256;
+        std::vector<int64_t> first_task(queries.size() + 1, 0);
+        std::vector<int64_t> score_off(queries.size() + 1, 0);
+        for (size_t i = 0; i < queries.size(); ++i) {
+            first_task[i + 1] = first_task[i] + (queries[i].n_keys + kChunk - 1) / kChunk;
+            score_off[i + 1] = score_off[i] + queries[i].n_keys;
+        }
+        std::vector<float> scores(static_cast<size_t>(score_off.back()));
+        pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int ith) {
+            std::vector<float>& kf = per_thread_[size_t(ith)].row;
+            kf.resize(size_t(dim));
+            for (int64_t task = b; task < e; ++task) {
+                const size_t qi =
+                    size_t(std::upper_bound(first_task.begin(), first_task.end(), task) -
+                           first_task.begin() - 1);
+                const IndexerQuery& q = queries[qi];
+                const int64_t s0 = (task - first_task[qi]) * kChunk;
+                const int64_t s1 = std::min<int64_t>(q.n_keys, s0 + kChunk);
+                for (int64_t s = s0; s < s1; ++s) {
+                    const float* k = load_row(q.keys, s, kf.data());
+                    float score = 0.0f;
+                    for (int64_t hh = 0; hh < n_heads; ++hh) {
+                        const float qk = kernels::dot_f32(q.q + hh * dim, k, dim);
+                        score += std::max(qk, 0.0f) * q.w[hh];
+                    }
+                    scores[size_t(score_off[qi] + s)] = score;
+                }
+            }
+        });
+        pool_.parallel_for(int64_t(queries.size()), 1, [&](int64_t b, int64_t e, int ith) {
+            std::vector<int32_t>& idx = per_thread_[size_t(ith)].idx;
+            for (int64_t qi = b; qi < e; ++qi) {
+                const IndexerQuery& q = queries[size_t(qi)];
+                const float* sc = scores.data() + score_off[size_t(qi)];
+                kernels::top_k_rows(sc, q.n_keys, top_k, idx, q.out_rows);
+            }
+        });
+    }
+
+    void mla_attention(std::span<const AttentionQuery> queries, int64_t n_heads, int64_t v_width,
+                       float scale) override {
+        const int64_t nq = int64_t(queries.size());
+        pool_.parallel_for(nq * n_heads, 1, [&](int64_t b, int64_t e, int ith) {
+            PerThread& pt = per_thread_[size_t(ith)];
+            for (int64_t task = b; task < e; ++task) {
+                const AttentionQuery& q = queries[size_t(task / n_heads)];
+                const int64_t hh = task % n_heads;
+                attend_head(q, hh, v_width, scale, pt);
+            }
+        });
+    }
+
+    // ---- mixture of experts ----------------------------------------------------
+    void moe(const MoeWeights& m, const float* x, int64_t T, float* out) override;  // cpu_moe.cpp
+
+    Counters counters() const override {
+        return Counters{weight_bytes_.load(), matmul_calls_.load()};
+    }
+    void reset_counters() override {
+        weight_bytes_ = 0;
+        matmul_calls_ = 0;
+    }
+
+  private:
+    struct Block {
+        std::unique_ptr<uint8_t, AlignedFree> p;
+        size_t cap = 0, used = 0;
+    };
+    struct PerThread {
+        std::vector<float> rope, row, q, scores, acc;
+        std::vector<int32_t> idx;
+    };
+
+    static void swiglu_row(const float* g, const float* u, int64_t n, float clamp, float* out) {
+        if (clamp > 1e-6f) {
+            for (int64_t i = 0; i < n; ++i) {
+                const float gi = std::min(g[i], clamp);
+                const float ui = std::clamp(u[i], -clamp, clamp);
+                out[i] = silu(gi) * ui;
+            }
+        } else {
+            for (int64_t i = 0; i < n; ++i) out[i] = silu(g[i]) * u[i];
+        }
+    }
+
+    // Row s of a cache as floats (a pointer into the cache when it is F32).
+    static const float* load_row(const CacheRows& c, int64_t s, float* buf) {
+        const uint8_t* p = c.data + size_t(s) * c.row_bytes();
+        if (c.type == CacheType::F32) return reinterpret_cast<const float*>(p);
+        const auto* h = reinterpret_cast<const uint16_t*>(p);
+        for (int64_t i = 0; i < c.width; ++i) buf[i] = fp16_to_fp32(h[i]);
+        return buf;
+    }
+
+    void attend_head(const AttentionQuery& q, int64_t hh, int64_t v_width, float scale,
+                     PerThread& pt) {
+        const CacheRows& c = q.cache;
+        const int64_t W = c.width;
+        const bool f16 = c.type == CacheType::F16;
+        const int64_t n = q.visible.n_dense > 0 ? q.visible.n_dense : q.visible.n_rows;
+        auto row_index = [&](int64_t j) -> int64_t {
+            return q.visible.n_dense > 0 ? j : q.visible.rows[j];
+        };
+
+        pt.q.resize(size_t(W));
+        const float* qh = q.q + hh * W;
+        // An F16 K cache makes the query F16 too (the activation of an F16 product).
+        for (int64_t i = 0; i < W; ++i) pt.q[size_t(i)] = f16 ? round_fp16(qh[i]) : qh[i];
+        pt.row.resize(size_t(W));
+        pt.scores.resize(size_t(n));
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+            const float* r = load_row(c, row_index(j), pt.row.data());
+            const float s = kernels::dot_f32(pt.q.data(), r, W) * scale;
+            pt.scores[size_t(j)] = s;
+            mx = std::max(mx, s);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < n; ++j) {
+            const float e = std::exp(pt.scores[size_t(j)] - mx);
+            pt.scores[size_t(j)] = e;
+            sum += double(e);
+        }
+        const float inv = float(1.0 / sum);
+        pt.acc.assign(size_t(v_width), 0.0f);
+        for (int64_t j = 0; j < n; ++j) {
+            float p = pt.scores[size_t(j)] * inv;
+            if (f16) p = round_fp16(p);
+            const float* r = load_row(c, row_index(j), pt.row.data());
+            for (int64_t i = 0; i < v_width; ++i) pt.acc[size_t(i)] += p * r[i];
+        }
+        std::memcpy(q.out + hh * v_width, pt.acc.data(), size_t(v_width) * sizeof(float));
+    }
+
+    // Rounds n rows of `cols` floats (row (s, t) at x + t*x_tok + s*x_slice)
+    // into the activation format of `type`. Returns the buffer and row bytes.
+    const uint8_t* quantize_acts(ByteBuffer& buf, quant::Type type, int64_t cols, int64_t S,
+                                 const float* x, int64_t x_tok, int64_t x_slice, int64_t n,
+                                 size_t& arow) {
+        const quant::Type at = quant::traits(type).vec_dot_type;
+        arow = quant::row_size(at, cols);
+        uint8_t* act = buf.get(arow * size_t(S * n));
+        pool_.parallel_for(S * n, 4, [&](int64_t b, int64_t e, int) {
+            for (int64_t i = b; i < e; ++i) {
+                const int64_t s = i / n, t = i % n;
+                quant::quantize_activation_row(at, x + t * x_tok + s * x_slice,
+                                               act + size_t(i) * arow, cols);
+            }
+        });
+        return act;
+    }
+
+    // y[(s, t)][r] = W[s] row r . x[(s, t)] for every slice s < S.
+    void products(const Weight& w, int64_t S, const float* x, int64_t x_tok, int64_t x_slice,
+                  int64_t n, float* y, int64_t y_tok, int64_t y_slice) {
+        if (n <= 0) return;
+        size_t arow = 0;
+        const uint8_t* act = quantize_acts(act_buf_, w.type, w.cols, S, x, x_tok, x_slice, n, arow);
+        const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
+        const int64_t rows = w.rows;
+        const int64_t grain = std::clamp<int64_t>(rows * S / (8 * pool_.size()), 1, 64);
+        const int64_t chunks = (rows + grain - 1) / grain;
+        pool_.parallel_for(S * chunks, 1, [&](int64_t b, int64_t e, int) {
+            for (int64_t task = b; task < e; ++task) {
+                const int64_t s = task / chunks;
+                const int64_t r0 = (task % chunks) * grain, r1 = std::min(rows, r0 + grain);
+                for (int64_t t0 = 0; t0 < n; t0 += 8) {
+                    const int64_t t1 = std::min(n, t0 + 8);
+                    for (int64_t r = r0; r < r1; ++r) {
+                        const uint8_t* wr = w.row(r, s);
+                        for (int64_t t = t0; t < t1; ++t)
+                            y[t * y_tok + s * y_slice + r] =
+                                dot(w.cols, wr, act + size_t(s * n + t) * arow);
+                    }
+                }
+            }
+        });
+        weight_bytes_ += uint64_t(S) * uint64_t(rows) * w.row_bytes;
+        matmul_calls_ += 1;
+    }
+
+    ThreadPool pool_;
+    std::vector<PerThread> per_thread_;
+    std::vector<Block> blocks_;
+    size_t cur_ = 0;
+    ByteBuffer act_buf_, act_buf2_;
+    std::atomic<uint64_t> weight_bytes_{0}, matmul_calls_{0};
+};
+
+}  // namespace glm5::backend::cpu
