@@ -1,0 +1,245 @@
+// Internal: AVX2 kernels of one k-quant super-block against one Q8_K block.
+// Each returns the exact integer parts of the block's dot product:
+//   isum  = sum over sub-blocks of scale * sum(q * q8)
+//   summs = sum over sub-blocks of min * sum(q8)        (formats with mins)
+// The caller scales them in float (kq_finish), exactly as the scalar reference
+// in kquants.cpp, so every ISA returns bit-identical dot products. Include only
+// from files compiled with AVX2 (see simd_avx2.h).
+#pragma once
+
+#include "quant/simd_avx2.h"
+
+namespace glm5::quant::avx2 {
+
+struct KSums {
+    int isum;
+    int summs;
+};
+
+// Both horizontal sums at once.
+inline KSums hsum_pair(__m256i a, __m256i b) {
+    const __m256i t = _mm256_hadd_epi32(a, b);  // a01 a23 b01 b23 | a45 a67 b45 b67
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    s = _mm_hadd_epi32(s, s);  // A B A B
+    return {_mm_cvtsi128_si32(s), _mm_extract_epi32(s, 1)};
+}
+
+// sum += (d * isum) - (dmin * summs), two roundings per product, no FMA:
+// the same float operations as the scalar reference.
+inline float kq_finish(float acc, float d, int isum, float dmin, int summs) {
+    return acc + (unfused(d * float(isum)) - unfused(dmin * float(summs)));
+}
+inline float kq_finish(float acc, float d, int isum) {
+    return acc + unfused(d * float(isum));
+}
+
+// Shuffle masks that spread 16-bit scales over 16-value sub-blocks: for group
+// g (32 values = sub-blocks 2g, 2g+1 of an 8-scale set), the low 128-bit lane
+// gets scale 2g, the high lane scale 2g+1 (8 int16 lanes each).
+inline __m256i scale_pair_mask(int g) {
+    const int a = 4 * g, b = 4 * g + 2;
+    return _mm256_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
+                            a + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b,
+                            b + 1, b, b + 1);
+}
+
+// For 32-value sub-blocks (Q4_K/Q5_K): all 16 int16 lanes get scale j.
+inline __m256i scale_one_mask(int j) {
+    const int a = 2 * j;
+    return _mm256_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
+                            a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
+                            a + 1, a, a + 1);
+}
+
+// Scales 8h..8h+7 of 16 int16 scales, in both 128-bit lanes.
+inline __m256i scales_of_half(__m256i sc16, int h) {
+    return h ? _mm256_permute4x64_epi64(sc16, 0xEE) : _mm256_permute4x64_epi64(sc16, 0x44);
+}
+
+// Bit `bit` of every byte moved to bit position `to` (other bits cleared).
+// 16-bit shifts are safe: after the mask each result bit comes from its own byte.
+template <int bit, int to>
+inline __m256i move_bit(__m256i v) {
+    const __m256i m = _mm256_set1_epi8(char(1 << to));
+    if constexpr (bit > to)
+        return _mm256_and_si256(_mm256_srli_epi16(v, bit - to), m);
+    else if constexpr (bit < to)
+        return _mm256_and_si256(_mm256_slli_epi16(v, to - bit), m);
+    else
+        return _mm256_and_si256(v, m);
+}
+
+// Q4_K / Q5_K scales and mins: 8 x 6 bits each from 12 bytes (see common.h).
+inline void k4_scales_mins(const uint8_t* packed, uint32_t sc[2], uint32_t mn[2]) {
+    uint32_t u[3];
+    std::memcpy(u, packed, 12);
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    sc[0] = u[0] & m6;
+    mn[0] = u[1] & m6;
+    sc[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
+    mn[1] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+}
+
+// sum over j of m[j] * (bsums[2j] + bsums[2j+1]) as 8 int32 lanes.
+inline __m256i mins_times_bsums(const uint32_t mn[2], const int16_t* bsums) {
+    const __m128i m8 = _mm_set_epi32(0, 0, int(mn[1]), int(mn[0]));
+    const __m128i dup =
+        _mm_shuffle_epi8(m8, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+    const __m256i m16 = _mm256_cvtepu8_epi16(dup);
+    return _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums)), m16);
+}
+
+template <bool kFive, typename Block>
+inline KSums q45_K_block(const Block& x, const BlockQ8_K& y) {
+    uint32_t sc[2], mn[2];
+    k4_scales_mins(x.scales, sc, mn);
+    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, int(sc[1]), int(sc[0])));
+    const __m256i scales = _mm256_broadcastsi128_si256(sc16);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFive) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh));
+    __m256i acc = _mm256_setzero_si256();
+    auto step = [&]<int k>() {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * k));
+        __m256i lo = _mm256_and_si256(q, low4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        if constexpr (kFive) {
+            lo = _mm256_or_si256(lo, move_bit<2 * k, 4>(qh));
+            hi = _mm256_or_si256(hi, move_bit<2 * k + 1, 4>(qh));
+        }
+        const __m256i y0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 64 * k));
+        const __m256i y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 64 * k + 32));
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0),
+                                             _mm256_shuffle_epi8(scales, scale_one_mask(2 * k)));
+        const __m256i p1 = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(hi, y1), _mm256_shuffle_epi8(scales, scale_one_mask(2 * k + 1)));
+        acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+    };
+    step.template operator()<0>();
+    step.template operator()<1>();
+    step.template operator()<2>();
+    step.template operator()<3>();
+    return hsum_pair(acc, mins_times_bsums(mn, y.bsums));
+}
+
+inline KSums q4_K_block(const BlockQ4_K& x, const BlockQ8_K& y) {
+    return q45_K_block<false>(x, y);
+}
+inline KSums q5_K_block(const BlockQ5_K& x, const BlockQ8_K& y) {
+    return q45_K_block<true>(x, y);
+}
+
+// Q2_K: 2-bit q in [0, 3], 4-bit scale (low nibble) and min (high nibble) per
+// 16 values.
+inline KSums q2_K_block(const BlockQ2_K& x, const BlockQ8_K& y) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, nib));
+    const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), nib));
+    const __m256i summs =
+        _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums)), mn16);
+    const __m256i two = _mm256_set1_epi8(3);
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+        const __m256i sc = scales_of_half(sc16, h);
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h));
+        const int8_t* q8 = y.qs + 128 * h;
+        auto group = [&](__m256i v, int g) {
+            const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * g));
+            return _mm256_madd_epi16(_mm256_maddubs_epi16(v, yv),
+                                     _mm256_shuffle_epi8(sc, scale_pair_mask(g)));
+        };
+        const __m256i p0 = group(_mm256_and_si256(q, two), 0);
+        const __m256i p1 = group(_mm256_and_si256(_mm256_srli_epi16(q, 2), two), 1);
+        const __m256i p2 = group(_mm256_and_si256(_mm256_srli_epi16(q, 4), two), 2);
+        const __m256i p3 = group(_mm256_and_si256(_mm256_srli_epi16(q, 6), two), 3);
+        acc = _mm256_add_epi32(
+            acc, _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
+    }
+    return hsum_pair(acc, summs);
+}
+
+// Q3_K: q = low2 + 4*hbit - 4, so sum(q*q8) = sum(u3*q8) - 4*bsum with
+// u3 = low2 | hbit<<2 in [0, 7]; the -4*bsum parts are collected separately.
+// Returns {isum, 0}.
+inline void q3k_scales16(const uint8_t* packed, __m256i* sc16) {
+    uint32_t u[3];
+    std::memcpy(u, packed, 12);
+    const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const __m128i s = _mm_setr_epi32(int((u[0] & m4) | ((u[2] & m2) << 4)),
+                                     int((u[1] & m4) | (((u[2] >> 2) & m2) << 4)),
+                                     int(((u[0] >> 4) & m4) | (((u[2] >> 4) & m2) << 4)),
+                                     int(((u[1] >> 4) & m4) | (((u[2] >> 6) & m2) << 4)));
+    *sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(s, _mm_set1_epi8(32)));
+}
+
+inline KSums q3_K_block(const BlockQ3_K& x, const BlockQ8_K& y) {
+    __m256i sc16;
+    q3k_scales16(x.scales, &sc16);
+    // 4 * sum_j scale_j * bsums_j, subtracted at the end.
+    const __m256i corr =
+        _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums)), sc16);
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.hmask));
+    const __m256i two = _mm256_set1_epi8(3);
+    __m256i acc = _mm256_setzero_si256();
+    auto half = [&]<int h>() {
+        const __m256i sc = scales_of_half(sc16, h);
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * h));
+        const int8_t* q8 = y.qs + 128 * h;
+        auto group = [&](__m256i v, int g) {
+            const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * g));
+            return _mm256_madd_epi16(_mm256_maddubs_epi16(v, yv),
+                                     _mm256_shuffle_epi8(sc, scale_pair_mask(g)));
+        };
+        const __m256i u0 = _mm256_or_si256(_mm256_and_si256(q, two), move_bit<4 * h + 0, 2>(hm));
+        const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2), two),
+                                           move_bit<4 * h + 1, 2>(hm));
+        const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), two),
+                                           move_bit<4 * h + 2, 2>(hm));
+        const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 6), two),
+                                           move_bit<4 * h + 3, 2>(hm));
+        acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_add_epi32(group(u0, 0), group(u1, 1)),
+                                                     _mm256_add_epi32(group(u2, 2), group(u3, 3))));
+    };
+    half.template operator()<0>();
+    half.template operator()<1>();
+    const KSums s = hsum_pair(acc, corr);
+    return {s.isum - 4 * s.summs, 0};
+}
+
+// Q6_K: q = u6 - 32 with u6 in [0, 63]; sum(q*q8) = sum(u6*q8) - 32*bsum.
+inline KSums q6_K_block(const BlockQ6_K& x, const BlockQ8_K& y) {
+    const __m256i sc16 =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    const __m256i corr =
+        _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums)), sc16);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i top2 = _mm256_set1_epi8(0x30);
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+        const __m256i sc = scales_of_half(sc16, h);
+        const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.ql + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.ql + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh + 32 * h));
+        const int8_t* q8 = y.qs + 128 * h;
+        auto group = [&](__m256i v, int g) {
+            const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * g));
+            return _mm256_madd_epi16(_mm256_maddubs_epi16(v, yv),
+                                     _mm256_shuffle_epi8(sc, scale_pair_mask(g)));
+        };
+        const __m256i u0 = _mm256_or_si256(_mm256_and_si256(l0, low4),
+                                           _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
+        const __m256i u1 = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                           _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
+        const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                           _mm256_and_si256(qh, top2));
+        const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
+        acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_add_epi32(group(u0, 0), group(u1, 1)),
+                                                     _mm256_add_epi32(group(u2, 2), group(u3, 3))));
+    }
+    const KSums s = hsum_pair(acc, corr);
+    return {s.isum - 32 * s.summs, 0};
+}
+
+}  // namespace glm5::quant::avx2
