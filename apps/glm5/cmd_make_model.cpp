@@ -1,0 +1,236 @@
+// glm5 make-model: write a synthetic model (random weights, real layout and
+// storage types) with the library generator in src/model/generator.h.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "commands.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/gen_quant_mix.h"
+#include "model/generator.h"
+
+namespace glm5::app {
+
+namespace {
+
+using model::gen::GenOptions;
+using model::gen::GlmDsaHParams;
+
+struct DimFlag {
+    const char* flag;
+    const char* help;
+    int64_t GlmDsaHParams::*field;
+    int64_t min;
+};
+
+const DimFlag kDims[] = {
+    {"n-vocab", "vocabulary size; ids past 767 are filler tokens BPE never emits",
+     &GlmDsaHParams::n_vocab, 768},
+    {"n-embd", "hidden size", &GlmDsaHParams::n_embd, 1},
+    {"n-layer", "trunk layers (the NextN block comes on top)", &GlmDsaHParams::n_layer, 1},
+    {"n-dense", "leading dense (SwiGLU) layers", &GlmDsaHParams::n_dense, 0},
+    {"n-ff", "dense feed-forward width", &GlmDsaHParams::n_ff, 1},
+    {"n-expert", "routed experts", &GlmDsaHParams::n_expert, 1},
+    {"n-expert-used", "experts per token", &GlmDsaHParams::n_expert_used, 1},
+    {"n-expert-shared", "shared experts", &GlmDsaHParams::n_expert_shared, 1},
+    {"n-ff-exp", "expert feed-forward width", &GlmDsaHParams::n_ff_exp, 1},
+    {"n-head", "attention heads", &GlmDsaHParams::n_head, 1},
+    {"q-lora", "query LoRA rank", &GlmDsaHParams::q_lora, 1},
+    {"kv-lora", "key/value latent rank (the MLA cache width)", &GlmDsaHParams::kv_lora, 1},
+    {"qk-nope", "per-head query/key dims without rope", &GlmDsaHParams::qk_nope, 1},
+    {"qk-rope", "per-head rope dims (<= indexer-dim)", &GlmDsaHParams::qk_rope, 2},
+    {"v-head", "per-head value dims", &GlmDsaHParams::v_head, 1},
+    {"indexer-heads", "lightning indexer heads", &GlmDsaHParams::idx_n_head, 1},
+    {"indexer-dim", "indexer key length (a power of two >= 64)", &GlmDsaHParams::idx_head, 64},
+    {"indexer-top-k", "keys each query attends to", &GlmDsaHParams::idx_top_k, 1},
+    {"ctx", "training context length (glm-dsa.context_length)", &GlmDsaHParams::n_ctx_train, 1},
+};
+
+// "64 (tiny), 256 (small), 2048 (bench)"
+std::string per_preset(int64_t GlmDsaHParams::*field) {
+    std::string s;
+    for (const auto& p : GlmDsaHParams::preset_names()) {
+        if (!s.empty()) s += ", ";
+        s += std::to_string(GlmDsaHParams::preset(p).*field) + " " + p;
+    }
+    return s;
+}
+
+std::vector<bool> parse_pattern(const std::string& s, int64_t n_layer) {
+    if (s == "glm52") return model::gen::glm52_indexer_pattern(n_layer);
+    std::vector<bool> v;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (s[i] == ',') continue;
+        if (s[i] != '0' && s[i] != '1')
+            throw UsageError("--indexer-types expects 'glm52' or a list like 1,1,0,1, got '" + s +
+                             "'");
+        v.push_back(s[i] == '1');
+    }
+    return v;
+}
+
+std::string gb(uint64_t bytes) {
+    char b[32];
+    if (bytes >= (1ull << 30))
+        std::snprintf(b, sizeof b, "%.2f GiB", double(bytes) / double(1ull << 30));
+    else
+        std::snprintf(b, sizeof b, "%.2f MiB", double(bytes) / double(1ull << 20));
+    return b;
+}
+
+}  // namespace
+
+int cmd_make_model(int argc, char** argv) {
+    std::string types;
+    for (const auto& n : model::gen::scheme_names()) types += (types.empty() ? "" : " ") + n;
+    Args a("make-model",
+           "Write a synthetic GLM model: deterministic random weights in the real glm-dsa GGUF\n"
+           "layout (metadata, tokenizer, tensor names and shapes) and real storage types.\n"
+           "Weights are Irwin-Hall(12) normal samples times gain/sqrt(fan_in); the same flags\n"
+           "give the same bytes on every machine. Progress goes to stderr; stdout gets the path.");
+    a.option("output", "FILE", "", "the GGUF file to write", "-o");
+    a.option("preset", "NAME", "tiny",
+             "tiny | small (the test fixtures' shapes) | bench (~3 GB at Q4_K_M)");
+    a.option("type", "T", "preset's: F32 tiny, F16 small, Q4_K_M bench",
+             "a llama-quantize mix or a single type: " + types +
+                 ". Mix names follow llama-quantize's per-tensor rules (Q2_K is the Q2_K mix);"
+                 " Q3_K, Q4_K, Q5_K are single types");
+    a.flag("pure",
+           "give every matrix the named type (llama-quantize --pure); rows that cannot hold its "
+           "blocks still fall back");
+    a.option("seed", "N", "20260822",
+             "random seed; every tensor's stream is derived from it and the tensor name");
+    a.option("name", "TEXT", "", "general.name (none: a name from preset, type and seed)");
+    a.option("imatrix", "MODE", "auto",
+             "auto | on | off: quantize with importance vectors (auto: when the mix needs them, as"
+             " the IQ1/IQ2/IQ3_XXS mixes do). They are derived, not measured: a matrix's input is"
+             " an RMS-normed vector times a norm weight w, so E[x_j^2] ~ w_j^2 (1 where no norm"
+             " precedes the matrix)");
+    a.option("nextn-type", "T", "auto",
+             "type of the NextN block's matrices: auto (Q4_K when the mix needs an imatrix, as"
+             " llama.cpp users must since llama-imatrix skips that block), mix, or a type");
+    a.option("blocks", "MODE", "auto",
+             "exact | pool | auto: quantize every matrix's own samples (exact), or quantize one"
+             " pool of 2^20 N(0, std) samples per (type, std) and fill matrices with randomly"
+             " picked pool blocks: real quantizer output at copy speed, for large models"
+             " (auto: pool for bench, exact otherwise)");
+    a.option("threads", "N", "all cores", "threads for sampling and quantizing");
+    for (const auto& d : kDims) a.option(d.flag, "N", per_preset(d.field), d.help);
+    a.option("indexer-types", "LIST", "preset's; glm52 when --n-layer changes it",
+             "full(1)/shared(0) indexer per trunk layer, e.g. 1,1,0,1, or glm52 (layers 0, 1, then "
+             "every 4th from 2)");
+    a.flag("nextn", "append the NextN/MTP block", true);
+    a.flag("dry-run", "print the tensors (name, type, shape) to stdout and write nothing");
+    a.flag("quiet", "no banner or progress on stderr");
+    if (!a.parse(argc, argv, 2)) return 0;
+
+    GenOptions o;
+    o.preset = a.get("preset");
+    {
+        const auto names = GlmDsaHParams::preset_names();
+        if (std::find(names.begin(), names.end(), o.preset) == names.end())
+            throw UsageError("--preset must be tiny, small or bench, got '" + o.preset + "'");
+    }
+    o.glm_dsa = GlmDsaHParams::preset(o.preset);
+    const int64_t preset_layers = o.glm_dsa.n_layer;
+    for (const auto& d : kDims)
+        if (a.is_set(d.flag)) o.glm_dsa.*d.field = a.get_int(d.flag, d.min, int64_t(1) << 24);
+    if (a.is_set("indexer-types"))
+        o.glm_dsa.indexer_full = parse_pattern(a.get("indexer-types"), o.glm_dsa.n_layer);
+    else if (o.glm_dsa.n_layer != preset_layers)
+        o.glm_dsa.indexer_full = model::gen::glm52_indexer_pattern(o.glm_dsa.n_layer);
+    o.glm_dsa.n_nextn = a.get_flag("nextn") ? 1 : 0;
+
+    o.type = a.is_set("type") ? a.get("type") : GlmDsaHParams::preset_default_type(o.preset);
+    o.pure = a.get_flag("pure");
+    if (!model::gen::parse_scheme(o.type, o.pure))
+        throw UsageError("--type: unknown type or mix '" + o.type + "' (one of: " + types + ")");
+    o.seed = uint64_t(a.get_int("seed", 0, INT64_MAX));
+    o.name = a.get("name");
+    const std::string im = a.get("imatrix");
+    if (im == "auto")
+        o.imatrix = model::gen::ImatrixMode::Auto;
+    else if (im == "on")
+        o.imatrix = model::gen::ImatrixMode::On;
+    else if (im == "off")
+        o.imatrix = model::gen::ImatrixMode::Off;
+    else
+        throw UsageError("--imatrix must be auto, on or off, got '" + im + "'");
+    o.nextn_type = a.get("nextn-type");
+    const std::string bl = a.get("blocks");
+    if (bl == "pool" || (bl == "auto" && o.preset == "bench"))
+        o.blocks = model::gen::BlockSource::Pool;
+    else if (bl == "exact" || bl == "auto")
+        o.blocks = model::gen::BlockSource::Exact;
+    else
+        throw UsageError("--blocks must be exact, pool or auto, got '" + bl + "'");
+    o.n_threads = a.is_set("threads") ? int(a.get_int("threads", 1, 1024)) : 0;
+    const bool quiet = a.get_flag("quiet");
+
+    const model::gen::ModelPlan p = model::gen::plan(o);  // validates everything
+    if (a.get_flag("dry-run")) {
+        for (const auto& t : p.tensors) {
+            std::string shape;
+            for (int64_t n : t.ne) shape += (shape.empty() ? "" : ", ") + std::to_string(n);
+            std::printf("%-40s %-8s [%s]%s\n", t.name.c_str(), quant::name(t.type), shape.c_str(),
+                        t.pooled ? " pooled" : "");
+        }
+        std::printf("# %zu tensors, %.3f G params, %s of tensor data\n", p.tensors.size(),
+                    double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str());
+        return 0;
+    }
+    const std::string out = a.get("output");
+    if (out.empty()) throw UsageError("-o FILE is required");
+
+    const int threads = o.n_threads > 0 ? o.n_threads : ThreadPool::default_threads();
+    if (!quiet) {
+        std::string counts;
+        for (const auto& [t, n] : p.type_counts) counts += " " + std::to_string(n) + " " + t;
+        std::fprintf(stderr,
+                     "make-model: %s %s, type %s, seed %llu: %lld+%lld blocks, %.3f G params, "
+                     "%s;%s%s; %d threads\n",
+                     p.arch.c_str(), o.preset.c_str(),
+                     model::gen::parse_scheme(o.type, o.pure)->name.c_str(),
+                     (unsigned long long)o.seed, (long long)o.glm_dsa.n_layer,
+                     (long long)o.glm_dsa.n_nextn, double(p.n_params) * 1e-9,
+                     gb(p.tensor_bytes).c_str(), counts.c_str(),
+                     !p.imatrix                                  ? ""
+                     : o.blocks == model::gen::BlockSource::Pool ? "; uniform imatrix (pool)"
+                                                                 : "; derived imatrix",
+                     threads);
+    }
+
+    const bool tty = isatty(2);
+    int last_decile = -1;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto progress = [&](uint64_t done, uint64_t total) {
+        if (quiet || total == 0) return;
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const int pct = int(100.0 * double(done) / double(total));
+        if (tty) {
+            std::fprintf(stderr, "\r  %3d%%  %s / %s  %.1f s", pct, gb(done).c_str(),
+                         gb(total).c_str(), s);
+            if (done == total) std::fputc('\n', stderr);
+        } else if (pct / 10 != last_decile) {
+            last_decile = pct / 10;
+            std::fprintf(stderr, "  %3d%%  %s / %s  %.1f s\n", pct, gb(done).c_str(),
+                         gb(total).c_str(), s);
+        }
+    };
+    const model::gen::GenResult r = model::gen::generate(o, out, progress);
+    if (!quiet)
+        std::fprintf(stderr, "make-model: wrote %s: %llu bytes (%s) in %.1f s\n", out.c_str(),
+                     (unsigned long long)r.file_bytes, gb(r.file_bytes).c_str(), r.seconds);
+    std::printf("%s\n", out.c_str());
+    return 0;
+}
+
+}  // namespace glm5::app
