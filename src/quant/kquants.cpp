@@ -304,15 +304,16 @@ void quant_block_q3_K(const float* x, BlockQ3_K* y, const float* qw) {
         float sumx2 = 0;
         for (int j = 0; j < QK_K; ++j) sumx2 += x[j] * x[j];
         const float sigma2 = 2 * sumx2 / QK_K;
-        float weight[16], sw[16];
+        float weight[QK_K], sw[16];
         for (int j = 0; j < QK_K / 16; ++j) {
+            float* w = weight + 16 * j;
             for (int l = 0; l < 16; ++l)
-                weight[l] = qw[16 * j + l] * std::sqrt(sigma2 + x[16 * j + l] * x[16 * j + l]);
+                w[l] = qw[16 * j + l] * std::sqrt(sigma2 + x[16 * j + l] * x[16 * j + l]);
             float sumw = 0;
-            for (int l = 0; l < 16; ++l) sumw += weight[l];
+            for (int l = 0; l < 16; ++l) sumw += w[l];
             sw[j] = sumw;
-            scales[j] = search_symmetric(16, 4, x + 16 * j, L + 16 * j, weight);
         }
+        search_symmetric_groups(16, 16, 4, x, L, weight, scales);
         int8_t Ls[16];
         const float d_block = search_symmetric(16, 32, scales, Ls, sw);
         for (int j = 0; j < 16; ++j) l6[j] = Ls[j];
@@ -430,10 +431,9 @@ void quant_block_q6_K(const float* x, BlockQ6_K* y, const float* qw) {
     int8_t L[QK_K];
     float scales[16];
     float max_scale = 0, max_abs_scale = 0;
+    // With importance data the raw imatrix values are the weights.
+    search_symmetric_groups(16, 16, 32, x, L, qw, scales);
     for (int ib = 0; ib < QK_K / 16; ++ib) {
-        // With importance data the raw imatrix values are the weights.
-        scales[ib] =
-            search_symmetric(16, 32, x + 16 * ib, L + 16 * ib, qw ? qw + 16 * ib : nullptr);
         const float a = std::fabs(scales[ib]);
         if (a > max_abs_scale) {
             max_abs_scale = a;

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "quant/blocks.h"
 #include "quant/common.h"
@@ -182,59 +183,70 @@ void importance(const float* x, const float* qw, float sigma2, float* w) {
 }
 
 void quant_row_q4_0(const float* x, BlockQ4_0* y, int64_t n, const float* qw) {
-    const float sigma2 = qw ? row_sigma2(x, n) : 0.f;
-    uint8_t L[QK];
-    for (int64_t ib = 0; ib < n / QK; ++ib, x += QK) {
-        float d;
-        if (qw) {
-            float w[QK];
-            importance(x, qw + ib * QK, sigma2, w);
-            d = search_symmetric(QK, 8, x, reinterpret_cast<int8_t*>(L), w);
-        } else {
-            d = symmetric_ref<16>(x, L);
-        }
-        y[ib].d = to_f16(d);
-        pack_nibbles(L, y[ib].qs);
+    const int64_t nb = n / QK;
+    std::vector<uint8_t> L(static_cast<size_t>(n));
+    std::vector<float> d(static_cast<size_t>(nb));
+    if (qw) {
+        const float sigma2 = row_sigma2(x, n);
+        std::vector<float> w(static_cast<size_t>(n));
+        for (int64_t ib = 0; ib < nb; ++ib)
+            importance(x + ib * QK, qw + ib * QK, sigma2, &w[ib * QK]);
+        search_symmetric_groups(int(nb), QK, 8, x, reinterpret_cast<int8_t*>(L.data()), w.data(),
+                                d.data());
+    } else {
+        for (int64_t ib = 0; ib < nb; ++ib) d[ib] = symmetric_ref<16>(x + ib * QK, &L[ib * QK]);
+    }
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        y[ib].d = to_f16(d[ib]);
+        pack_nibbles(&L[ib * QK], y[ib].qs);
     }
 }
 
 void quant_row_q5_0(const float* x, BlockQ5_0* y, int64_t n, const float* qw) {
-    const float sigma2 = qw ? row_sigma2(x, n) : 0.f;
-    uint8_t L[QK];
-    for (int64_t ib = 0; ib < n / QK; ++ib, x += QK) {
-        float d;
-        if (qw) {
-            float w[QK];
-            importance(x, qw + ib * QK, sigma2, w);
-            d = search_symmetric(QK, 16, x, reinterpret_cast<int8_t*>(L), w);
-        } else {
-            d = symmetric_ref<32>(x, L);
-        }
-        y[ib].d = to_f16(d);
-        pack_5bit(L, y[ib].qs, y[ib].qh);
+    const int64_t nb = n / QK;
+    std::vector<uint8_t> L(static_cast<size_t>(n));
+    std::vector<float> d(static_cast<size_t>(nb));
+    if (qw) {
+        const float sigma2 = row_sigma2(x, n);
+        std::vector<float> w(static_cast<size_t>(n));
+        for (int64_t ib = 0; ib < nb; ++ib)
+            importance(x + ib * QK, qw + ib * QK, sigma2, &w[ib * QK]);
+        search_symmetric_groups(int(nb), QK, 16, x, reinterpret_cast<int8_t*>(L.data()), w.data(),
+                                d.data());
+    } else {
+        for (int64_t ib = 0; ib < nb; ++ib) d[ib] = symmetric_ref<32>(x + ib * QK, &L[ib * QK]);
+    }
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        y[ib].d = to_f16(d[ib]);
+        pack_5bit(&L[ib * QK], y[ib].qs, y[ib].qh);
     }
 }
 
 template <int kLevels, typename Block>
 void quant_row_offset(const float* x, Block* y, int64_t n, const float* qw) {
-    const float sigma2 = qw ? row_sigma2(x, n) : 0.f;
-    uint8_t L[QK], Laux[QK];
-    for (int64_t ib = 0; ib < n / QK; ++ib, x += QK) {
-        float d, m;
-        if (qw) {
-            float w[QK], min;
-            importance(x, qw + ib * QK, sigma2, w);
-            d = search_scale_min(QK, kLevels - 1, x, w, L, &min, Laux, -0.9f, 0.05f, 36, false);
-            m = -min;
-        } else {
-            offset_ref<kLevels>(x, L, &d, &m);
-        }
-        y[ib].d = to_f16(d);
-        y[ib].m = to_f16(m);
+    const int64_t nb = n / QK;
+    std::vector<uint8_t> L(static_cast<size_t>(n));
+    std::vector<float> d(static_cast<size_t>(nb)), m(static_cast<size_t>(nb));
+    if (qw) {
+        // All blocks' weights first, then the searches 8 blocks at a time.
+        const float sigma2 = row_sigma2(x, n);
+        std::vector<float> w(static_cast<size_t>(n));
+        for (int64_t ib = 0; ib < nb; ++ib)
+            importance(x + ib * QK, qw + ib * QK, sigma2, &w[ib * QK]);
+        search_scale_min_groups(int(nb), QK, kLevels - 1, x, w.data(), L.data(), d.data(), m.data(),
+                                -0.9f, 0.05f, 36, false);
+        for (auto& v : m) v = -v;
+    } else {
+        for (int64_t ib = 0; ib < nb; ++ib)
+            offset_ref<kLevels>(x + ib * QK, &L[ib * QK], &d[ib], &m[ib]);
+    }
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        y[ib].d = to_f16(d[ib]);
+        y[ib].m = to_f16(m[ib]);
         if constexpr (kLevels == 16)
-            pack_nibbles(L, y[ib].qs);
+            pack_nibbles(&L[ib * QK], y[ib].qs);
         else
-            pack_5bit(L, y[ib].qs, y[ib].qh);
+            pack_5bit(&L[ib * QK], y[ib].qs, y[ib].qh);
     }
 }
 

@@ -203,6 +203,16 @@ void search_scale_min_groups(int groups, int n, int nmax, const float* x, const 
                                      Laux, rmin, rdelta, nstep, use_mad);
 }
 
+void search_symmetric_groups(int groups, int n, int nmax, const float* x, int8_t* L, const float* w,
+                             float* scales) {
+    int g = 0;
+    if (n <= 32 && cpu_has_avx2())
+        for (; g + 8 <= groups; g += 8)
+            search_symmetric_x8(n, nmax, x + g * n, L + g * n, w ? w + g * n : nullptr, scales + g);
+    for (; g < groups; ++g)
+        scales[g] = search_symmetric(n, nmax, x + g * n, L + g * n, w ? w + g * n : nullptr);
+}
+
 float search_positive(int n, int nmax, const float* x, uint8_t* L, const float* weights) {
     float max = 0;
     for (int i = 0; i < n; ++i) max = max > x[i] ? max : x[i];

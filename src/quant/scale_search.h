@@ -41,6 +41,14 @@ void search_scale_min_groups(int groups, int n, int nmax, const float* x, const 
                              uint8_t* L, float* scales, float* the_mins, float rmin, float rdelta,
                              int nstep, bool use_mad);
 
+// search_symmetric for 8 groups at once (group g = x[g*n ..], w likewise or
+// null, L likewise), bit-identical to 8 scalar calls. Needs AVX2; n <= 32.
+void search_symmetric_x8(int n, int nmax, const float* x, int8_t* L, const float* w, float* scales);
+
+// search_symmetric over `groups` consecutive groups of n values.
+void search_symmetric_groups(int groups, int n, int nmax, const float* x, int8_t* L, const float* w,
+                             float* scales);
+
 // Quantize n non-negative values (sub-block scales or mins) to [0, nmax] with
 // one positive scale, minimising the error weighted by `weights`.
 float search_positive(int n, int nmax, const float* x, uint8_t* L, const float* weights);

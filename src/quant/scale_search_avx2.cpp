@@ -123,4 +123,72 @@ void search_scale_min_x8(int n, int nmax, const float* x, const float* weights, 
     }
 }
 
+void search_symmetric_x8(int n, int nmax, const float* x, int8_t* L, const float* w,
+                         float* scales) {
+    __m256 X[32] = {}, W[32] = {}, Lbest[32], Ltry[32];
+    const __m256i gather_idx =
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(n));
+    for (int i = 0; i < n; ++i) {
+        X[i] = _mm256_i32gather_ps(x + i, gather_idx, 4);
+        W[i] = w ? _mm256_i32gather_ps(w + i, gather_idx, 4) : _mm256_mul_ps(X[i], X[i]);
+    }
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    // The element of largest magnitude with its sign (first on ties).
+    __m256 amax = zero, max = zero;
+    for (int i = 0; i < n; ++i) {
+        const __m256 ax = _mm256_andnot_ps(sign, X[i]);
+        const __m256 upd = _mm256_cmp_ps(ax, amax, _CMP_GT_OQ);
+        amax = select(amax, ax, upd);
+        max = select(max, X[i], upd);
+    }
+    const __m256 flat = _mm256_cmp_ps(amax, _mm256_set1_ps(1e-15f), _CMP_LT_OQ);
+    const __m256i lo = _mm256_set1_epi32(-nmax), hi = _mm256_set1_epi32(nmax - 1);
+
+    auto fit = [&](__m256 iscale, __m256* sumlx, __m256* suml2, __m256* levels) {
+        __m256 slx = zero, sl2 = zero;
+        for (int i = 0; i < n; ++i) {
+            __m256i l = _mm256_cvtps_epi32(_mm256_mul_ps(iscale, X[i]));
+            l = _mm256_min_epi32(_mm256_max_epi32(l, lo), hi);
+            const __m256 lf = _mm256_cvtepi32_ps(l);
+            levels[i] = lf;
+            slx = _mm256_add_ps(slx, _mm256_mul_ps(_mm256_mul_ps(W[i], X[i]), lf));
+            sl2 = _mm256_add_ps(sl2, _mm256_mul_ps(_mm256_mul_ps(W[i], lf), lf));
+        }
+        *sumlx = slx;
+        *suml2 = sl2;
+    };
+    __m256 sumlx, suml2;
+    fit(_mm256_div_ps(_mm256_set1_ps(float(-nmax)), max), &sumlx, &suml2, Lbest);
+    // scale = suml2 ? sumlx / suml2 : 0
+    __m256 scale =
+        select(_mm256_div_ps(sumlx, suml2), zero, _mm256_cmp_ps(suml2, zero, _CMP_EQ_OQ));
+    __m256 best = _mm256_mul_ps(scale, sumlx);
+    for (int is = -9; is <= 9; ++is) {
+        if (is == 0) continue;
+        const float c = -(float(nmax) + 0.1f * float(is));
+        fit(_mm256_div_ps(_mm256_set1_ps(c), max), &sumlx, &suml2, Ltry);
+        const __m256 better = _mm256_and_ps(
+            _mm256_cmp_ps(suml2, zero, _CMP_GT_OQ),
+            _mm256_cmp_ps(_mm256_mul_ps(sumlx, sumlx), _mm256_mul_ps(best, suml2), _CMP_GT_OQ));
+        if (_mm256_testz_ps(better, better)) continue;
+        for (int i = 0; i < n; ++i) Lbest[i] = select(Lbest[i], Ltry[i], better);
+        scale = select(scale, _mm256_div_ps(sumlx, suml2), better);
+        best = select(best, _mm256_mul_ps(scale, sumlx), better);
+    }
+    scale = select(scale, zero, flat);
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, scale);
+    for (int g = 0; g < 8; ++g) scales[g] = lanes[g];
+    // L = l + nmax, or 0 for all-zero groups.
+    alignas(32) int32_t li[8];
+    const __m256i bias = _mm256_set1_epi32(nmax);
+    for (int i = 0; i < n; ++i) {
+        const __m256i l = _mm256_add_epi32(_mm256_cvtps_epi32(Lbest[i]), bias);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(li),
+                           _mm256_andnot_si256(_mm256_castps_si256(flat), l));
+        for (int g = 0; g < 8; ++g) L[g * n + i] = int8_t(li[g]);
+    }
+}
+
 }  // namespace glm5::quant
