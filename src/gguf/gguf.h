@@ -20,7 +20,7 @@
 namespace glm5::gguf {
 
 class FormatError : public glm5::Error {
-public:
+  public:
     using glm5::Error::Error;
 };
 
@@ -43,7 +43,7 @@ const char* value_type_name(ValueType t);
 
 // One metadata value. Arrays may nest (an array of arrays).
 class Value {
-public:
+  public:
     Value() = default;
     static Value make_uint(ValueType t, uint64_t v);
     static Value make_int(ValueType t, int64_t v);
@@ -74,7 +74,7 @@ public:
     // A short human-readable rendering (arrays abbreviated) for `inspect`.
     std::string to_display(size_t max_items = 8) const;
 
-private:
+  private:
     ValueType type_ = ValueType::U32;
     ValueType elem_type_ = ValueType::U32;
     uint64_t u_ = 0;
@@ -89,10 +89,10 @@ struct TensorInfo {
     quant::Type type = quant::Type::F32;
     int n_dims = 0;
     std::array<int64_t, 4> ne{1, 1, 1, 1};  // ggml order: ne[0] is contiguous
-    uint64_t offset = 0;                     // within its shard's data section
+    uint64_t offset = 0;                    // within its shard's data section
     size_t nbytes = 0;
-    int shard = 0;                           // which split file holds it
-    const uint8_t* data = nullptr;           // in the read-only mapping
+    int shard = 0;                  // which split file holds it
+    const uint8_t* data = nullptr;  // in the read-only mapping
 
     int64_t nelements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
     int64_t nrows() const { return ne[1] * ne[2] * ne[3]; }
@@ -100,13 +100,24 @@ struct TensorInfo {
     std::string shape_string() const;  // "[64, 32, 4]"
 };
 
+// Split models follow llama.cpp's gguf-split naming: PREFIX-00001-of-00003.gguf
+// (1-based shard number, 5 digits each). split_shard_path builds one name;
+// parse_split_path recognises one (nullopt when the path is not a shard name).
+struct SplitName {
+    std::string prefix;  // "dir/model" for "dir/model-00002-of-00003.gguf"
+    int index = 0;       // 1-based
+    int count = 0;
+};
+std::string split_shard_path(const std::string& prefix, int index, int count);
+std::optional<SplitName> parse_split_path(const std::string& path);
+
 struct OpenOptions {
     // Open NAME-00001-of-0000N.gguf's siblings too (the default).
     bool load_splits = true;
 };
 
 class File {
-public:
+  public:
     // Maps and validates a GGUF file (and, for a split model given by its first
     // shard, every other shard). Throws FormatError / glm5::Error.
     static std::unique_ptr<File> open(const std::string& path, const OpenOptions& opt = {});
@@ -145,9 +156,10 @@ public:
     // Hint the OS to read every mapped shard ahead.
     void prefetch() const;
 
-private:
+  private:
     File() = default;
     friend class Parser;
+    [[noreturn]] void type_error(std::string_view key, const char* expected) const;
 
     std::string path_;
     uint32_t version_ = 0;
@@ -156,6 +168,7 @@ private:
     std::vector<std::string> shard_paths_;
     std::vector<MappedFile> maps_;
     std::vector<std::pair<std::string, Value>> kv_;
+    std::vector<uint64_t> kv_offsets_;  // byte offset of each value, for error messages
     std::unordered_map<std::string, size_t> kv_index_;
     std::vector<TensorInfo> tensors_;
     std::unordered_map<std::string, size_t> tensor_index_;

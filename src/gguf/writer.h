@@ -13,7 +13,7 @@
 namespace glm5::gguf {
 
 class Writer {
-public:
+  public:
     explicit Writer(uint32_t alignment = 32);
 
     // Setting an existing key replaces its value in place.
@@ -46,7 +46,22 @@ public:
     void write(const std::string& path,
                const std::function<void(uint64_t, uint64_t)>& progress = nullptr) const;
 
-private:
+    // Writes a split model the way llama.cpp's gguf-split does:
+    // PREFIX-00001-of-0000N.gguf ... with all metadata in the first shard and
+    // split.no (u16, 0-based) / split.count (u16) / split.tensors.count (i32)
+    // in every shard. A new shard starts before a tensor that would take the
+    // current one past max_bytes of tensor data or max_tensors tensors (0 = no
+    // limit; a shard always takes at least one tensor). `prefix` may also be
+    // given as a path ending in ".gguf", which is dropped. Returns the paths.
+    struct SplitLimits {
+        uint64_t max_bytes = 0;
+        size_t max_tensors = 0;
+    };
+    std::vector<std::string> write_split(
+        const std::string& prefix, const SplitLimits& limits,
+        const std::function<void(uint64_t, uint64_t)>& progress = nullptr) const;
+
+  private:
     struct PendingTensor {
         std::string name;
         quant::Type type;
@@ -57,6 +72,14 @@ private:
     uint32_t alignment_;
     std::vector<std::pair<std::string, Value>> kv_;
     std::vector<PendingTensor> tensors_;
+
+    using Progress = std::function<void(uint64_t, uint64_t)>;
+    struct ProgressState {
+        const Progress* fn;
+        uint64_t done, total;
+    };
+    void write_file(const std::string& path, const std::vector<std::pair<std::string, Value>>& kv,
+                    size_t first_tensor, size_t end_tensor, ProgressState& progress) const;
 };
 
 }  // namespace glm5::gguf
