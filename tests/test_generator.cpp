@@ -495,3 +495,20 @@ TEST(GeneratorWrite, IQuantsExactAndPooled) {
         }
     }
 }
+
+TEST(GeneratorWrite, PooledBlocksAreDeterministic) {
+    TempDir dir;
+    GenOptions o = preset_options("small", "Q4_K_M");
+    o.blocks = BlockSource::Pool;
+    o.n_threads = 1;
+    generate(o, dir.file("p1.gguf"));
+    o.n_threads = 2;
+    generate(o, dir.file("p2.gguf"));
+    const auto a = read_bytes(dir.file("p1.gguf"));
+    EXPECT_TRUE(a == read_bytes(dir.file("p2.gguf"))) << "thread count changed the bytes";
+    o.blocks = BlockSource::Exact;
+    generate(o, dir.file("e.gguf"));
+    const auto e = read_bytes(dir.file("e.gguf"));
+    EXPECT_EQ(a.size(), e.size());  // same layout and types, other blocks
+    EXPECT_FALSE(a == e);
+}
