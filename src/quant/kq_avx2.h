@@ -1,10 +1,12 @@
 // Internal: AVX2 kernels of one k-quant super-block against one Q8_K block.
-// Each returns the exact integer parts of the block's dot product:
+// Each returns the exact integer parts of the block's dot product as two
+// vectors of 8 int32 lanes (KVec) whose lane sums are
 //   isum  = sum over sub-blocks of scale * sum(q * q8)
-//   summs = sum over sub-blocks of min * sum(q8)        (formats with mins)
-// The caller scales them in float (kq_finish), exactly as the scalar reference
-// in kquants.cpp, so every ISA returns bit-identical dot products. Include only
-// from files compiled with AVX2 (see simd_avx2.h).
+//   summs = sum over sub-blocks of min * sum(q8)   (0 for formats without mins)
+// The caller reduces them and scales them in float exactly as the scalar
+// reference in kquants.cpp does (kq_finish), so every ISA returns
+// bit-identical dot products. Include only from files compiled with AVX2 (see
+// simd_avx2.h); matmul kernels may reuse the per-block functions.
 #pragma once
 
 #include "quant/simd_avx2.h"
@@ -16,12 +18,27 @@ struct KSums {
     int summs;
 };
 
+struct KVec {
+    __m256i isum;
+    __m256i summs;
+};
+
 // Both horizontal sums at once.
 inline KSums hsum_pair(__m256i a, __m256i b) {
     const __m256i t = _mm256_hadd_epi32(a, b);  // a01 a23 b01 b23 | a45 a67 b45 b67
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
     s = _mm_hadd_epi32(s, s);  // A B A B
     return {_mm_cvtsi128_si32(s), _mm_extract_epi32(s, 1)};
+}
+
+inline KSums reduce(const KVec& v) {
+    return hsum_pair(v.isum, v.summs);
+}
+
+// Lane sums of four vectors: {sum a, sum b, sum c, sum d}.
+inline __m128i hsum4(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
 }
 
 // sum += (d * isum) - (dmin * summs), two roundings per product, no FMA:
@@ -90,7 +107,7 @@ inline __m256i mins_times_bsums(const uint32_t mn[2], const int16_t* bsums) {
 }
 
 template <bool kFive, typename Block>
-inline KSums q45_K_block(const Block& x, const BlockQ8_K& y) {
+inline KVec q45_K_block(const Block& x, const BlockQ8_K& y) {
     uint32_t sc[2], mn[2];
     k4_scales_mins(x.scales, sc, mn);
     const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, int(sc[1]), int(sc[0])));
@@ -119,19 +136,19 @@ inline KSums q45_K_block(const Block& x, const BlockQ8_K& y) {
     step.template operator()<1>();
     step.template operator()<2>();
     step.template operator()<3>();
-    return hsum_pair(acc, mins_times_bsums(mn, y.bsums));
+    return {acc, mins_times_bsums(mn, y.bsums)};
 }
 
-inline KSums q4_K_block(const BlockQ4_K& x, const BlockQ8_K& y) {
+inline KVec q4_K_block(const BlockQ4_K& x, const BlockQ8_K& y) {
     return q45_K_block<false>(x, y);
 }
-inline KSums q5_K_block(const BlockQ5_K& x, const BlockQ8_K& y) {
+inline KVec q5_K_block(const BlockQ5_K& x, const BlockQ8_K& y) {
     return q45_K_block<true>(x, y);
 }
 
 // Q2_K: 2-bit q in [0, 3], 4-bit scale (low nibble) and min (high nibble) per
 // 16 values.
-inline KSums q2_K_block(const BlockQ2_K& x, const BlockQ8_K& y) {
+inline KVec q2_K_block(const BlockQ2_K& x, const BlockQ8_K& y) {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
     const __m128i nib = _mm_set1_epi8(0x0F);
     const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, nib));
@@ -156,12 +173,11 @@ inline KSums q2_K_block(const BlockQ2_K& x, const BlockQ8_K& y) {
         acc = _mm256_add_epi32(
             acc, _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
     }
-    return hsum_pair(acc, summs);
+    return {acc, summs};
 }
 
 // Q3_K: q = low2 + 4*hbit - 4, so sum(q*q8) = sum(u3*q8) - 4*bsum with
-// u3 = low2 | hbit<<2 in [0, 7]; the -4*bsum parts are collected separately.
-// Returns {isum, 0}.
+// u3 = low2 | hbit<<2 in [0, 7]; the -4*bsum parts come from the Q8_K sums.
 inline void q3k_scales16(const uint8_t* packed, __m256i* sc16) {
     uint32_t u[3];
     std::memcpy(u, packed, 12);
@@ -173,7 +189,7 @@ inline void q3k_scales16(const uint8_t* packed, __m256i* sc16) {
     *sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(s, _mm_set1_epi8(32)));
 }
 
-inline KSums q3_K_block(const BlockQ3_K& x, const BlockQ8_K& y) {
+inline KVec q3_K_block(const BlockQ3_K& x, const BlockQ8_K& y) {
     __m256i sc16;
     q3k_scales16(x.scales, &sc16);
     // 4 * sum_j scale_j * bsums_j, subtracted at the end.
@@ -203,12 +219,12 @@ inline KSums q3_K_block(const BlockQ3_K& x, const BlockQ8_K& y) {
     };
     half.template operator()<0>();
     half.template operator()<1>();
-    const KSums s = hsum_pair(acc, corr);
-    return {s.isum - 4 * s.summs, 0};
+    // sum(u*q8) - 4*sum(q8), per sub-block scale: exact in int32.
+    return {_mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 2)), _mm256_setzero_si256()};
 }
 
 // Q6_K: q = u6 - 32 with u6 in [0, 63]; sum(q*q8) = sum(u6*q8) - 32*bsum.
-inline KSums q6_K_block(const BlockQ6_K& x, const BlockQ8_K& y) {
+inline KVec q6_K_block(const BlockQ6_K& x, const BlockQ8_K& y) {
     const __m256i sc16 =
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
     const __m256i corr =
@@ -238,8 +254,49 @@ inline KSums q6_K_block(const BlockQ6_K& x, const BlockQ8_K& y) {
         acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_add_epi32(group(u0, 0), group(u1, 1)),
                                                      _mm256_add_epi32(group(u2, 2), group(u3, 3))));
     }
-    const KSums s = hsum_pair(acc, corr);
-    return {s.isum - 32 * s.summs, 0};
+    // sum(u*q8) - 32*sum(q8), per sub-block scale: exact in int32.
+    return {_mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 5)), _mm256_setzero_si256()};
+}
+
+// One row: super-blocks in pairs share one reduction. Per super-block the
+// float steps are the reference's: d = fp16(x.d) * y.d, then
+// sum += d * isum - dmin * summs (each product rounded, no FMA), in order.
+template <typename Block, KVec (*Kernel)(const Block&, const BlockQ8_K&), bool kMins>
+inline float kq_dot_row(int64_t n, const Block* x, const BlockQ8_K* y) {
+    const int64_t nb = n / QK_K;
+    float sum = 0;
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const KVec a = Kernel(x[i], y[i]), b = Kernel(x[i + 1], y[i + 1]);
+        if constexpr (kMins) {
+            const __m128i s = hsum4(a.isum, a.summs, b.isum, b.summs);
+            const __m128 dx =
+                _mm_cvtph_ps(_mm_setr_epi16(short(x[i].d), short(x[i].dmin), short(x[i + 1].d),
+                                            short(x[i + 1].dmin), 0, 0, 0, 0));
+            const __m128 dy = _mm_setr_ps(y[i].d, y[i].d, y[i + 1].d, y[i + 1].d);
+            const __m128 p = _mm_mul_ps(_mm_mul_ps(dx, dy), _mm_cvtepi32_ps(s));
+            const __m128 t = _mm_hsub_ps(p, p);  // d*isum - dmin*summs of both blocks
+            sum = sum + _mm_cvtss_f32(t);
+            sum = sum + _mm_cvtss_f32(_mm_movehdup_ps(t));
+        } else {
+            const __m128i s = hsum4(a.isum, b.isum, a.isum, b.isum);
+            const __m128 dx =
+                _mm_cvtph_ps(_mm_setr_epi16(short(x[i].d), short(x[i + 1].d), 0, 0, 0, 0, 0, 0));
+            const __m128 dy = _mm_setr_ps(y[i].d, y[i + 1].d, 0, 0);
+            const __m128 p = _mm_mul_ps(_mm_mul_ps(dx, dy), _mm_cvtepi32_ps(s));
+            sum = sum + _mm_cvtss_f32(p);
+            sum = sum + _mm_cvtss_f32(_mm_movehdup_ps(p));
+        }
+    }
+    if (i < nb) {
+        const KSums s = reduce(Kernel(x[i], y[i]));
+        if constexpr (kMins)
+            sum = kq_finish(sum, fp16_scalar(x[i].d) * y[i].d, s.isum,
+                            fp16_scalar(x[i].dmin) * y[i].d, s.summs);
+        else
+            sum = kq_finish(sum, fp16_scalar(x[i].d) * y[i].d, s.isum);
+    }
+    return sum;
 }
 
 }  // namespace glm5::quant::avx2

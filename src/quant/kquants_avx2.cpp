@@ -8,47 +8,25 @@ namespace glm5::quant::kernels {
 
 using namespace avx2;
 
-namespace {
-
-template <typename Block, KSums (*Kernel)(const Block&, const BlockQ8_K&)>
-float dot_with_mins(int64_t n, const void* w, const void* a) {
-    const Block* x = static_cast<const Block*>(w);
-    const BlockQ8_K* y = static_cast<const BlockQ8_K*>(a);
-    float sum = 0;
-    for (int64_t i = 0; i < n / QK_K; ++i) {
-        const KSums s = Kernel(x[i], y[i]);
-        sum = kq_finish(sum, fp16_scalar(x[i].d) * y[i].d, s.isum, fp16_scalar(x[i].dmin) * y[i].d,
-                        s.summs);
-    }
-    return sum;
-}
-
-template <typename Block, KSums (*Kernel)(const Block&, const BlockQ8_K&)>
-float dot_no_mins(int64_t n, const void* w, const void* a) {
-    const Block* x = static_cast<const Block*>(w);
-    const BlockQ8_K* y = static_cast<const BlockQ8_K*>(a);
-    float sum = 0;
-    for (int64_t i = 0; i < n / QK_K; ++i)
-        sum = kq_finish(sum, fp16_scalar(x[i].d) * y[i].d, Kernel(x[i], y[i]).isum);
-    return sum;
-}
-
-}  // namespace
-
 float dot_q2_K_avx2(int64_t n, const void* w, const void* a) {
-    return dot_with_mins<BlockQ2_K, q2_K_block>(n, w, a);
+    return avx2::kq_dot_row<BlockQ2_K, avx2::q2_K_block, true>(n, static_cast<const BlockQ2_K*>(w),
+                                                               static_cast<const BlockQ8_K*>(a));
 }
 float dot_q3_K_avx2(int64_t n, const void* w, const void* a) {
-    return dot_no_mins<BlockQ3_K, q3_K_block>(n, w, a);
+    return avx2::kq_dot_row<BlockQ3_K, avx2::q3_K_block, false>(n, static_cast<const BlockQ3_K*>(w),
+                                                                static_cast<const BlockQ8_K*>(a));
 }
 float dot_q4_K_avx2(int64_t n, const void* w, const void* a) {
-    return dot_with_mins<BlockQ4_K, q4_K_block>(n, w, a);
+    return avx2::kq_dot_row<BlockQ4_K, avx2::q4_K_block, true>(n, static_cast<const BlockQ4_K*>(w),
+                                                               static_cast<const BlockQ8_K*>(a));
 }
 float dot_q5_K_avx2(int64_t n, const void* w, const void* a) {
-    return dot_with_mins<BlockQ5_K, q5_K_block>(n, w, a);
+    return avx2::kq_dot_row<BlockQ5_K, avx2::q5_K_block, true>(n, static_cast<const BlockQ5_K*>(w),
+                                                               static_cast<const BlockQ8_K*>(a));
 }
 float dot_q6_K_avx2(int64_t n, const void* w, const void* a) {
-    return dot_no_mins<BlockQ6_K, q6_K_block>(n, w, a);
+    return avx2::kq_dot_row<BlockQ6_K, avx2::q6_K_block, false>(n, static_cast<const BlockQ6_K*>(w),
+                                                                static_cast<const BlockQ8_K*>(a));
 }
 
 // Q8_K activations: iscale = -127 / (the signed element of largest magnitude,
