@@ -51,31 +51,6 @@ inline std::vector<uint8_t> random_weight_row(Type t, int64_t n, std::mt19937& r
     return row;
 }
 
-// Q8_K as ggml defines it (quantize_row_q8_K_ref): per 256 values
-// d = max/-127 for the value of largest magnitude, q = min(127, round(x/d)),
-// bsums = sums of 16 consecutive q. Used until the activation quantizer of the
-// k-quant family is available to these tests.
-inline void q8k_from_floats(const float* x, glm5::quant::BlockQ8_K* y, int64_t n) {
-    for (int64_t i = 0; i < n / 256; ++i, x += 256) {
-        float max = 0, amax = 0;
-        for (int j = 0; j < 256; ++j)
-            if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), max = x[j];
-        std::memset(&y[i], 0, sizeof(y[i]));
-        if (!amax) continue;
-        const float iscale = -127.f / max;
-        for (int j = 0; j < 256; ++j) {
-            const int v = int(std::nearbyint(iscale * x[j]));
-            y[i].qs[j] = int8_t(v < 127 ? v : 127);
-        }
-        for (int j = 0; j < 16; ++j) {
-            int s = 0;
-            for (int k = 0; k < 16; ++k) s += y[i].qs[16 * j + k];
-            y[i].bsums[j] = int16_t(s);
-        }
-        y[i].d = 1 / iscale;
-    }
-}
-
 // An activation row in the weight type's vec_dot layout with random 8-bit
 // values in [-127, 127] (the range ggml's Q8 quantizers produce), consistent
 // block sums, and positive scales. `extreme` uses only +-127.

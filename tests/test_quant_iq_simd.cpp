@@ -71,7 +71,7 @@ TEST(IQuantSimd, DispatchPicksTheWidestKernelTheCpuRuns) {
     }
 }
 
-TEST(IQuantSimd, MatchesReferenceOnRandomRows) {
+TEST(IQuantSimd, MatchesReferenceOnRandomBlocks) {
     std::mt19937 rng(20261130);
     int checked = 0;
     for (Type t : iquant_types()) {
@@ -95,6 +95,29 @@ TEST(IQuantSimd, MatchesReferenceOnRandomRows) {
     }
     // On any x86-64 CPU with AVX2 this compares every format at least once.
     if (cpu_has_avx2()) EXPECT_GE(checked, int(iquant_types().size()) * 3);
+}
+
+// Realistic operands: weights quantized from Gaussian rows, activations
+// quantized by the engine's own activation quantizer (Q8_K / Q8_0).
+TEST(IQuantSimd, MatchesReferenceOnQuantizedRows) {
+    std::mt19937 rng(99);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (Type t : iquant_types()) {
+        const Type at = traits(t).vec_dot_type;
+        for (int64_t n : {traits(t).block_size * 8, int64_t(2048)}) {
+            std::vector<float> xw(n), xa(n);
+            for (auto& v : xw) v = nd(rng);
+            for (auto& v : xa) v = nd(rng);
+            std::vector<uint8_t> w(row_size(t, n)), a(row_size(at, n));
+            quantize_rows(t, xw.data(), w.data(), 1, n, nullptr);
+            quantize_activation_row(at, xa.data(), a.data(), n);
+            const float ref = vec_dot_ref(t, n, w.data(), a.data());
+            const double tol = 1e-5 * abs_product_sum(t, w, a, n);
+            for (const Kernel& k : kernels(t))
+                EXPECT_NEAR(k.fn(n, w.data(), a.data()), ref, tol)
+                    << name(t) << " " << k.isa << " n=" << n;
+        }
+    }
 }
 
 // The reference against a plain float dot product of dequantized weights and
