@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "text/chat.h"
+
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "model/gen_quant_mix.h"
@@ -369,15 +371,18 @@ TEST(GeneratorWrite, TinyIsDeterministicAndCarriesTheFixtureMetadata) {
     for (const auto& [k, v] : fx->metadata()) want[k] = value_signature(v);
     for (const auto& [k, v] : g->metadata()) got[k] = value_signature(v);
     EXPECT_EQ(got, want);
-    // Same key order, and the same values apart from the name.
+    // Same key order, and the same values apart from the name and the chat
+    // template (generated models carry the GLM-5 layout the engine renders).
     ASSERT_EQ(g->metadata().size(), fx->metadata().size());
     for (size_t i = 0; i < fx->metadata().size(); ++i) {
         const auto& [k, v] = fx->metadata()[i];
         EXPECT_EQ(g->metadata()[i].first, k);
-        if (k == "general.name") continue;
+        if (k == "general.name" || k == "tokenizer.chat_template") continue;
         EXPECT_TRUE(same_value(g->metadata()[i].second, v))
             << k << ": " << g->metadata()[i].second.to_display() << " vs " << v.to_display();
     }
+    const std::string tmpl = g->get_string("tokenizer.chat_template");
+    EXPECT_EQ(glm5::text::check_chat_template(tmpl), "") << "generated template differs from the renderer";
     // Tensors: names, shapes, types as the fixture.
     ASSERT_EQ(g->tensors().size(), fx->tensors().size());
     for (const auto& t : fx->tensors()) {

@@ -1,86 +1,183 @@
-// glm5 run: generate from raw token ids (the chat front end comes with the text layer).
-#include <chrono>
+// glm5 run: one chat turn (--prompt / --input), a raw completion (--raw), a
+// scripted multi-turn conversation (--jsonl), or raw token ids (--tokens).
 #include <cstdio>
-#include <set>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "args.h"
+#include "chat_runner.h"
 #include "commands.h"
+#include "core/error.h"
 #include "core/log.h"
+#include "default_model.h"
 #include "model_setup.h"
-#include "runtime/sampler.h"
+#include "runtime/session.h"
 
 namespace glm5::app {
 
-int cmd_run(int argc, char** argv) {
-    Args a("run", "Generate tokens from raw ids.");
-    add_model_flags(a, true);
-    a.option("tokens", "IDS", "", "comma-separated prompt token ids");
-    a.option("n-predict", "N", "16", "tokens to generate", "-n");
-    a.option("temp", "T", "0.8", "temperature (0: greedy)");
-    a.option("top-k", "K", "40", "top-k sampling (0: off)");
-    a.option("top-p", "P", "0.95", "top-p sampling (1: off)");
-    a.option("min-p", "P", "0.05", "min-p sampling (0: off)");
-    a.option("repeat-penalty", "R", "1.0", "repetition penalty over the last 64 tokens (1: off)");
-    a.option("seed", "N", "0", "sampling seed");
-    a.option("ctx-size", "N", "4096", "context size in tokens", "-c");
-    a.flag("print-ids", "print the generated ids on stdout, space separated");
-    a.flag("ignore-eos", "never stop at end-of-generation tokens");
-    if (!a.parse(argc, argv, 2)) return 0;
-    if (!a.is_set("tokens")) throw UsageError("--tokens is required");
-    const std::vector<int32_t> prompt = parse_token_list(a.get("tokens"), "tokens");
-    const int64_t n_predict = a.get_int("n-predict", 0, 1 << 24);
-    runtime::SamplerParams sp;
-    sp.temperature = float(a.get_double("temp", 0.0, 100.0));
-    sp.top_k = int32_t(a.get_int("top-k", 0, 1 << 30));
-    sp.top_p = float(a.get_double("top-p", 0.0, 1.0));
-    sp.min_p = float(a.get_double("min-p", 0.0, 1.0));
-    sp.repeat_penalty = float(a.get_double("repeat-penalty", 0.0, 100.0));
-    sp.seed = uint64_t(a.get_int("seed", 0, INT64_MAX));
-    const int64_t n_ctx = a.get_int("ctx-size", 1, 1 << 24);
+namespace {
 
-    LoadedModel m = open_model(a);
-    std::set<int32_t> stop;
+void write_out(const std::string& s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+}
+
+std::string read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw Error("cannot read " + path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+nlohmann::ordered_json calls_json(const std::vector<text::ToolCall>& calls) {
+    nlohmann::ordered_json a = nlohmann::ordered_json::array();
+    for (const auto& c : calls) a.push_back({{"name", c.name}, {"arguments", c.arguments}});
+    return a;
+}
+
+// Token ids in, token ids out: the interface the parity tests and tools use.
+int run_tokens(const Args& a, LoadedModel& m) {
+    const std::vector<int32_t> prompt = parse_token_list(a.get("tokens"), "tokens");
+    const int64_t n_ctx = a.get_int("ctx-size", 1, 1 << 24);
+    runtime::Session session(*m.model, n_ctx, a.get_int("ubatch", 1, 1 << 16));
+    runtime::Sampler sampler(sampling_from_args(a));
+    runtime::GenerateOptions go;
+    go.max_tokens = a.get_int("n-predict", 0, 1 << 24);
+    go.ignore_eos = a.get_flag("ignore-eos");
     for (const char* k : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                           "tokenizer.ggml.eom_token_id"})
         if (const gguf::Value* v = m.file->find(k))
-            if (auto u = v->as_uint()) stop.insert(int32_t(*u));
-    if (int64_t(prompt.size()) + n_predict > n_ctx)
-        throw UsageError("prompt (" + std::to_string(prompt.size()) +
-                         ") + n-predict exceed --ctx-size " + std::to_string(n_ctx));
-
-    auto st = m.model->new_state(n_ctx);
-    runtime::Sampler sampler(sp);
-    std::vector<int32_t> history = prompt, generated;
-    std::vector<float> logits;
-    using clock = std::chrono::steady_clock;
-    auto t0 = clock::now();
-    model::SeqInput in{st.get(), prompt, false};
-    m.model->forward({&in, 1}, logits);
-    auto t1 = clock::now();
-    for (int64_t i = 0; i < n_predict; ++i) {
-        const int32_t tok = sampler.sample(logits, history);
-        generated.push_back(tok);
-        history.push_back(tok);
-        if (!a.get_flag("ignore-eos") && stop.count(tok)) break;
-        if (i + 1 == n_predict) break;
-        model::SeqInput next{st.get(), {&generated.back(), 1}, false};
-        m.model->forward({&next, 1}, logits);
-    }
-    auto t2 = clock::now();
+            if (auto u = v->as_uint()) go.stop_ids.insert(int32_t(*u));
+    const runtime::GenerateResult g = runtime::generate(session, prompt, sampler, go);
     if (a.get_flag("print-ids")) {
         std::string out;
-        for (size_t i = 0; i < generated.size(); ++i)
-            out += (i ? " " : "") + std::to_string(generated[i]);
-        std::printf("%s\n", out.c_str());
+        for (size_t i = 0; i < g.tokens.size(); ++i)
+            out += (i ? " " : "") + std::to_string(g.tokens[i]);
+        write_out(out + "\n");
+    } else {
+        auto tok = text::Tokenizer::from_gguf(*m.file);
+        write_out(tok->decode(g.tokens) + "\n");
     }
-    const double pp = std::chrono::duration<double>(t1 - t0).count();
-    const double tg = std::chrono::duration<double>(t2 - t1).count();
-    log_info(
-        "glm5: prompt %zu tokens in %.3f s (%.1f tok/s), generated %zu tokens in %.3f s (%.1f "
-        "tok/s)\n",
-        prompt.size(), pp, double(prompt.size()) / pp, generated.size(), tg,
-        generated.size() > 1 ? double(generated.size() - 1) / tg : 0.0);
+    log_info("glm5: %s\n", timing_summary(g).c_str());
+    return 0;
+}
+
+// Each input line {"user": "...", "think": false} is one user turn; each
+// output line {"user", "reasoning", "content", "tool_calls"} one reply.
+int run_jsonl(const Args& a, ChatRunner& chat, text::ReasoningEffort effort) {
+    std::ifstream in(a.get("jsonl"));
+    if (!in) throw Error("cannot read " + a.get("jsonl"));
+    FILE* out = stdout;
+    std::string out_path = a.get("out");
+    if (!out_path.empty()) {
+        out = std::fopen(out_path.c_str(), "w");
+        if (!out) throw Error("cannot write " + out_path);
+    }
+    std::string line;
+    int lineno = 0;
+    while (std::getline(in, line)) {
+        ++lineno;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(line);
+        } catch (const std::exception& e) {
+            throw Error(a.get("jsonl") + ":" + std::to_string(lineno) + ": not JSON: " + e.what());
+        }
+        if (!j.is_object() || !j.contains("user") || !j["user"].is_string())
+            throw Error(a.get("jsonl") + ":" + std::to_string(lineno) +
+                        ": expected {\"user\": \"...\"}");
+        bool think = a.get_flag("think");
+        if (j.contains("think")) {
+            if (!j["think"].is_boolean())
+                throw Error(a.get("jsonl") + ":" + std::to_string(lineno) +
+                            ": \"think\" must be true or false");
+            think = j["think"].get<bool>();
+        }
+        TurnResult r = chat.turn(j["user"].get<std::string>(), think, effort, {});
+        nlohmann::ordered_json o;
+        o["user"] = j["user"];
+        o["reasoning"] = r.reply.reasoning;
+        o["content"] = r.reply.content;
+        o["tool_calls"] = calls_json(r.reply.tool_calls);
+        const std::string s = o.dump() + "\n";
+        std::fwrite(s.data(), 1, s.size(), out);
+        std::fflush(out);
+        log_info("glm5: turn %d: %s\n", lineno, timing_summary(r.gen).c_str());
+    }
+    if (out != stdout) std::fclose(out);
+    return 0;
+}
+
+}  // namespace
+
+void add_generation_flags(Args& a) {
+    add_sampling_flags(a);
+    a.option("n-predict", "N", "256", "most tokens to generate per reply", "-n");
+    a.option("ctx-size", "N", "4096", "context size in tokens", "-c");
+    a.option("ubatch", "N", "512", "prompt micro-batch size in tokens");
+    a.option("system", "TEXT", "", "system message");
+    a.flag("think", "let the model reason first (glm5next always does)");
+    a.option("reasoning-effort", "LEVEL", "max", "with --think: low, medium (= max), high or max");
+}
+
+int cmd_run(int argc, char** argv) {
+    Args a("run",
+           "One chat turn from --prompt or --input, a raw completion (--raw), a multi-turn "
+           "conversation "
+           "(--jsonl), or raw token ids (--tokens). The reply goes to stdout, reasoning and "
+           "timings to stderr.");
+    add_model_flags(a, false);
+    add_generation_flags(a);
+    a.option("prompt", "TEXT", "", "the user message", "-p");
+    a.option("input", "FILE", "", "read the user message from FILE", "-f");
+    a.flag("raw", "feed the prompt as is, without the chat format");
+    a.option("jsonl", "IN", "",
+             "play a conversation: one {\"user\": ..., \"think\": bool} per line");
+    a.option("out", "OUT", "", "with --jsonl: write the replies here (default stdout)");
+    a.option("tokens", "IDS", "", "comma-separated prompt token ids (no chat format)");
+    a.flag("print-ids", "with --tokens: print the generated ids, space separated");
+    a.flag("ignore-eos", "with --tokens: never stop at end-of-generation tokens");
+    if (!a.parse(argc, argv, 2)) return 0;
+
+    const int modes =
+        a.is_set("prompt") + a.is_set("input") + a.is_set("jsonl") + a.is_set("tokens");
+    if (modes == 0) throw UsageError("give one of --prompt, --input, --jsonl or --tokens");
+    if (modes > 1) throw UsageError("--prompt, --input, --jsonl and --tokens exclude each other");
+    const text::ReasoningEffort effort = [&] {
+        try {
+            return text::parse_reasoning_effort(a.get("reasoning-effort"));
+        } catch (const Error& e) {
+            throw UsageError(std::string("--reasoning-effort: ") + e.what());
+        }
+    }();
+    const runtime::SamplerParams sp = sampling_from_args(a);  // validate before loading
+    const int64_t n_ctx = a.get_int("ctx-size", 1, 1 << 24);
+    const int64_t ubatch = a.get_int("ubatch", 1, 1 << 16);
+    const int64_t n_predict = a.get_int("n-predict", 0, 1 << 24);
+
+    const std::string path = a.is_set("model") ? a.get("model") : ensure_default_model();
+    LoadedModel m = open_model(a, path);
+    if (a.is_set("tokens")) return run_tokens(a, m);
+
+    ChatRunner chat(m, n_ctx, ubatch, sp, n_predict);
+    if (!a.get("system").empty()) chat.set_system(a.get("system"));
+    if (a.is_set("jsonl")) return run_jsonl(a, chat, effort);
+
+    const std::string prompt = a.is_set("prompt") ? a.get("prompt") : read_file(a.get("input"));
+    StreamCallbacks cb;
+    cb.reasoning = [](const std::string& s) { std::fprintf(stderr, "%s", s.c_str()); };
+    cb.content = [](const std::string& s) { write_out(s); };
+    TurnResult r = a.get_flag("raw") ? chat.raw(prompt, cb)
+                                     : chat.turn(prompt, a.get_flag("think"), effort, cb);
+    for (const auto& c : r.reply.tool_calls)
+        write_out("\n<tool_call> " +
+                  nlohmann::ordered_json{{"name", c.name}, {"arguments", c.arguments}}.dump());
+    write_out("\n");
+    log_info("glm5: %s\n", timing_summary(r.gen).c_str());
     return 0;
 }
 

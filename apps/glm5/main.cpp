@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
             return 1;
         }
     }
-    std::fprintf(stderr, "glm5: unknown command '%s'\n", cmd.c_str());
-    usage(stderr);
+    std::fprintf(stderr, "glm5: unknown command '%s' (glm5 --help lists the commands)\n",
+                 cmd.c_str());
     return 2;
 }

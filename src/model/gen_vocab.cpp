@@ -38,6 +38,25 @@ std::string filler_word(uint64_t i) {
 
 }  // namespace
 
+// The chat template written into generated models: the GLM-5 layout the
+// engine renders (no newline after role tokens, reasoning opt-in through
+// enable_thinking), so the engine finds it matching. The fixtures carry a
+// shorter template with newlines; only this key differs from them.
+const char kGlm5ChatTemplate[] =
+    "[gMASK]<sop>"
+    "{%- set think = enable_thinking is defined and enable_thinking -%}"
+    "{%- if think -%}<|system|>Reasoning Effort: Max{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'system' -%}<|system|>{{ m['content'] }}"
+    "{%- elif m['role'] == 'user' -%}<|user|>{{ m['content'] }}"
+    "{%- elif m['role'] == 'assistant' -%}<|assistant|><think></think>{{ m['content'] }}"
+    "{%- elif m['role'] == 'tool' -%}<|observation|><tool_response>{{ m['content'] "
+    "}}</tool_response>"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|><think>{%- if not think -%}</think>{%- endif "
+    "-%}{%- endif -%}";
+
 Vocab make_vocab(int64_t n_vocab) {
     const BaseVocab& b = glm_dsa_base_vocab();
     if (n_vocab < int64_t(b.n_tokens))
@@ -47,7 +66,7 @@ Vocab make_vocab(int64_t n_vocab) {
     v.tokens.assign(b.tokens, b.tokens + b.n_tokens);
     v.types.assign(b.types, b.types + b.n_tokens);
     v.merges.assign(b.merges, b.merges + b.n_merges);
-    v.chat_template = b.chat_template;
+    v.chat_template = kGlm5ChatTemplate;
     v.bos = b.bos;
     v.eos = b.eos;
     v.eot = b.eot;

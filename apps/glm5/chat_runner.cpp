@@ -1,0 +1,125 @@
+#include "chat_runner.h"
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "core/log.h"
+
+namespace glm5::app {
+
+void add_sampling_flags(Args& a) {
+    a.option("temp", "T", "0.8", "temperature (0: greedy)");
+    a.option("top-k", "K", "40", "top-k sampling (0: off)");
+    a.option("top-p", "P", "0.95", "top-p sampling (1: off)");
+    a.option("min-p", "P", "0.05", "min-p sampling (0: off)");
+    a.option("repeat-penalty", "R", "1.0", "repetition penalty over the last 64 tokens (1: off)");
+    a.option("seed", "N", "-1", "sampling seed (-1: random, printed on stderr)");
+}
+
+runtime::SamplerParams sampling_from_args(const Args& a) {
+    runtime::SamplerParams sp;
+    sp.temperature = float(a.get_double("temp", 0.0, 100.0));
+    sp.top_k = int32_t(a.get_int("top-k", 0, 1 << 30));
+    sp.top_p = float(a.get_double("top-p", 0.0, 1.0));
+    sp.min_p = float(a.get_double("min-p", 0.0, 1.0));
+    sp.repeat_penalty = float(a.get_double("repeat-penalty", 0.01, 100.0));
+    const int64_t seed = a.get_int("seed", -1, INT64_MAX);
+    if (seed < 0) {
+        sp.seed = std::random_device{}();
+        if (sp.temperature > 0) log_info("glm5: seed %llu\n", (unsigned long long)sp.seed);
+    } else {
+        sp.seed = uint64_t(seed);
+    }
+    return sp;
+}
+
+ChatRunner::ChatRunner(LoadedModel& m, int64_t n_ctx, int64_t ubatch,
+                       const runtime::SamplerParams& sp, int64_t n_predict)
+    : m_(m),
+      tok_(text::Tokenizer::from_gguf(*m.file)),
+      chat_(text::ChatFormat::from_gguf(*m.file)),
+      session_(*m.model, n_ctx, ubatch),
+      sampler_(sp),
+      n_predict_(n_predict) {
+    if (!chat_.template_warning().empty()) log_info("glm5: %s\n", chat_.template_warning().c_str());
+}
+
+void ChatRunner::reset() {
+    history_.clear();
+    session_.reset();
+}
+
+TurnResult ChatRunner::turn(const std::string& user, bool think, text::ReasoningEffort effort,
+                            const StreamCallbacks& cb) {
+    std::vector<text::ChatMessage> msgs;
+    if (!system_.empty()) msgs.push_back({"system", system_, {}, {}, {}});
+    msgs.insert(msgs.end(), history_.begin(), history_.end());
+    msgs.push_back({"user", user, {}, {}, {}});
+    text::ChatOptions opt;
+    opt.thinking = think;
+    opt.effort = think ? effort : text::ReasoningEffort::Default;
+    const text::RenderedPrompt p = chat_.render(msgs, nullptr, opt);
+    for (const auto& w : p.warnings) log_info("glm5: %s\n", w.c_str());
+    const std::vector<int32_t> ids = tok_->encode(p.text);
+    TurnResult r = run(ids, p.reasoning_open, true, cb);
+    history_.push_back({"user", user, {}, {}, {}});
+    history_.push_back(text::assistant_message(r.reply));
+    return r;
+}
+
+TurnResult ChatRunner::raw(const std::string& prompt, const StreamCallbacks& cb) {
+    return run(tok_->encode(prompt), false, false, cb);
+}
+
+TurnResult ChatRunner::run(const std::vector<int32_t>& ids, bool reasoning_open, bool parse,
+                           const StreamCallbacks& cb) {
+    TurnResult r;
+    text::StreamDecoder dec(*tok_);
+    text::ReplyParserOptions po;
+    po.reasoning_open = reasoning_open;
+    text::ReplyParser parser(po);
+    auto emit = [&](const text::ReplyDelta& d) {
+        if (!d.reasoning.empty() && cb.reasoning) cb.reasoning(d.reasoning);
+        if (!d.content.empty() && cb.content) cb.content(d.content);
+        for (const auto& c : d.tool_calls)
+            if (cb.tool_call) cb.tool_call(c);
+    };
+    runtime::GenerateOptions go;
+    go.max_tokens = n_predict_;
+    for (int32_t s : tok_->stop_ids()) go.stop_ids.insert(s);
+    std::string raw_text;
+    r.gen = runtime::generate(session_, ids, sampler_, go, [&](int32_t t) {
+        const std::string piece = dec.push(t);
+        if (parse)
+            emit(parser.feed(piece));
+        else if (!piece.empty() && cb.content)
+            cb.content(piece);
+        raw_text += piece;
+        return true;
+    });
+    const std::string tail = dec.flush();
+    if (parse) {
+        emit(parser.feed(tail));
+        emit(parser.finish());
+        r.reply = parser.result();
+    } else {
+        if (!tail.empty() && cb.content) cb.content(tail);
+        r.reply.content = raw_text + tail;
+    }
+    return r;
+}
+
+std::string timing_summary(const runtime::GenerateResult& g) {
+    char buf[256];
+    const int64_t fed = g.prompt_tokens - g.reused_tokens;
+    std::snprintf(buf, sizeof(buf),
+                  "prompt %lld tokens (%lld reused) in %.3f s, %.1f tok/s | generated %zu tokens "
+                  "in %.3f s, %.1f tok/s",
+                  (long long)g.prompt_tokens, (long long)g.reused_tokens, g.prompt_seconds,
+                  g.prompt_seconds > 0 ? double(fed) / g.prompt_seconds : 0.0, g.tokens.size(),
+                  g.gen_seconds, g.gen_seconds > 0 ? double(g.tokens.size()) / g.gen_seconds : 0.0);
+    return buf;
+}
+
+}  // namespace glm5::app

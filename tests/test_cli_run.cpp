@@ -1,0 +1,177 @@
+// The glm5 CLI end to end: run (--tokens, --prompt, --raw, --jsonl), logits,
+// flags and refusals, the embedded default model.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "util_cli.h"
+#include "util_model.h"
+
+using namespace glm5::test;
+
+namespace {
+
+const std::string kTiny = data_path("glm-dsa/tiny.gguf");
+
+std::string tmp_dir(const std::string& name) {
+    const std::string d =
+        std::string(::testing::TempDir()) + "glm5-cli-" + name + "-" + std::to_string(::getpid());
+    std::filesystem::create_directories(d);
+    return d;
+}
+
+std::string join(const std::vector<int32_t>& v, const char* sep) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::to_string(v[i]);
+    return s;
+}
+
+TEST(CliRun, TokensGreedyMatchesGolden) {
+    const auto g = load_json(data_path("glm-dsa/tiny.golden.json"));
+    for (const auto& p : g["prompts"]) {
+        const auto tokens = to_ids(p["tokens"]);
+        const CliResult r =
+            run_glm5("run --model " + kTiny + " --tokens " + join(tokens, ",") +
+                     " -n 16 --temp 0 --print-ids --ignore-eos --cache-type f32 --threads 2");
+        ASSERT_EQ(r.code, 0) << r.err;
+        EXPECT_EQ(r.out, join(to_ids(p["greedy"]), " ") + "\n");
+        EXPECT_NE(r.err.find("tok/s"), std::string::npos) << "timing summary on stderr";
+    }
+}
+
+TEST(CliRun, LogitsJsonMatchesGolden) {
+    const auto g = load_json(data_path("glm-dsa/tiny.golden.json"));
+    const auto& p = g["prompts"][2];
+    const CliResult r = run_glm5("logits --model " + kTiny + " --tokens " +
+                                 join(to_ids(p["tokens"]), ",") + " --all --cache-type f32");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    ASSERT_EQ(j["n_vocab"].get<int>(), 768);
+    ASSERT_EQ(j["logits"].size(), p["tokens"].size());
+    for (size_t t = 0; t < j["logits"].size(); ++t)
+        EXPECT_LE(max_abs_diff(to_floats(j["logits"][t]).data(), to_floats(p["logits_all"][t])),
+                  1e-3);
+}
+
+TEST(CliRun, ChatTurnPromptAndRaw) {
+    CliResult r = run_glm5("run --model " + kTiny + " -p \"Hello, who are you?\" -n 12 --temp 0");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_FALSE(r.out.empty());
+    EXPECT_NE(r.err.find("generated"), std::string::npos);
+    r = run_glm5("run --model " + kTiny + " --raw -p \"The cat\" -n 8 --temp 0.7 --seed 5");
+    ASSERT_EQ(r.code, 0) << r.err;
+    // Same seed, same output.
+    const CliResult again =
+        run_glm5("run --model " + kTiny + " --raw -p \"The cat\" -n 8 --temp 0.7 --seed 5");
+    EXPECT_EQ(r.out, again.out);
+    const std::string d = tmp_dir("input");
+    std::ofstream(d + "/q.txt") << "Tell me a story.";
+    r = run_glm5("run --model " + kTiny + " --input " + d + "/q.txt -n 8 --temp 0 --think");
+    EXPECT_EQ(r.code, 0) << r.err;
+}
+
+TEST(CliRun, JsonlConversation) {
+    const std::string d = tmp_dir("jsonl");
+    std::ofstream(d + "/in.jsonl") << "{\"user\": \"Hi there\", \"think\": false}\n"
+                                      "{\"user\": \"And then?\", \"think\": true}\n";
+    const CliResult r = run_glm5("run --model " + kTiny + " --jsonl " + d + "/in.jsonl --out " + d +
+                                 "/out.jsonl -n 10 --temp 0");
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::ifstream f(d + "/out.jsonl");
+    std::string line;
+    int n = 0;
+    while (std::getline(f, line)) {
+        const auto j = nlohmann::json::parse(line);
+        for (const char* k : {"user", "reasoning", "content", "tool_calls"})
+            EXPECT_TRUE(j.contains(k)) << k;
+        EXPECT_TRUE(j["tool_calls"].is_array());
+        ++n;
+    }
+    EXPECT_EQ(n, 2);
+    // A malformed line is refused with its line number.
+    std::ofstream(d + "/bad.jsonl") << "{\"user\": \"ok\"}\nnot json\n";
+    const CliResult bad = run_glm5("run --model " + kTiny + " --jsonl " + d + "/bad.jsonl -n 2");
+    EXPECT_EQ(bad.code, 2);
+    EXPECT_NE(bad.err.find("bad.jsonl:2"), std::string::npos) << bad.err;
+}
+
+TEST(CliRun, HelpListsEveryFlagWithDefault) {
+    for (const char* cmd : {"run", "chat", "logits"}) {
+        const CliResult r = run_glm5(std::string(cmd) + " --help");
+        ASSERT_EQ(r.code, 0);
+        std::istringstream in(r.out);
+        std::string line;
+        int flags = 0;
+        while (std::getline(in, line)) {
+            if (line.rfind("  -", 0) != 0 || line.find("--help") != std::string::npos) continue;
+            ++flags;
+            EXPECT_NE(line.find("(default"), std::string::npos) << cmd << ": " << line;
+        }
+        EXPECT_GT(flags, 3) << cmd;
+    }
+}
+
+TEST(CliRun, BadInputIsRefusedWithExitCode2) {
+    const std::string d = tmp_dir("bad");
+    std::ofstream(d + "/not.gguf") << "this is not a gguf file at all";
+    const struct {
+        std::string args;
+        const char* says;
+    } cases[] = {
+        {"run --model " + kTiny + " --bogus", "unknown flag"},
+        {"run --model " + kTiny + " -p hi --temp abc", "--temp"},
+        {"run --model " + kTiny + " -p hi -n -3", "--n-predict"},
+        {"run --model " + kTiny + " -p hi --cache-type q9", "--cache-type"},
+        {"run --model " + kTiny, "give one of"},
+        {"run --model " + d + "/missing.gguf -p hi", "missing.gguf"},
+        {"run --model " + d + "/not.gguf -p hi", "not.gguf"},
+        {"logits --model " + kTiny + " --tokens 1,x,3", "--tokens"},
+        {"logits --model " + kTiny + " --tokens 1,99999", "outside the vocabulary"},
+        {"frobnicate", "unknown command"},
+    };
+    for (const auto& c : cases) {
+        const CliResult r = run_glm5(c.args);
+        EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+        EXPECT_NE(r.err.find(c.says), std::string::npos) << c.args << "\n" << r.err;
+        EXPECT_TRUE(r.out.empty()) << c.args;
+        // One clear line, no stack of messages.
+        EXPECT_LE(std::count(r.err.begin(), r.err.end(), '\n'), 3) << r.err;
+    }
+}
+
+TEST(CliRun, UnsupportedArchitectureIsRefused) {
+    // Rewrite general.architecture of a small GGUF through the writer.
+    const std::string d = tmp_dir("arch");
+    const CliResult gen = run_glm5("make-model --preset tiny -o " + d + "/t.gguf --quiet");
+    ASSERT_EQ(gen.code, 0) << gen.err;
+    std::string bytes;
+    {
+        std::ifstream f(d + "/t.gguf", std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(f), {});
+    }
+    const std::string from = "glm-dsa";
+    const size_t at = bytes.find(from);
+    ASSERT_NE(at, std::string::npos);
+    bytes.replace(at, from.size(), "llamaxx");  // same length: the file stays valid
+    std::ofstream(d + "/other.gguf", std::ios::binary) << bytes;
+    const CliResult r = run_glm5("run --model " + d + "/other.gguf -p hi");
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("not supported"), std::string::npos) << r.err;
+}
+
+TEST(CliRun, EmbeddedDefaultModelIsGeneratedOnFirstUse) {
+    const std::string d = tmp_dir("cache");
+    std::filesystem::remove_all(d);
+    const CliResult first = run_glm5("run -p Hello -n 4 --temp 0", "", "GLM5_CACHE=" + d);
+    ASSERT_EQ(first.code, 0) << first.err;
+    EXPECT_NE(first.err.find("generating"), std::string::npos) << first.err;
+    EXPECT_TRUE(std::filesystem::exists(d + "/tiny.gguf"));
+    const CliResult second = run_glm5("run -p Hello -n 4 --temp 0", "", "GLM5_CACHE=" + d);
+    ASSERT_EQ(second.code, 0) << second.err;
+    EXPECT_EQ(second.err.find("generating"), std::string::npos);
+    EXPECT_EQ(first.out, second.out);
+}
+
+}  // namespace
