@@ -1,6 +1,11 @@
 #include "model_setup.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 
 #include "core/format.h"
@@ -8,6 +13,37 @@
 #include "core/thread_pool.h"
 
 namespace glm5::app {
+
+namespace {
+
+// Reads every tensor's pages into memory once, with a progress bar on a
+// terminal: the weights stay file-backed, but the first token does not pay
+// for the disk, and a big model's load is visible.
+void load_pages(const gguf::File& f) {
+    uint64_t total = 0;
+    for (const auto& t : f.tensors()) total += t.nbytes;
+    const bool bar = isatty(2) && total > (uint64_t(64) << 20);
+    const long page = sysconf(_SC_PAGESIZE);
+    uint64_t done = 0;
+    int shown = -1;
+    volatile uint8_t sink = 0;
+    for (const auto& t : f.tensors()) {
+        const uintptr_t b = uintptr_t(t.data) & ~uintptr_t(page - 1);
+        ::madvise(reinterpret_cast<void*>(b), size_t(uintptr_t(t.data) + t.nbytes - b),
+                  MADV_WILLNEED);
+        for (size_t off = 0; off < t.nbytes; off += size_t(page)) sink = sink + t.data[off];
+        done += t.nbytes;
+        const int pct = total ? int(done * 100 / total) : 100;
+        if (bar && pct != shown) {
+            shown = pct;
+            std::fprintf(stderr, "\rglm5: loading [%-40s] %3d%%",
+                         std::string(size_t(pct * 40 / 100), '=').c_str(), pct);
+        }
+    }
+    if (bar) std::fprintf(stderr, "\n");
+}
+
+}  // namespace
 
 void add_model_flags(Args& a, bool model_required) {
     a.option("model", "FILE", model_required ? "" : "(embedded tiny model)",
@@ -35,6 +71,7 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
 
     LoadedModel m;
     m.file = gguf::File::open(path);
+    load_pages(*m.file);
     m.backend = backend::make_cpu_backend(bo);
     m.model = model::load_model(*m.file, *m.backend, lo);
     const model::ModelInfo& info = m.model->info();
