@@ -1,0 +1,154 @@
+// The serving engine: requests are bound to sequence slots that own their
+// caches; every step runs ONE forward over all active slots' tokens (prompt
+// chunks and decode tokens together), so each weight is read once for all of
+// them. Finished sequences stay as retained entries that a later request
+// sharing a prefix adopts instead of prefilling again.
+//
+// Determinism: a token's logits do not depend on what shares its batch (the
+// model guarantees it) and every request samples with its own seeded
+// sampler, so a request's output is the same served alone or with others.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "model/model.h"
+#include "runtime/sampler.h"
+
+namespace glm5::runtime {
+
+// Restricts which tokens may come next (grammar-constrained output, e.g. a
+// JSON schema). One object per request; used only from the engine thread.
+class TokenConstraint {
+  public:
+    virtual ~TokenConstraint() = default;
+    // May `token` come next? Stop tokens are allowed exactly when the output
+    // so far is complete.
+    virtual bool allows(int32_t token) const = 0;
+    // Records that `token` was emitted.
+    virtual void accept(int32_t token) = 0;
+    // Called before each sampling step with the tokens the request may still
+    // generate, so the constraint can steer toward a complete output in time.
+    virtual void set_remaining(int64_t n_tokens) { (void)n_tokens; }
+};
+
+struct RequestParams {
+    std::vector<int32_t> prompt;
+    SamplerParams sampling;
+    int64_t max_tokens = 256;
+    std::unordered_set<int32_t> stop_ids;  // end-of-generation tokens: not emitted, finish "stop"
+    std::unique_ptr<TokenConstraint> constraint;  // optional
+    bool use_prefix_cache = true;
+};
+
+struct RequestResult {
+    std::vector<int32_t> tokens;  // generated (stop token excluded)
+    // "stop" (stop token, or on_token asked to stop), "length" (max_tokens or
+    // the context), "cancelled", "error"
+    std::string finish_reason;
+    std::string error;
+    int64_t prompt_tokens = 0;
+    int64_t cached_tokens = 0;  // prompt tokens taken from a retained entry
+    double queue_seconds = 0, prompt_seconds = 0, gen_seconds = 0;
+};
+
+// Called on the engine thread for every generated token; return false to
+// stop the request (finish "stop"). Keep it quick: hand the token to another
+// thread.
+using TokenCallback = std::function<bool(int32_t token)>;
+// Called once on the engine thread when the request ends, however it ends.
+using DoneCallback = std::function<void(const RequestResult&)>;
+
+class Request {
+  public:
+    uint64_t id() const { return id_; }
+    // Thread-safe; the slot is freed at the next engine step.
+    void cancel() { cancelled_ = true; }
+    bool cancelled() const { return cancelled_; }
+    // Blocks until the request has ended.
+    RequestResult wait();
+
+  private:
+    friend class Engine;
+    uint64_t id_ = 0;
+    std::atomic<bool> cancelled_{false};
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    RequestResult result_;
+};
+
+struct EngineOptions {
+    int n_parallel = 4;    // slots decoding at once; more requests queue
+    int64_t n_ctx = 4096;  // most tokens a sequence may hold
+    int64_t ubatch = 512;  // most prompt tokens per forward (all slots together)
+    bool prefix_cache = true;
+    size_t cache_budget_bytes = size_t(2) << 30;  // retained entries, evicted LRU beyond this
+    int64_t max_rewind = 16;  // glm-dsa: how far a retained entry may be rewound
+};
+
+struct EngineStats {
+    uint64_t requests_total = 0, requests_done = 0, requests_cancelled = 0, requests_failed = 0;
+    uint64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
+    uint64_t forwards = 0;
+    int queue_depth = 0, busy_slots = 0, retained_entries = 0;
+    size_t retained_bytes = 0;
+    double busy_seconds = 0;  // time spent in forwards
+};
+
+class Engine {
+  public:
+    Engine(model::Model& m, const EngineOptions& opt);
+    ~Engine();  // cancels what is left and stops the engine thread
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    // Queues a request. Throws glm5::Error for a request that can never run
+    // (empty prompt, prompt longer than n_ctx, max_tokens < 1).
+    std::shared_ptr<Request> submit(RequestParams p, TokenCallback on_token = nullptr,
+                                    DoneCallback on_done = nullptr);
+
+    EngineStats stats() const;
+    const EngineOptions& options() const { return opt_; }
+
+    // Stop taking requests; with finish_in_flight, let running and queued
+    // requests complete, else cancel them. Returns when the engine is idle.
+    void shutdown(bool finish_in_flight);
+
+  private:
+    struct Job;
+    struct Slot;
+    struct Retained;
+
+    void loop();
+    bool step();  // one scheduling round; false when there was nothing to do
+    void admit(std::unique_lock<std::mutex>& lk);
+    void finish(Slot& s, const std::string& reason, const std::string& error = "");
+    void retain(Slot& s);
+    void evict_to_budget();
+
+    model::Model& model_;
+    EngineOptions opt_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::unique_ptr<Job>> queue_;
+    std::vector<std::unique_ptr<Slot>> slots_;  // active
+    std::list<Retained> retained_;              // most recently used first
+    bool stopping_ = false;
+    bool accepting_ = true;
+    uint64_t next_id_ = 1;
+    EngineStats stats_;
+    std::thread thread_;
+};
+
+}  // namespace glm5::runtime
