@@ -158,49 +158,31 @@ float dot_q5_0_avx512(int64_t n, const void* w, const void* a) {
         [&](int64_t i) { return fp16_product(x[i].d, y[i].d); });
 }
 
-// Offset formats add m * s per block (s = dy * sum(qy), stored by Q8_1).
-float dot_q4_1_avx512(int64_t n, const void* w, const void* a) {
-    const BlockQ4_1* x = static_cast<const BlockQ4_1*>(w);
-    const BlockQ8_1* y = static_cast<const BlockQ8_1*>(a);
-    const int64_t nb = n / QK;
+// Offset formats add m * s per block (s = dy * sum(qy), stored by Q8_1). One
+// block per step in 256 bits: measured faster here than pairing blocks.
+template <typename Block, typename Levels>
+float dot_offset(int64_t n, const Block* x, const BlockQ8_1* y, Levels levels) {
+    __m256 acc = _mm256_setzero_ps();
     float offsets = 0;
-    for (int64_t i = 0; i < nb; ++i) offsets += fp16_product(x[i].m, y[i].s);
-    return offsets +
-           accumulate(
-               nb,
-               [&](int64_t i) {
-                   return _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                              nibbles_pair(x[i].qs, x[i + 1].qs),
-                                              load_pair(y[i].qs, y[i + 1].qs));
-               },
-               [&](int64_t i) {
-                   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles_one(x[i].qs),
+    for (int64_t i = 0; i < n / QK; ++i) {
+        const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), levels(x[i]),
                                               _mm256_loadu_si256((const __m256i*)y[i].qs));
-               },
-               [&](int64_t i) { return fp16_product(x[i].d, y[i].d); });
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_product(x[i].d, y[i].d)), _mm256_cvtepi32_ps(s),
+                              acc);
+        offsets += fp16_product(x[i].m, y[i].s);
+    }
+    return hsum256(acc) + offsets;
+}
+
+float dot_q4_1_avx512(int64_t n, const void* w, const void* a) {
+    return dot_offset(n, static_cast<const BlockQ4_1*>(w), static_cast<const BlockQ8_1*>(a),
+                      [](const BlockQ4_1& b) { return nibbles_one(b.qs); });
 }
 
 float dot_q5_1_avx512(int64_t n, const void* w, const void* a) {
-    const BlockQ5_1* x = static_cast<const BlockQ5_1*>(w);
-    const BlockQ8_1* y = static_cast<const BlockQ8_1*>(a);
-    const int64_t nb = n / QK;
-    float offsets = 0;
-    for (int64_t i = 0; i < nb; ++i) offsets += fp16_product(x[i].m, y[i].s);
-    return offsets +
-           accumulate(
-               nb,
-               [&](int64_t i) {
-                   const __m512i q = _mm512_or_si512(nibbles_pair(x[i].qs, x[i + 1].qs),
-                                                     high_bits_pair(x[i].qh, x[i + 1].qh));
-                   return _mm512_dpbusd_epi32(_mm512_setzero_si512(), q,
-                                              load_pair(y[i].qs, y[i + 1].qs));
-               },
-               [&](int64_t i) {
-                   const __m256i q = _mm256_or_si256(nibbles_one(x[i].qs), high_bits_one(x[i].qh));
-                   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), q,
-                                              _mm256_loadu_si256((const __m256i*)y[i].qs));
-               },
-               [&](int64_t i) { return fp16_product(x[i].d, y[i].d); });
+    return dot_offset(
+        n, static_cast<const BlockQ5_1*>(w), static_cast<const BlockQ8_1*>(a),
+        [](const BlockQ5_1& b) { return _mm256_or_si256(nibbles_one(b.qs), high_bits_one(b.qh)); });
 }
 
 }  // namespace glm5::quant::kernels
