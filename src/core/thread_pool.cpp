@@ -15,8 +15,24 @@
 namespace glm5 {
 
 namespace {
-constexpr int kSpinIterations = 1 << 16;
+// Busy-wait briefly between ops (decode issues them back to back), then
+// yield the core, then sleep. Yielding matters when the machine is
+// oversubscribed: a spinning worker must not hold the core its caller needs.
+constexpr int kSpinIterations = 1 << 12;
+constexpr int kYieldIterations = 64;
+
+template <class Pred>
+void spin_then_yield(Pred done) {
+    for (int i = 0; i < kSpinIterations; ++i) {
+        if (done()) return;
+        GLM5_PAUSE();
+    }
+    for (int i = 0; i < kYieldIterations; ++i) {
+        if (done()) return;
+        sched_yield();
+    }
 }
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
     threads_.reserve(size_t(n_threads_ - 1));
@@ -33,11 +49,8 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::worker(int ith) {
     uint64_t seen = 0;
     for (;;) {
-        uint64_t g = generation_.load(std::memory_order_acquire);
-        for (int spin = 0; g == seen && spin < kSpinIterations; ++spin) {
-            GLM5_PAUSE();
-            g = generation_.load(std::memory_order_acquire);
-        }
+        spin_then_yield([&] { return generation_.load(std::memory_order_acquire) != seen; });
+        const uint64_t g = generation_.load(std::memory_order_acquire);
         if (g == seen) {
             generation_.wait(seen, std::memory_order_acquire);
             continue;
@@ -59,11 +72,8 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     generation_.fetch_add(1, std::memory_order_acq_rel);
     generation_.notify_all();
     fn(0, n_threads_);
+    spin_then_yield([&] { return pending_.load(std::memory_order_acquire) == 0; });
     int left = pending_.load(std::memory_order_acquire);
-    for (int spin = 0; left != 0 && spin < kSpinIterations; ++spin) {
-        GLM5_PAUSE();
-        left = pending_.load(std::memory_order_acquire);
-    }
     while (left != 0) {
         pending_.wait(left, std::memory_order_acquire);
         left = pending_.load(std::memory_order_acquire);

@@ -33,8 +33,9 @@ class DsaState final : public SequenceState {
     int64_t n_past() const override { return n_past_; }
     int64_t n_ctx() const override { return n_ctx_; }
     void reset() override { n_past_ = 0; }
+    bool can_rewind(int64_t n) const override { return n >= 0 && n <= n_past_; }
     bool rewind(int64_t n) override {
-        if (n < 0 || n > n_past_) return false;
+        if (!can_rewind(n)) return false;
         n_past_ = n;
         return true;
     }
@@ -140,7 +141,8 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
                             std::to_string(h.n_vocab) + ")");
         segs.push_back({st, int64_t(tokens.size()), n});
         for (int64_t i = 0; i < n; ++i) {
-            if (in.all_logits || i == n - 1) out_rows.push_back(int32_t(tokens.size()));
+            if (in.logits && (in.all_logits || i == n - 1))
+                out_rows.push_back(int32_t(tokens.size()));
             tokens.push_back(in.tokens[size_t(i)]);
             pos.push_back(int32_t(st->n_past() + i));
         }
@@ -256,6 +258,10 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
 
     // ---- output norm and LM head, only for the rows that want logits
     const int64_t R = int64_t(out_rows.size());
+    if (R == 0) {
+        for (const Segment& s : segs) s.state->advance(s.n);
+        return;
+    }
     float* xo = be.scratch(size_t(R * E));
     be.copy_rows(x, E, out_rows.data(), R, E, xo, E);
     be.rms_norm(xo, E, output_norm_, R, E, h.eps, xo, E);

@@ -56,6 +56,8 @@ class SequenceState {
     // belongs to another state or the state has been reset since.
     virtual std::unique_ptr<StateSnapshot> snapshot() const = 0;
     virtual void restore(const StateSnapshot& s) = 0;
+    // Whether rewind(n) would succeed (changes nothing).
+    virtual bool can_rewind(int64_t n) const = 0;
     // Bytes of memory the state holds now.
     virtual size_t memory_bytes() const = 0;
 };
@@ -65,6 +67,7 @@ struct SeqInput {
     SequenceState* state = nullptr;
     std::span<const int32_t> tokens;
     bool all_logits = false;  // a logits row for every token, else for the last only
+    bool logits = true;       // false: no logits rows at all (a prompt chunk that is not the last)
 };
 
 struct LoadOptions {

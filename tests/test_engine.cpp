@@ -1,0 +1,170 @@
+// The serving engine: batched slots give the same tokens as alone, queueing
+// beyond n_parallel, retained prefixes, cancellation, stops and refusals.
+#include <thread>
+
+#include "runtime/engine.h"
+#include "util_model.h"
+
+using namespace glm5;
+using namespace glm5::test;
+
+namespace {
+
+std::vector<int32_t> prompt_of(int seed, int n) {
+    std::vector<int32_t> p;
+    uint32_t x = uint32_t(seed) * 2654435761u + 12345u;
+    for (int i = 0; i < n; ++i) {
+        x = x * 1664525u + 1013904223u;
+        p.push_back(int32_t(x % 700));
+    }
+    return p;
+}
+
+runtime::RequestParams request(const std::vector<int32_t>& prompt, int max_tokens, float temp,
+                               uint64_t seed) {
+    runtime::RequestParams p;
+    p.prompt = prompt;
+    p.max_tokens = max_tokens;
+    p.sampling.temperature = temp;
+    p.sampling.seed = seed;
+    return p;
+}
+
+struct EngineTest : ::testing::Test {
+    TestModel m{data_path("glm-dsa/tiny.gguf"), backend::CacheType::F16};
+    runtime::EngineOptions opts(int parallel, bool prefix = true) {
+        runtime::EngineOptions o;
+        o.n_parallel = parallel;
+        o.n_ctx = 256;
+        o.ubatch = 32;
+        o.prefix_cache = prefix;
+        return o;
+    }
+};
+
+TEST_F(EngineTest, BatchedRequestsEqualRequestsServedAlone) {
+    std::vector<std::vector<int32_t>> alone;
+    {
+        runtime::Engine e(*m.model, opts(1, false));
+        for (int i = 0; i < 6; ++i)
+            alone.push_back(
+                e.submit(request(prompt_of(i, 10 + 7 * i), 12, i % 2 ? 0.9f : 0.0f, 100 + i))
+                    ->wait()
+                    .tokens);
+    }
+    runtime::Engine e(*m.model, opts(4, false));
+    std::vector<std::shared_ptr<runtime::Request>> reqs;
+    for (int i = 0; i < 6; ++i)
+        reqs.push_back(
+            e.submit(request(prompt_of(i, 10 + 7 * i), 12, i % 2 ? 0.9f : 0.0f, 100 + i)));
+    for (int i = 0; i < 6; ++i) {
+        const runtime::RequestResult r = reqs[size_t(i)]->wait();
+        EXPECT_EQ(r.finish_reason, "length");
+        EXPECT_EQ(r.tokens, alone[size_t(i)]) << "request " << i;
+    }
+    const runtime::EngineStats s = e.stats();
+    EXPECT_EQ(s.requests_done, 6u);
+    // Fewer forwards than tokens: slots really shared forwards.
+    EXPECT_LT(s.forwards, 6u * 12u);
+}
+
+TEST_F(EngineTest, RequestsBeyondParallelQueue) {
+    runtime::Engine e(*m.model, opts(2));
+    std::atomic<int> max_busy{0};
+    std::vector<std::shared_ptr<runtime::Request>> reqs;
+    for (int i = 0; i < 5; ++i)
+        reqs.push_back(e.submit(request(prompt_of(i, 8), 6, 0.0f, 0), [&](int32_t) {
+            max_busy = std::max(max_busy.load(), e.stats().busy_slots);
+            return true;
+        }));
+    for (auto& r : reqs) EXPECT_EQ(r->wait().tokens.size(), 6u);
+    EXPECT_LE(max_busy.load(), 2);
+    EXPECT_EQ(e.stats().queue_depth, 0);
+}
+
+TEST_F(EngineTest, RetainedPrefixIsAdoptedAndGivesTheSameTokens) {
+    const auto base = prompt_of(7, 40);
+    auto extended = base;
+    for (int32_t t : prompt_of(8, 10)) extended.push_back(t);
+    std::vector<int32_t> uncached_tokens;
+    {
+        runtime::Engine cold(*m.model, opts(1, false));
+        uncached_tokens = cold.submit(request(extended, 8, 0.0f, 0))->wait().tokens;
+        EXPECT_EQ(cold.submit(request(extended, 8, 0.0f, 0))->wait().cached_tokens, 0);
+    }
+    runtime::Engine e(*m.model, opts(1));
+    const auto first = e.submit(request(base, 4, 0.0f, 0))->wait();
+    EXPECT_EQ(first.cached_tokens, 0);
+    // The retained entry holds base + 3 evaluated reply tokens; the new prompt
+    // shares base and diverges 3 tokens before its end: a short rewind.
+    const auto second = e.submit(request(extended, 8, 0.0f, 0))->wait();
+    EXPECT_EQ(second.cached_tokens, int64_t(base.size()));
+    EXPECT_EQ(second.tokens, uncached_tokens);
+    EXPECT_GE(e.stats().retained_entries, 1);
+}
+
+TEST_F(EngineTest, DivergenceFurtherBackThanTheRewindLimitStartsFresh) {
+    runtime::Engine e(*m.model, opts(1));
+    const auto base = prompt_of(9, 60);
+    e.submit(request(base, 2, 0.0f, 0))->wait();
+    auto early = std::vector<int32_t>(base.begin(), base.begin() + 30);  // 30+ tokens back
+    early.push_back(5);
+    EXPECT_EQ(e.submit(request(early, 2, 0.0f, 0))->wait().cached_tokens, 0);
+    auto near = std::vector<int32_t>(base.begin(), base.begin() + 50);  // 11 back
+    near.push_back(5);
+    EXPECT_EQ(e.submit(request(near, 2, 0.0f, 0))->wait().cached_tokens, 50);
+}
+
+TEST_F(EngineTest, PrefixCacheOffReusesNothing) {
+    runtime::Engine e(*m.model, opts(1, false));
+    const auto base = prompt_of(3, 20);
+    e.submit(request(base, 2, 0.0f, 0))->wait();
+    EXPECT_EQ(e.submit(request(base, 2, 0.0f, 0))->wait().cached_tokens, 0);
+    EXPECT_EQ(e.stats().retained_entries, 0);
+}
+
+TEST_F(EngineTest, CancelFreesTheSlot) {
+    runtime::Engine e(*m.model, opts(1));
+    std::shared_ptr<runtime::Request> r;
+    std::atomic<int> seen{0};
+    r = e.submit(request(prompt_of(1, 8), 200, 0.8f, 1), [&](int32_t) {
+        if (++seen == 3) r->cancel();
+        return true;
+    });
+    const auto res = r->wait();
+    EXPECT_EQ(res.finish_reason, "cancelled");
+    EXPECT_LT(res.tokens.size(), 10u);
+    // The engine goes on serving.
+    EXPECT_EQ(e.submit(request(prompt_of(2, 8), 3, 0.0f, 0))->wait().tokens.size(), 3u);
+    EXPECT_EQ(e.stats().busy_slots, 0);
+}
+
+TEST_F(EngineTest, StopTokenEndsWithoutBeingEmitted) {
+    runtime::Engine e(*m.model, opts(1));
+    const auto p = prompt_of(4, 12);
+    const auto free_run = e.submit(request(p, 5, 0.0f, 0))->wait().tokens;
+    ASSERT_EQ(free_run.size(), 5u);
+    auto rp = request(p, 5, 0.0f, 0);
+    rp.stop_ids = {free_run[2]};
+    const auto stopped = e.submit(std::move(rp))->wait();
+    EXPECT_EQ(stopped.finish_reason, "stop");
+    EXPECT_EQ(stopped.tokens, std::vector<int32_t>(free_run.begin(), free_run.begin() + 2));
+}
+
+TEST_F(EngineTest, ImpossibleRequestsAreRefused) {
+    runtime::Engine e(*m.model, opts(1));
+    EXPECT_THROW(e.submit(request({}, 4, 0.0f, 0)), Error);
+    EXPECT_THROW(e.submit(request(prompt_of(1, 300), 4, 0.0f, 0)), Error);
+    EXPECT_THROW(e.submit(request(prompt_of(1, 4), 0, 0.0f, 0)), Error);
+}
+
+TEST_F(EngineTest, ShutdownFinishesInFlightWork) {
+    auto e = std::make_unique<runtime::Engine>(*m.model, opts(2));
+    std::vector<std::shared_ptr<runtime::Request>> reqs;
+    for (int i = 0; i < 3; ++i) reqs.push_back(e->submit(request(prompt_of(i, 6), 4, 0.0f, 0)));
+    e->shutdown(true);
+    for (auto& r : reqs) EXPECT_EQ(r->wait().finish_reason, "length");
+    EXPECT_THROW(e->submit(request(prompt_of(1, 4), 2, 0.0f, 0)), Error);
+}
+
+}  // namespace
