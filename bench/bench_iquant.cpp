@@ -4,7 +4,8 @@
 //   vec_dot/<TYPE>/<isa>/l2   : rows cycling through a 1 MiB matrix (cache-resident:
 //                               the kernel's compute limit)
 //   vec_dot/<TYPE>/<isa>/dram : rows streamed from a 512 MiB matrix (what decode sees)
-//   quantize/<TYPE>[/imatrix] : float rows in, output bytes per second
+//   quantize/<TYPE>[/fast][/imatrix] : float rows in, output bytes per second
+//                               (fast: quantize_rows_fast)
 //
 // Prints throughput only; there is no pass/fail.
 #include <benchmark/benchmark.h>
@@ -18,6 +19,7 @@
 #include "quant/blocks.h"
 #include "quant/ops.h"
 #include "quant/quant.h"
+#include "quant/quantize_fast.h"
 
 namespace {
 
@@ -91,7 +93,7 @@ void bm_vec_dot(benchmark::State& st, Type t, VecDotFn fn, size_t matrix_bytes) 
     st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(rb));
 }
 
-void bm_quantize(benchmark::State& st, Type t, bool imatrix) {
+void bm_quantize(benchmark::State& st, Type t, bool imatrix, bool fast) {
     const int64_t rows = 8;
     std::vector<float> x(rows * kRow), im(kRow, 1.0f);
     std::mt19937 rng(3);
@@ -99,9 +101,10 @@ void bm_quantize(benchmark::State& st, Type t, bool imatrix) {
     for (auto& v : x) v = nd(rng);
     for (auto& v : im) v = std::exp(nd(rng) * 50.f);
     std::vector<uint8_t> y(rows * row_size(t, kRow));
-    quantize_rows(t, x.data(), y.data(), 1, kRow, imatrix ? im.data() : nullptr);  // lattice setup
+    const auto fn = fast ? quantize_rows_fast : quantize_rows;
+    fn(t, x.data(), y.data(), 1, kRow, imatrix ? im.data() : nullptr);  // lattice setup
     for (auto _ : st) {
-        quantize_rows(t, x.data(), y.data(), rows, kRow, imatrix ? im.data() : nullptr);
+        fn(t, x.data(), y.data(), rows, kRow, imatrix ? im.data() : nullptr);
         benchmark::ClobberMemory();
     }
     st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(y.size()));
@@ -132,10 +135,14 @@ int register_all() {
         }
     }
     for (Type t : {Type::IQ2_XXS, Type::IQ4_XS, Type::IQ4_NL}) {
-        benchmark::RegisterBenchmark((std::string("quantize/") + name(t)).c_str(), bm_quantize, t,
-                                     false);
-        benchmark::RegisterBenchmark((std::string("quantize/") + name(t) + "/imatrix").c_str(),
-                                     bm_quantize, t, true);
+        const std::string base = std::string("quantize/") + name(t);
+        benchmark::RegisterBenchmark(base.c_str(), bm_quantize, t, false, false);
+        benchmark::RegisterBenchmark((base + "/imatrix").c_str(), bm_quantize, t, true, false);
+        if (has_fast_quantize(t)) {
+            benchmark::RegisterBenchmark((base + "/fast").c_str(), bm_quantize, t, false, true);
+            benchmark::RegisterBenchmark((base + "/fast/imatrix").c_str(), bm_quantize, t, true,
+                                         true);
+        }
     }
     return 0;
 }

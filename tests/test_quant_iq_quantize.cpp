@@ -26,6 +26,8 @@
 //  * Importance matrix: the search minimises errors weighted by the imatrix,
 //    so its imatrix-weighted error beats that of a search with uniform weights.
 //  * All-zero rows decode to zeros.
+// The fast mode (quantize_rows_fast) must meet the same bounds: it runs the
+// same kind of search, with fewer trial scales.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -42,6 +44,7 @@
 #include "quant/iq_impl.h"
 #include "quant/iq_tables.h"
 #include "quant/quant.h"
+#include "quant/quantize_fast.h"
 
 namespace {
 
@@ -81,15 +84,33 @@ struct Quantized {
     std::vector<float> y;  // dequantized
 };
 
-Quantized quantize(Type t, const std::vector<float>& x, const float* imatrix) {
+// fast: quantize_rows_fast (IQ2_XXS's cheaper search; the same as
+// quantize_rows for the other formats).
+Quantized quantize(Type t, const std::vector<float>& x, const float* imatrix, bool fast = false) {
     const int64_t rows = int64_t(x.size()) / kN;
     Quantized q;
     q.bytes.resize(row_size(t, kN) * rows);
-    EXPECT_EQ(quantize_rows(t, x.data(), q.bytes.data(), rows, kN, imatrix), q.bytes.size());
+    const auto fn = fast ? quantize_rows_fast : quantize_rows;
+    EXPECT_EQ(fn(t, x.data(), q.bytes.data(), rows, kN, imatrix), q.bytes.size());
     q.y.resize(x.size());
     for (int64_t r = 0; r < rows; ++r)
         dequantize_row(t, q.bytes.data() + r * row_size(t, kN), q.y.data() + r * kN, kN);
     return q;
+}
+
+// Every format with its reference search, plus the fast-mode variants.
+struct Variant {
+    Type t;
+    bool fast;
+    std::string label() const { return std::string(name(t)) + (fast ? " (fast)" : ""); }
+};
+
+std::vector<Variant> variants() {
+    std::vector<Variant> v;
+    for (Type t : iquant_types()) v.push_back({t, false});
+    for (Type t : iquant_types())
+        if (has_fast_quantize(t)) v.push_back({t, true});
+    return v;
 }
 
 double sq_err(const float* x, const float* y, int64_t n, const float* w = nullptr) {
@@ -246,11 +267,11 @@ TEST(IQuantLattice, GridSearchReturnsGridPointsAndTheirLeastSquaresScale) {
 TEST(IQuantQuantize, AllZeroRowsDecodeToZero) {
     const std::vector<float> zeros(2 * kN, 0.f);
     const std::vector<float> im = test_imatrix(3);
-    for (Type t : iquant_types()) {
+    for (const Variant& v : variants()) {
         for (const float* imat : {static_cast<const float*>(nullptr), im.data()}) {
-            const Quantized q = quantize(t, zeros, imat);
+            const Quantized q = quantize(v.t, zeros, imat, v.fast);
             for (size_t i = 0; i < q.y.size(); ++i)
-                ASSERT_EQ(q.y[i], 0.f) << name(t) << " value " << i;
+                ASSERT_EQ(q.y[i], 0.f) << v.label() << " value " << i;
         }
     }
 }
@@ -258,9 +279,19 @@ TEST(IQuantQuantize, AllZeroRowsDecodeToZero) {
 TEST(IQuantQuantize, RepeatedCallsGiveIdenticalBytes) {
     const std::vector<float> x = test_rows(2, 21);
     const std::vector<float> im = test_imatrix(22);
+    for (const Variant& v : variants()) {
+        const Quantized a = quantize(v.t, x, im.data(), v.fast),
+                        b = quantize(v.t, x, im.data(), v.fast);
+        EXPECT_EQ(a.bytes, b.bytes) << v.label();
+    }
+}
+
+TEST(IQuantQuantize, FastModeIsTheReferenceWhereThereIsNone) {
+    const std::vector<float> x = test_rows(1, 23);
+    EXPECT_TRUE(has_fast_quantize(Type::IQ2_XXS));
     for (Type t : iquant_types()) {
-        const Quantized a = quantize(t, x, im.data()), b = quantize(t, x, im.data());
-        EXPECT_EQ(a.bytes, b.bytes) << name(t);
+        if (has_fast_quantize(t)) continue;
+        EXPECT_EQ(quantize(t, x, nullptr, true).bytes, quantize(t, x, nullptr).bytes) << name(t);
     }
 }
 
@@ -420,10 +451,11 @@ TEST(IQuantQuantize, TrivialPointsAreTheSmallestMagnitudes) {
 TEST(IQuantQuantize, GridFormatsBeatTheTrivialGridPointAndZero) {
     const std::vector<float> x = test_rows(8, 41);
     const std::vector<float> im = test_imatrix(42);
-    for (Type t : iquant_types()) {
+    for (const Variant& v : variants()) {
+        const Type t = v.t;
         if (!is_grid_format(t)) continue;
         for (const float* imat : {static_cast<const float*>(nullptr), im.data()}) {
-            const Quantized q = quantize(t, x, imat);
+            const Quantized q = quantize(t, x, imat, v.fast);
             for (int64_t r = 0; r < int64_t(x.size()) / kN; ++r) {
                 const size_t rb = row_size(t, kN);
                 const std::vector<uint8_t> row(q.bytes.begin() + r * rb,
@@ -436,8 +468,8 @@ TEST(IQuantQuantize, GridFormatsBeatTheTrivialGridPointAndZero) {
                              et = sq_err(xr, yt.data(), kN);
                 const std::vector<float> zero(kN, 0.f);
                 const double e0 = sq_err(xr, zero.data(), kN);
-                EXPECT_LT(e, et) << name(t) << (imat ? " imatrix" : "") << " row " << r;
-                EXPECT_LT(e, e0) << name(t) << (imat ? " imatrix" : "") << " row " << r;
+                EXPECT_LT(e, et) << v.label() << (imat ? " imatrix" : "") << " row " << r;
+                EXPECT_LT(e, e0) << v.label() << (imat ? " imatrix" : "") << " row " << r;
             }
         }
     }
@@ -448,10 +480,9 @@ TEST(IQuantQuantize, GridFormatsBeatTheTrivialGridPointAndZero) {
 // eighth making the count of minus signs even; when the input has an odd count,
 // exactly one value of the group decodes with the wrong sign, and ggml's rule
 // (kept here) picks the value with the least importance w*x^2, w being the
-// format's weight: without an imatrix a function increasing in |x| (IQ2:
-// sigma2/4 + x^2, IQ3_XXS: x^2), so the smallest |x| of the group; with one,
-// qw*sqrt(sigma2 + x^2) with sigma2 the mean square (IQ2) or twice it (IQ3_XXS)
-// of the super-block.
+// format's weight qw*sqrt(sigma2 + x^2), sigma2 the mean square (IQ2) or twice
+// it (IQ3_XXS) of the super-block and qw the imatrix or, without one, 1
+// (IQ3_XXS without one: x^2); without an imatrix that is the smallest |x|.
 void check_signs(Type t, const std::vector<float>& x, const Quantized& q, const float* imat) {
     const bool parity = t == Type::IQ2_XXS || t == Type::IQ2_XS || t == Type::IQ3_XXS;
     int64_t odd_groups = 0;
@@ -467,9 +498,11 @@ void check_signs(Type t, const std::vector<float>& x, const Quantized& q, const 
         double imp[8];
         for (int i = 0; i < 8; ++i) {
             const double xi = xg[i];
+            // Without an imatrix: IQ3_XXS weighs by x^2 (ggml's default), IQ2_XXS
+            // and IQ2_XS by unit importance.
+            const double qw = imat ? imat[(8 * g + i) % kN] : 1.0;
             const double w =
-                imat ? imat[(8 * g + i) % kN] * std::sqrt(sigma2 + xi * xi)
-                     : (t == Type::IQ3_XXS ? xi * xi : 0.25 * 2 * sumx2 / 256 + xi * xi);
+                !imat && t == Type::IQ3_XXS ? xi * xi : qw * std::sqrt(sigma2 + xi * xi);
             imp[i] = w * xi * xi;
         }
         int negatives = 0, wrong = -1, nwrong = 0;
@@ -492,9 +525,10 @@ void check_signs(Type t, const std::vector<float>& x, const Quantized& q, const 
 TEST(IQuantQuantize, GridFormatSignsFollowTheInput) {
     const std::vector<float> x = test_rows(4, 51);
     const std::vector<float> im = test_imatrix(52);
-    for (Type t : {Type::IQ2_XXS, Type::IQ2_XS, Type::IQ2_S, Type::IQ3_XXS, Type::IQ3_S}) {
-        check_signs(t, x, quantize(t, x, nullptr), nullptr);
-        check_signs(t, x, quantize(t, x, im.data()), im.data());
+    for (const Variant& v : variants()) {
+        if (!is_grid_format(v.t) || v.t == Type::IQ1_S || v.t == Type::IQ1_M) continue;
+        check_signs(v.t, x, quantize(v.t, x, nullptr, v.fast), nullptr);
+        check_signs(v.t, x, quantize(v.t, x, im.data(), v.fast), im.data());
     }
 }
 
@@ -505,12 +539,13 @@ TEST(IQuantQuantize, ImatrixLowersTheImportanceWeightedError) {
     const std::vector<float> x = test_rows(8, 61);
     const std::vector<float> im = test_imatrix(62);
     const std::vector<float> uniform(kN, 1.f);
-    for (Type t : iquant_types()) {
-        const Quantized steered = quantize(t, x, im.data());
-        const Quantized flat = quantize(t, x, uniform.data());
+    for (const Variant& v : variants()) {
+        const Type t = v.t;
+        const Quantized steered = quantize(t, x, im.data(), v.fast);
+        const Quantized flat = quantize(t, x, uniform.data(), v.fast);
         const double e_steered = sq_err(x.data(), steered.y.data(), int64_t(x.size()), im.data());
         const double e_flat = sq_err(x.data(), flat.y.data(), int64_t(x.size()), im.data());
-        EXPECT_LT(e_steered, e_flat) << name(t);
+        EXPECT_LT(e_steered, e_flat) << v.label();
     }
 }
 

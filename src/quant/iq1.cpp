@@ -38,17 +38,18 @@ constexpr float kShiftDown[3] = {-1 - kIq1Delta, -kIq1Delta, 1 - kIq1Delta};
 // minimising sum w*(scale*xx[level] - x)^2 (first on ties).
 int best_ternary_neighbour(const Lattice& lat, const uint16_t* nb, const float* x, const float* w,
                            float scale, const float* xx, int8_t* L) {
+    // Each coordinate's term w*(scale*xx[l] - x)^2 has 3 possible values:
+    // computed once with the same operations, then summed per candidate in
+    // coordinate order (the same float result as evaluating it directly).
+    float term[8][3];
+    for (int i = 0; i < 8; ++i)
+        for (int l = 0; l < 3; ++l) {
+            const float diff = scale * xx[l] - x[i];
+            term[i][l] = w[i] * diff * diff;
+        }
     float best = FLT_MAX;
     int best_g = nb[1];
-    for (int j = 1; j <= nb[0]; ++j) {
-        const uint8_t* p = lat.levels + size_t(nb[j]) * 8;
-        float d2 = 0;
-        for (int i = 0; i < 8; ++i) {
-            const float diff = scale * xx[p[i]] - x[i];
-            d2 += w[i] * diff * diff;
-        }
-        if (d2 < best) best = d2, best_g = nb[j];
-    }
+    scan_candidates(term, lat.levels, nb, best, best_g);
     const uint8_t* p = lat.levels + size_t(best_g) * 8;
     for (int i = 0; i < 8; ++i) L[i] = int8_t(p[i]);
     return best_g;
@@ -68,11 +69,16 @@ inline float twice_mean_square(const float* x) {
     return 2 * s / QK_K;
 }
 
-// Importance: ggml's qw*sqrt(sigma2+x^2), or x^2 without an imatrix (ggml's
-// IQ1_M default; IQ1_S has none in ggml and uses the same).
-inline void importance(const float* xb, const float* qw, float sigma2, int n, float* w) {
+// Importance: ggml's qw*sqrt(sigma2+x^2) with an imatrix. Without one, IQ1_M
+// uses its ggml default x^2; ggml has no default for IQ1_S (it refuses), and
+// here it takes unit importance (qw = 1), which gives a clearly lower plain
+// squared error than x^2.
+inline void importance(const float* xb, const float* qw, float sigma2, int n, bool unit_default,
+                       float* w) {
     if (qw) {
         for (int i = 0; i < n; ++i) w[i] = qw[i] * sqrtf(sigma2 + xb[i] * xb[i]);
+    } else if (unit_default) {
+        for (int i = 0; i < n; ++i) w[i] = sqrtf(sigma2 + xb[i] * xb[i]);
     } else {
         for (int i = 0; i < n; ++i) w[i] = xb[i] * xb[i];
     }
@@ -113,7 +119,7 @@ void quant_block_iq1_s(const float* x, BlockIQ1_S& y, const float* qw, const Lat
     float max_scale = 0;
     for (int ib = 0; ib < QK_K / bs; ++ib) {
         const float* xb = x + bs * ib;
-        importance(xb, qw ? qw + bs * ib : nullptr, sigma2, bs, w);
+        importance(xb, qw ? qw + bs * ib : nullptr, sigma2, bs, true, w);
         float max = fabsf(xb[0]);
         for (int i = 1; i < bs; ++i) max = max > fabsf(xb[i]) ? max : fabsf(xb[i]);
         scales[ib] = 0, shifts[ib] = 1;
@@ -209,7 +215,7 @@ void quant_block_iq1_m(const float* x, BlockIQ1_M& y, const float* qw, const Lat
     float max_scale = 0;
     for (int ib = 0; ib < QK_K / bs; ++ib) {
         const float* xb = x + bs * ib;
-        importance(xb, qw ? qw + bs * ib : nullptr, sigma2, bs, w);
+        importance(xb, qw ? qw + bs * ib : nullptr, sigma2, bs, false, w);
         float max = fabsf(xb[0]);
         for (int i = 1; i < bs; ++i) max = max > fabsf(xb[i]) ? max : fabsf(xb[i]);
         scales[ib] = 0, shifts[ib] = 0;
@@ -279,7 +285,7 @@ void quant_block_iq1_m(const float* x, BlockIQ1_M& y, const float* qw, const Lat
         sc[ib / 4] |= uint16_t(l << (3 * (ib % 4)));
         y.qh[ib] |= kShiftMask[shifts[ib]];
         const float* xb = x + bs * ib;
-        importance(xb, qw ? qw + bs * ib : nullptr, sigma2, bs, w);
+        importance(xb, qw ? qw + bs * ib : nullptr, sigma2, bs, false, w);
         for (int k = 0; k < bs / 8; ++k) {
             const float* xx = group_levels(shifts[ib], k);
             const int g = y.qs[2 * ib + k] + ((y.qh[ib] << (8 - 4 * k)) & 0x700);

@@ -31,15 +31,18 @@ inline int32_t dot8(const uint8_t* g, const int8_t* q8, uint8_t signs) {
     return s;
 }
 
-// Per-value importance for one sub-block. With an imatrix: ggml's
-// qw * sqrt(sigma2 + x^2). Without one, ggml has no default for XXS/XS (it
-// refuses); IQ2_S's own default, sigma2/4 + x^2 (sigma2 = twice the mean square
-// of the super-block), is used for all three: like x^2 it favours large values,
-// but it keeps small values from being ignored altogether, which matters at 2 bits.
+// Per-value importance for one sub-block: ggml's qw * sqrt(sigma2 + x^2) with
+// an imatrix. Without one: IQ2_S uses its ggml default, sigma2/4 + x^2; ggml
+// has no default for IQ2_XXS/IQ2_XS (it refuses to quantize them without an
+// imatrix), and here they take unit importance (qw = 1), which on Gaussian and
+// heavy-tailed rows gives a lower plain squared error than either x^2 or
+// IQ2_S's default.
 inline void subblock_weights(const float* xb, const float* qw, int n, float sigma2_imat,
-                             float sigma2_default, float* w) {
+                             float sigma2_default, bool unit_default, float* w) {
     if (qw) {
         for (int i = 0; i < n; ++i) w[i] = qw[i] * sqrtf(sigma2_imat + xb[i] * xb[i]);
+    } else if (unit_default) {
+        for (int i = 0; i < n; ++i) w[i] = sqrtf(sigma2_imat + xb[i] * xb[i]);
     } else {
         for (int i = 0; i < n; ++i) w[i] = 0.25f * sigma2_default + xb[i] * xb[i];
     }
@@ -62,7 +65,8 @@ constexpr GridSearch kSearchXXS{LatticeId::IQ2_XXS, 32, 3, 6, 0.1f, true, Resnap
 constexpr GridSearch kSearchXS{LatticeId::IQ2_XS, 16, 3, 9, 0.1f, false, Resnap::OffGrid};
 constexpr GridSearch kSearchS{LatticeId::IQ2_S, 16, 3, 9, 0.1f, false, Resnap::OffGrid};
 
-void quant_block_xxs(const float* x, BlockIQ2_XXS& y, const float* qw, const Lattice& lat) {
+void quant_block_xxs(const float* x, BlockIQ2_XXS& y, const float* qw, const Lattice& lat,
+                     const GridSearch& search) {
     float scales[QK_K / 32];
     float w[32], waux[32], xval[32];
     int8_t L[32];
@@ -75,7 +79,7 @@ void quant_block_xxs(const float* x, BlockIQ2_XXS& y, const float* qw, const Lat
     float max_scale = 0;
     for (int ib = 0; ib < QK_K / 32; ++ib) {
         const float* xb = x + 32 * ib;
-        subblock_weights(xb, qw ? qw + 32 * ib : nullptr, 32, sigma2, 2 * sumx2 / QK_K, w);
+        subblock_weights(xb, qw ? qw + 32 * ib : nullptr, 32, sigma2, 2 * sumx2 / QK_K, true, w);
         for (int i = 0; i < 32; ++i) waux[i] = sqrtf(w[i]);
         for (int k = 0; k < 4; ++k)
             signs[k] = split_signs8(xb + 8 * k, w + 8 * k, true, xval + 8 * k) & 127;
@@ -83,7 +87,7 @@ void quant_block_xxs(const float* x, BlockIQ2_XXS& y, const float* qw, const Lat
         for (int i = 1; i < 32; ++i) max = max > xval[i] ? max : xval[i];
         scales[ib] = 0;
         if (max < 1e-15f) continue;
-        const std::optional<float> found = grid_search(kSearchXXS, xval, w, waux, max, L);
+        const std::optional<float> found = grid_search(search, xval, w, waux, max, L);
         if (!found) continue;
         float scale = *found;
         if (scale < 0) {  // only through an odd parity flip; keep the scale unsigned
@@ -130,7 +134,7 @@ void quant_block_16(const float* x, uint16_t& dh, const float* qw, const Lattice
     float max_scale = 0;
     for (int ib = 0; ib < QK_K / 16; ++ib) {
         const float* xb = x + 16 * ib;
-        subblock_weights(xb, qw ? qw + 16 * ib : nullptr, 16, sigma2, 2 * sumx2 / QK_K, w);
+        subblock_weights(xb, qw ? qw + 16 * ib : nullptr, 16, sigma2, 2 * sumx2 / QK_K, !kIsS, w);
         for (int i = 0; i < 16; ++i) waux[i] = sqrtf(w[i]);
         uint8_t signs[2];
         for (int k = 0; k < 2; ++k) {
@@ -210,15 +214,37 @@ float dot_iq2_xxs_ref(int64_t n, const void* vw, const void* va) {
     return 0.125f * sumf;
 }
 
-size_t quant_iq2_xxs(const float* src, void* dst, int64_t nrows, int64_t n, const float* imat) {
+namespace {
+
+size_t quant_rows_xxs(const float* src, void* dst, int64_t nrows, int64_t n, const float* imat,
+                      const GridSearch& search) {
     const Lattice& lat = lattice(LatticeId::IQ2_XXS);
     auto* y = static_cast<BlockIQ2_XXS*>(dst);
     const int64_t nb = n / QK_K;
     for (int64_t r = 0; r < nrows; ++r)
         for (int64_t i = 0; i < nb; ++i)
             quant_block_xxs(src + r * n + i * QK_K, y[r * nb + i], imat ? imat + i * QK_K : nullptr,
-                            lat);
+                            lat, search);
     return size_t(nrows * nb) * sizeof(BlockIQ2_XXS);
+}
+
+}  // namespace
+
+size_t quant_iq2_xxs(const float* src, void* dst, int64_t nrows, int64_t n, const float* imat) {
+    return quant_rows_xxs(src, dst, nrows, n, imat, kSearchXXS);
+}
+
+// Fast mode: 2 of the 13 trial scales (the ends of the fan), trial groups
+// snapped to the nearest grid point of their list; the final snap at the
+// fitted scale searches the lists as ggml does. About 4x faster; on Gaussian
+// rows its squared error is 1% above the full search's (5% for the
+// imatrix-weighted error with an imatrix).
+constexpr GridSearch kSearchXXSFast{LatticeId::IQ2_XXS, 32, 3,   6, 0.1f, true,
+                                    Resnap::All,        12, true};
+
+size_t quant_iq2_xxs_fast(const float* src, void* dst, int64_t nrows, int64_t n,
+                          const float* imat) {
+    return quant_rows_xxs(src, dst, nrows, n, imat, kSearchXXSFast);
 }
 
 // ---- IQ2_XS: per 8 values a uint16 of 9-bit grid index and 7 sign bits; two

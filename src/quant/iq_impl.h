@@ -54,6 +54,40 @@ const Lattice& lattice(LatticeId id);
 int best_neighbour(const Lattice& lat, const uint16_t* nb, const float* x, const float* w,
                    float scale, int8_t* L);
 
+// Scan a neighbour list of an 8-dimensional 3-level lattice, given each
+// coordinate's error term per level: the candidate with the least sum of its
+// terms (summed in coordinate order), the first one on ties. Four candidates
+// are summed side by side (independent chains; each sum keeps its order, so
+// the result is that of scanning one by one).
+inline void scan_candidates(const float (*term)[3], const uint8_t* levels, const uint16_t* nb,
+                            float& best, int& best_g) {
+    const int count = nb[0];
+    int j = 1;
+    for (; j + 3 <= count; j += 4) {
+        const uint8_t* p0 = levels + size_t(nb[j]) * 8;
+        const uint8_t* p1 = levels + size_t(nb[j + 1]) * 8;
+        const uint8_t* p2 = levels + size_t(nb[j + 2]) * 8;
+        const uint8_t* p3 = levels + size_t(nb[j + 3]) * 8;
+        float d0 = 0, d1 = 0, d2 = 0, d3 = 0;
+        for (int i = 0; i < 8; ++i) {
+            d0 += term[i][p0[i]];
+            d1 += term[i][p1[i]];
+            d2 += term[i][p2[i]];
+            d3 += term[i][p3[i]];
+        }
+        if (d0 < best) best = d0, best_g = nb[j];
+        if (d1 < best) best = d1, best_g = nb[j + 1];
+        if (d2 < best) best = d2, best_g = nb[j + 2];
+        if (d3 < best) best = d3, best_g = nb[j + 3];
+    }
+    for (; j <= count; ++j) {
+        const uint8_t* p = levels + size_t(nb[j]) * 8;
+        float d = 0;
+        for (int i = 0; i < 8; ++i) d += term[i][p[i]];
+        if (d < best) best = d, best_g = nb[j];
+    }
+}
+
 // ---- Grid search for one sub-block (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) ----
 //
 // Given non-negative magnitudes xval (signs already split off), importance
@@ -78,6 +112,12 @@ struct GridSearch {
     float step;      // trial spacing in units of the top level
     bool qp_start;   // start from make_qp_quants' scale (IQ2_XXS) instead of max/(2*kmax-1)
     Resnap resnap;
+    // Fast mode (not ggml's search): try only every trial_stride-th trial scale,
+    // and during the trials snap an off-grid group to the nearest grid point in
+    // level space (the head of its list) instead of searching the whole list.
+    // The final snap at the fitted scale still searches the lists.
+    int trial_stride = 1;
+    bool cheap_trials = false;
 };
 
 // Returns the scale; `max` is the largest xval (> 0). With qp_start, returns
@@ -110,5 +150,8 @@ GLM5_IQ_ROW_FUNCS(iq1_m)
 GLM5_IQ_ROW_FUNCS(iq4_nl)
 GLM5_IQ_ROW_FUNCS(iq4_xs)
 #undef GLM5_IQ_ROW_FUNCS
+
+// IQ2_XXS with a cheaper search (see kSearchXXSFast in iq2.cpp).
+size_t quant_iq2_xxs_fast(const float* src, void* dst, int64_t nrows, int64_t n, const float* imat);
 
 }  // namespace glm5::quant::iq

@@ -145,15 +145,29 @@ int best_neighbour(const Lattice& lat, const uint16_t* nb, const float* x, const
     const int count = nb[0];
     float best = FLT_MAX;
     int best_g = nb[1];  // a NaN input would match nothing; stay on a valid point
-    for (int j = 1; j <= count; ++j) {
-        const uint8_t* p = lat.levels + size_t(nb[j]) * lat.dim;
-        float d2 = 0;
-        for (int i = 0; i < lat.dim; ++i) {
-            const float q = float(2 * p[i] + 1);
-            const float diff = scale * q - x[i];
-            d2 += w[i] * diff * diff;
+    if (lat.dim == 8) {
+        // The 2-bit lattices have 3 levels, so each coordinate's error term
+        // w*(scale*q - x)^2 takes one of 3 values: compute them once, with the
+        // same operations, and sum per candidate in coordinate order - the
+        // same float result as evaluating every candidate from scratch.
+        float term[8][3];
+        for (int i = 0; i < 8; ++i)
+            for (int l = 0; l < 3; ++l) {
+                const float diff = scale * float(2 * l + 1) - x[i];
+                term[i][l] = w[i] * diff * diff;
+            }
+        scan_candidates(term, lat.levels, nb, best, best_g);
+    } else {
+        for (int j = 1; j <= count; ++j) {
+            const uint8_t* p = lat.levels + size_t(nb[j]) * lat.dim;
+            float d2 = 0;
+            for (int i = 0; i < lat.dim; ++i) {
+                const float q = float(2 * p[i] + 1);
+                const float diff = scale * q - x[i];
+                d2 += w[i] * diff * diff;
+            }
+            if (d2 < best) best = d2, best_g = nb[j];
         }
-        if (d2 < best) best = d2, best_g = nb[j];
     }
     const uint8_t* p = lat.levels + size_t(best_g) * lat.dim;
     for (int i = 0; i < lat.dim; ++i) L[i] = int8_t(p[i]);
@@ -227,14 +241,19 @@ float qp_scale(int n, int nmax, const float* x, const float* w) {
 // Returns true when the combination is a grid point; otherwise L becomes the
 // best listed neighbour at `scale`.
 bool snap_group(const Lattice& lat, int kmax, float id, float scale, const float* xval,
-                const float* waux, int8_t* L) {
+                const float* waux, int8_t* L, bool cheap = false) {
     for (int i = 0; i < lat.dim; ++i) {
         const int l = nearest_int(0.5f * (id * xval[i] - 1));
         L[i] = int8_t(l < 0 ? 0 : l > kmax - 1 ? kmax - 1 : l);
     }
     const uint32_t u = lat.code(L);
     if (lat.map[u] >= 0) return true;
-    best_neighbour(lat, lat.neighbours(u), xval, waux, scale, L);
+    if (cheap) {
+        const uint8_t* p = lat.levels + size_t(lat.neighbours(u)[1]) * lat.dim;
+        for (int i = 0; i < lat.dim; ++i) L[i] = int8_t(p[i]);
+    } else {
+        best_neighbour(lat, lat.neighbours(u), xval, waux, scale, L);
+    }
     return false;
 }
 
@@ -272,12 +291,12 @@ std::optional<float> grid_search(const GridSearch& gs, const float* xval, const 
     bool on_grid[8], on_grid_aux[8];
     for (int k = 0; k < ngroups; ++k) on_grid[k] = gs.resnap != Resnap::AllIfOffGrid;
     float best = 0;
-    for (int is = -gs.half_steps; is <= gs.half_steps; ++is) {
+    for (int is = -gs.half_steps; is <= gs.half_steps; is += gs.trial_stride) {
         const float id = (2 * gs.kmax - 1 + is * gs.step) / ref;
         const float this_scale = 1 / id;
         for (int k = 0; k < ngroups; ++k)
             on_grid_aux[k] = snap_group(lat, gs.kmax, id, this_scale, xval + dim * k,
-                                        waux + dim * k, Laux + dim * k);
+                                        waux + dim * k, Laux + dim * k, gs.cheap_trials);
         float sumqx, sumq2;
         fit_sums(gs.n, xval, w, Laux, sumqx, sumq2);
         if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {

@@ -1,7 +1,9 @@
 // The i-quant family's entries in the format dispatch table.
+#include "quant/blocks.h"
 #include "quant/iq_impl.h"
 #include "quant/iq_kernels.h"
 #include "quant/ops.h"
+#include "quant/quantize_fast.h"
 
 namespace glm5::quant {
 
@@ -51,6 +53,18 @@ const FormatOps* iquant_ops(Type t) {
         default:
             return nullptr;
     }
+}
+
+bool has_fast_quantize(Type t) {
+    return t == Type::IQ2_XXS;
+}
+
+size_t quantize_rows_fast(Type t, const float* src, void* dst, int64_t n_rows, int64_t n_per_row,
+                          const float* imatrix) {
+    if (t != Type::IQ2_XXS) return quantize_rows(t, src, dst, n_rows, n_per_row, imatrix);
+    // Same argument checks as quantize_rows.
+    if (n_per_row % QK_K != 0) return quantize_rows(t, src, dst, n_rows, n_per_row, imatrix);
+    return iq::quant_iq2_xxs_fast(src, dst, n_rows, n_per_row, imatrix);
 }
 
 }  // namespace glm5::quant
