@@ -2,6 +2,7 @@
 // the goldens of both architectures, and `glm5 tokenize` end to end.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -51,7 +52,10 @@ std::string shell_quote(const std::string& s) {
 }
 
 CmdResult run_glm5(const std::vector<std::string>& args) {
-    const std::string err_path = ::testing::TempDir() + "/glm5_tokenize_stderr.txt";
+    // One file per call: ctest runs the tests of this binary in parallel processes.
+    std::string err_path = ::testing::TempDir() + "/glm5_tokenize_stderr_XXXXXX";
+    const int fd = mkstemp(err_path.data());
+    if (fd >= 0) close(fd);
     std::string cmd = shell_quote(GLM5_BINARY);
     for (const std::string& a : args) cmd += " " + shell_quote(a);
     cmd += " 2>" + shell_quote(err_path);
@@ -65,6 +69,7 @@ CmdResult run_glm5(const std::vector<std::string>& args) {
     r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     std::ifstream e(err_path);
     r.err.assign(std::istreambuf_iterator<char>(e), {});
+    std::remove(err_path.c_str());
     return r;
 }
 
@@ -168,11 +173,15 @@ TEST(TextGguf, TokenizeCommand) {
     EXPECT_EQ(last["bytes"], json::parse("[177]"));
 
     // Text from a file.
-    const std::string path = ::testing::TempDir() + "/glm5_tokenize_input.txt";
+    std::string path = ::testing::TempDir() + "/glm5_tokenize_input_XXXXXX";
+    const int fd = mkstemp(path.data());
+    ASSERT_GE(fd, 0);
+    close(fd);
     std::ofstream(path) << "Hello world";
     r = run_glm5({"tokenize", "-m", kNext, "--file", path});
     EXPECT_EQ(r.rc, 0) << r.err;
     EXPECT_EQ(json::parse(r.out), json::parse("[72, 266, 108, 111, 262, 271, 108, 100]"));
+    std::remove(path.c_str());
 }
 
 TEST(TextGguf, TokenizeCommandErrors) {
