@@ -177,6 +177,87 @@ class Backend {
     // ---- accounting --------------------------------------------------------
     virtual Counters counters() const = 0;
     virtual void reset_counters() = 0;
+
+    // ==== glm5next ops ==========================================================
+    // Linear attention with a recurrent state (short causal conv + gated delta
+    // rule), multi-stream hyper-connections and pooled key compression. Each op
+    // keeps a fixed per-element reduction order, so a token's result does not
+    // depend on how the tokens were batched.
+
+    // L2 normalisation per row: y = x / max(||x||_2, eps); in place allowed.
+    virtual void l2_norm(const float* x, int64_t n_rows, int64_t dim, float eps, float* y) = 0;
+    // y = sigmoid(y), n values in place.
+    virtual void apply_sigmoid(float* y, int64_t n) = 0;
+    // y *= sigmoid(gate), n values.
+    virtual void mul_sigmoid(float* y, const float* gate, int64_t n) = 0;
+
+    // Depthwise causal convolution of one sequence's new tokens, continuing
+    // from the K-1 inputs before them:
+    //   y[t][c] = sum_{j<K} taps[c*K + j] * in[t-K+1+j][c]   (j = K-1: token t)
+    // where inputs before the first new token come from `tail` ([K-1][channels],
+    // oldest first). Afterwards `tail` holds the last K-1 inputs. With
+    // `silu`, y = SiLU(conv). x and y must not overlap.
+    struct ConvSeq {
+        const float* x = nullptr;  // [n_tok][x_stride]
+        float* tail = nullptr;     // [K-1][channels]
+        float* y = nullptr;        // [n_tok][y_stride]
+        int64_t n_tok = 0;
+    };
+    virtual void causal_conv(std::span<const ConvSeq> seqs, int64_t channels, const float* taps,
+                             int64_t kernel, int64_t x_stride, int64_t y_stride, bool silu) = 0;
+
+    // Per-channel log-decay bounded to (lower, 0):
+    //   g[t][h*dim + i] = lower * sigmoid(rate[h] * (z[t][h*dim + i] + bias[h*dim + i])).
+    virtual void bounded_decay(const float* z, const float* bias, const float* rate,
+                               int64_t n_tok, int64_t n_heads, int64_t dim, float lower,
+                               float* g) = 0;
+
+    // Gated delta rule, token by token in order, per head h with state
+    // S [dim(key i)][dim(value j)]:
+    //   S <- diag(exp(g_t)) S;  e = v_t - S^T k_t;  S <- S + k_t (beta_t e)^T;
+    //   out_t = scale * S^T q_t.
+    // q, k, v, g, out: [n_tok][n_heads*dim]; beta: [n_tok][n_heads];
+    // state: [n_heads][dim][dim], updated in place.
+    struct DeltaRuleSeq {
+        const float *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr;
+        float* state = nullptr;
+        float* out = nullptr;
+        int64_t n_tok = 0;
+    };
+    virtual void gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n_heads,
+                                  int64_t dim, float scale) = 0;
+
+    // Sinkhorn hyper-connection coefficients for S streams from the mixing
+    // logits mix [n_tok][(2+S)*S] (fn . RMSNorm(streams)):
+    //   pre[s]  = sigmoid(scale[0]*mix[s] + base[s]) + eps
+    //   post[d] = 2 sigmoid(scale[1]*mix[S+d] + base[S+d])
+    //   comb[d][s]: softmax over d of scale[2]*mix[2S+d+S*s] + base[..], + eps,
+    //   then rows (over s) normalised, then iterations-1 times columns (over d)
+    //   and rows; every normalisation divides by (sum + eps).
+    // pre, post: [n_tok][S]; comb: [n_tok][S (destination)][S (source)].
+    virtual void hc_coefficients(const float* mix, int64_t n_tok, int64_t n_streams,
+                                 const float* base, const float* scale, float eps,
+                                 int64_t iterations, float* pre, float* post, float* comb) = 0;
+    // y[t] = sum_s w[t][s] * X[t][s] (w == nullptr: the plain mean over streams).
+    // X: [n_tok][n_streams][dim]; y: [n_tok][dim].
+    virtual void hc_reduce(const float* X, const float* w, int64_t n_tok, int64_t n_streams,
+                           int64_t dim, float* y) = 0;
+    // out[t][d] = post[t][d] * f[t] + sum_s comb[t][d][s] * X[t][s] (out != X).
+    virtual void hc_expand(const float* X, const float* f, const float* post, const float* comb,
+                           int64_t n_tok, int64_t n_streams, int64_t dim, float* out) = 0;
+
+    // Compressed keys of complete pools of `pool_size` consecutive cache rows.
+    // Row r of `cells` is [key (key_width) | gate (gate_width: key_width or 1)].
+    // For pool j (rows j*B .. j*B+B-1), per channel i:
+    //   a_s = softmax over slots s of (gate[jB+s][i] + ape[s*gate_width + i])
+    //   out_j = RMSNorm(sum_s a_s * key[jB+s]; norm_w)
+    // (a width-1 gate gives one weight per slot for every channel), stored as
+    // row j of `pools` for j in [first_pool, first_pool + n_pools).
+    virtual void pool_compress(const CacheRows& cells, int64_t key_width, int64_t gate_width,
+                               int64_t pool_size, const float* ape, const float* norm_w,
+                               float eps, const CacheRows& pools, int64_t first_pool,
+                               int64_t n_pools) = 0;
+    // ==== end of glm5next ops ===================================================
 };
 
 struct BackendOptions {

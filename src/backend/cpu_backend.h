@@ -251,6 +251,28 @@ class CpuBackend final : public Backend {
     // ---- mixture of experts ----------------------------------------------------
     void moe(const MoeWeights& m, const float* x, int64_t T, float* out) override;  // cpu_moe.cpp
 
+    // ==== glm5next ops (cpu_kda.cpp, cpu_hyper.cpp, cpu_pool_indexer.cpp) ======
+    void l2_norm(const float* x, int64_t n_rows, int64_t dim, float eps, float* y) override;
+    void apply_sigmoid(float* y, int64_t n) override;
+    void mul_sigmoid(float* y, const float* gate, int64_t n) override;
+    void causal_conv(std::span<const ConvSeq> seqs, int64_t channels, const float* taps,
+                     int64_t kernel, int64_t x_stride, int64_t y_stride, bool silu) override;
+    void bounded_decay(const float* z, const float* bias, const float* rate, int64_t n_tok,
+                       int64_t n_heads, int64_t dim, float lower, float* g) override;
+    void gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n_heads, int64_t dim,
+                          float scale) override;
+    void hc_coefficients(const float* mix, int64_t n_tok, int64_t n_streams, const float* base,
+                         const float* scale, float eps, int64_t iterations, float* pre,
+                         float* post, float* comb) override;
+    void hc_reduce(const float* X, const float* w, int64_t n_tok, int64_t n_streams, int64_t dim,
+                   float* y) override;
+    void hc_expand(const float* X, const float* f, const float* post, const float* comb,
+                   int64_t n_tok, int64_t n_streams, int64_t dim, float* out) override;
+    void pool_compress(const CacheRows& cells, int64_t key_width, int64_t gate_width,
+                       int64_t pool_size, const float* ape, const float* norm_w, float eps,
+                       const CacheRows& pools, int64_t first_pool, int64_t n_pools) override;
+    // ==== end of glm5next ops =====================================================
+
     Counters counters() const override {
         return Counters{weight_bytes_.load(), matmul_calls_.load()};
     }

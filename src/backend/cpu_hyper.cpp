@@ -1,0 +1,107 @@
+// Hyper-connection ops on the CPU: Sinkhorn mixing coefficients per token,
+// the weighted reduction of the streams into one sublayer input, and the
+// expansion of a sublayer output back into the streams. All per token.
+#include "backend/cpu_backend.h"
+
+namespace glm5::backend::cpu {
+
+void CpuBackend::hc_coefficients(const float* mix, int64_t T, int64_t S, const float* base,
+                                 const float* scale, float eps, int64_t iterations, float* pre,
+                                 float* post, float* comb) {
+    const int64_t M = (2 + S) * S;
+    pool_.parallel_for(T, 8, [&](int64_t b, int64_t e, int) {
+        // The S x S matrix is tiny: iterate it in double, round once at the end.
+        std::vector<double> C(size_t(S * S));
+        auto at = [&](int64_t d, int64_t s) -> double& { return C[size_t(d * S + s)]; };
+        const double ep = double(eps);
+        for (int64_t t = b; t < e; ++t) {
+            const float* m = mix + t * M;
+            for (int64_t s = 0; s < S; ++s) {
+                pre[t * S + s] = sigmoid(scale[0] * m[s] + base[s]) + eps;
+                post[t * S + s] = 2.0f * sigmoid(scale[1] * m[S + s] + base[S + s]);
+            }
+            // Logits L[d][s] (d = destination, s = source), softmax over d per source.
+            for (int64_t s = 0; s < S; ++s) {
+                double mx = -INFINITY;
+                for (int64_t d = 0; d < S; ++d) {
+                    const int64_t i = 2 * S + d + S * s;
+                    at(d, s) = double(scale[2] * m[i] + base[i]);
+                    mx = std::max(mx, at(d, s));
+                }
+                double sum = 0.0;
+                for (int64_t d = 0; d < S; ++d) {
+                    at(d, s) = std::exp(at(d, s) - mx);
+                    sum += at(d, s);
+                }
+                for (int64_t d = 0; d < S; ++d) at(d, s) = at(d, s) / sum + ep;
+            }
+            auto normalise_rows = [&] {  // per destination, over sources
+                for (int64_t d = 0; d < S; ++d) {
+                    double sum = 0.0;
+                    for (int64_t s = 0; s < S; ++s) sum += at(d, s);
+                    for (int64_t s = 0; s < S; ++s) at(d, s) /= (sum + ep);
+                }
+            };
+            auto normalise_cols = [&] {  // per source, over destinations
+                for (int64_t s = 0; s < S; ++s) {
+                    double sum = 0.0;
+                    for (int64_t d = 0; d < S; ++d) sum += at(d, s);
+                    for (int64_t d = 0; d < S; ++d) at(d, s) /= (sum + ep);
+                }
+            };
+            normalise_rows();
+            for (int64_t it = 1; it < iterations; ++it) {
+                normalise_cols();
+                normalise_rows();
+            }
+            for (int64_t i = 0; i < S * S; ++i) comb[t * S * S + i] = float(C[size_t(i)]);
+        }
+    });
+}
+
+void CpuBackend::hc_reduce(const float* X, const float* w, int64_t T, int64_t S, int64_t E,
+                           float* y) {
+    pool_.parallel_for(T, 4, [&](int64_t b, int64_t e, int) {
+        for (int64_t t = b; t < e; ++t) {
+            const float* x = X + t * S * E;
+            float* yt = y + t * E;
+            if (w) {
+                const float* wt = w + t * S;
+                for (int64_t i = 0; i < E; ++i) {
+                    float acc = wt[0] * x[i];
+                    for (int64_t s = 1; s < S; ++s) acc += wt[s] * x[s * E + i];
+                    yt[i] = acc;
+                }
+            } else {
+                const float inv = 1.0f / float(S);
+                for (int64_t i = 0; i < E; ++i) {
+                    float acc = x[i];
+                    for (int64_t s = 1; s < S; ++s) acc += x[s * E + i];
+                    yt[i] = acc * inv;
+                }
+            }
+        }
+    });
+}
+
+void CpuBackend::hc_expand(const float* X, const float* f, const float* post, const float* comb,
+                           int64_t T, int64_t S, int64_t E, float* out) {
+    pool_.parallel_for(T, 4, [&](int64_t b, int64_t e, int) {
+        for (int64_t t = b; t < e; ++t) {
+            const float* x = X + t * S * E;
+            const float* ft = f + t * E;
+            const float* c = comb + t * S * S;
+            for (int64_t d = 0; d < S; ++d) {
+                float* o = out + (t * S + d) * E;
+                const float pd = post[t * S + d];
+                for (int64_t i = 0; i < E; ++i) {
+                    float acc = c[d * S] * x[i];
+                    for (int64_t s = 1; s < S; ++s) acc += c[d * S + s] * x[s * E + i];
+                    o[i] = pd * ft[i] + acc;
+                }
+            }
+        }
+    });
+}
+
+}  // namespace glm5::backend::cpu

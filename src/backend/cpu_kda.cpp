@@ -1,0 +1,126 @@
+// Linear-attention ops on the CPU: the short causal convolution with its
+// carried tail, the bounded decay gate and the gated delta rule. The delta
+// rule walks a sequence's tokens strictly in order with the same per-element
+// arithmetic for a batch of one or of many, so prefill, chunked prefill and
+// decode agree bitwise.
+#include "backend/cpu_backend.h"
+
+namespace glm5::backend::cpu {
+
+void CpuBackend::l2_norm(const float* x, int64_t n_rows, int64_t dim, float eps, float* y) {
+    pool_.parallel_for(n_rows, 16, [&](int64_t b, int64_t e, int) {
+        for (int64_t r = b; r < e; ++r) {
+            const float* xr = x + r * dim;
+            float* yr = y + r * dim;
+            double sum = 0.0;
+            for (int64_t i = 0; i < dim; ++i) sum += double(xr[i]) * double(xr[i]);
+            const float norm = std::max(float(std::sqrt(sum)), eps);
+            const float inv = 1.0f / norm;
+            for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv;
+        }
+    });
+}
+
+void CpuBackend::apply_sigmoid(float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = sigmoid(y[i]);
+}
+
+void CpuBackend::mul_sigmoid(float* y, const float* gate, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] *= sigmoid(gate[i]);
+}
+
+void CpuBackend::causal_conv(std::span<const ConvSeq> seqs, int64_t C, const float* taps, int64_t K,
+                             int64_t xs, int64_t ys, bool use_silu) {
+    // One task per (sequence, block of channels): a channel's outputs and its
+    // tail update belong to one thread, so the tail can be updated in place.
+    constexpr int64_t kBlock = 64;
+    const int64_t blocks = (C + kBlock - 1) / kBlock;
+    const int64_t n_tail = K - 1;
+    pool_.parallel_for(int64_t(seqs.size()) * blocks, 1, [&](int64_t b, int64_t e, int) {
+        for (int64_t task = b; task < e; ++task) {
+            const ConvSeq& s = seqs[size_t(task / blocks)];
+            const int64_t c0 = (task % blocks) * kBlock, c1 = std::min(C, c0 + kBlock);
+            const int64_t n = s.n_tok;
+            // Input at (relative) time tau: from the tail before the batch,
+            // from the batch itself from 0 on.
+            auto in = [&](int64_t tau, int64_t c) {
+                return tau < 0 ? s.tail[(n_tail + tau) * C + c] : s.x[tau * xs + c];
+            };
+            for (int64_t c = c0; c < c1; ++c) {
+                const float* w = taps + c * K;
+                for (int64_t t = 0; t < n; ++t) {
+                    float acc = 0.0f;
+                    for (int64_t j = 0; j < K; ++j) acc += w[j] * in(t - n_tail + j, c);
+                    s.y[t * ys + c] = use_silu ? silu(acc) : acc;
+                }
+                // New tail row i is the input at time n - (K-1) + i; reading
+                // old tail rows i + n > i before overwriting row i is safe.
+                for (int64_t i = 0; i < n_tail && n > 0; ++i)
+                    s.tail[i * C + c] = in(n - n_tail + i, c);
+            }
+        }
+    });
+}
+
+void CpuBackend::bounded_decay(const float* z, const float* bias, const float* rate, int64_t n_tok,
+                               int64_t H, int64_t D, float lower, float* g) {
+    pool_.parallel_for(n_tok, 16, [&](int64_t b, int64_t e, int) {
+        for (int64_t t = b; t < e; ++t)
+            for (int64_t h = 0; h < H; ++h)
+                for (int64_t i = 0; i < D; ++i) {
+                    const int64_t c = h * D + i;
+                    g[t * H * D + c] = lower * sigmoid(rate[h] * (z[t * H * D + c] + bias[c]));
+                }
+    });
+}
+
+void CpuBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t H, int64_t D,
+                                  float scale) {
+    const int64_t HD = H * D;
+    pool_.parallel_for(int64_t(seqs.size()) * H, 1, [&](int64_t b, int64_t e, int ith) {
+        std::vector<float>& buf = per_thread_[size_t(ith)].acc;
+        buf.resize(size_t(3 * D));
+        float* decay = buf.data();
+        float* acc = decay + D;
+        float* upd = acc + D;
+        for (int64_t task = b; task < e; ++task) {
+            const DeltaRuleSeq& s = seqs[size_t(task / H)];
+            const int64_t h = task % H;
+            float* S = s.state + h * D * D;  // S[i][j]: key channel i, value channel j
+            for (int64_t t = 0; t < s.n_tok; ++t) {
+                const float* q = s.q + t * HD + h * D;
+                const float* k = s.k + t * HD + h * D;
+                const float* v = s.v + t * HD + h * D;
+                const float* g = s.g + t * HD + h * D;
+                const float beta = s.beta[t * H + h];
+                for (int64_t i = 0; i < D; ++i) decay[i] = std::exp(g[i]);
+                // Decay the state, then read it with the key: acc = S^T k.
+                for (int64_t j = 0; j < D; ++j) acc[j] = 0.0f;
+                for (int64_t i = 0; i < D; ++i) {
+                    float* row = S + i * D;
+                    const float di = decay[i], ki = k[i];
+                    for (int64_t j = 0; j < D; ++j) {
+                        row[j] *= di;
+                        acc[j] += row[j] * ki;
+                    }
+                }
+                // The write (beta-weighted prediction error), then the output
+                // read from the updated state: acc = S^T q.
+                for (int64_t j = 0; j < D; ++j) upd[j] = beta * (v[j] - acc[j]);
+                for (int64_t j = 0; j < D; ++j) acc[j] = 0.0f;
+                for (int64_t i = 0; i < D; ++i) {
+                    float* row = S + i * D;
+                    const float ki = k[i], qi = q[i];
+                    for (int64_t j = 0; j < D; ++j) {
+                        row[j] += ki * upd[j];
+                        acc[j] += row[j] * qi;
+                    }
+                }
+                float* o = s.out + t * HD + h * D;
+                for (int64_t j = 0; j < D; ++j) o[j] = scale * acc[j];
+            }
+        }
+    });
+}
+
+}  // namespace glm5::backend::cpu
