@@ -1,5 +1,6 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
+#include "model/glm5next.h"
 #include "model/glm_dsa.h"
 #include "model/model.h"
 
@@ -12,6 +13,7 @@ std::unique_ptr<Model> load_model(const gguf::File& file, backend::Backend& be,
         throw Error(file.path() + ": no general.architecture key: not a model file");
     const std::string& arch = *a->as_string();
     if (arch == "glm-dsa") return std::make_unique<GlmDsaModel>(file, be, opt);
+    if (arch == "glm5next") return std::make_unique<Glm5NextModel>(file, be, opt);
     throw Error(file.path() + ": architecture '" + arch +
                 "' is not supported (glm5 runs glm-dsa and glm5next models)");
 }

@@ -1,0 +1,511 @@
+// glm5next forward. Reads top to bottom as the model (docs/glm5next-format.md
+// sections 5-8): embed and replicate into the hyper-connection streams; per
+// block, the attention sublayer (KDA or MLA over the pooled indexer's cells)
+// and the FFN sublayer, each between hc_coefficients/hc_reduce and hc_expand;
+// the LM head on the stream mean. Every op runs on the backend; this file
+// only wires buffers, shapes and the per-sequence state.
+#include "model/glm5next.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "gguf/gguf.h"
+
+namespace glm5::model {
+
+using backend::Backend;
+using backend::CacheRows;
+using backend::CacheType;
+
+namespace {
+
+// The state of one sequence (spec section 7).
+//  - per KDA layer: the q/k/v conv tails [3][K-1][di] and the delta-rule state
+//    [H][D][D], F32, in one backend block so a snapshot is one copy;
+//  - per MLA layer: the latent rows (R), the indexer cell rows [key | gate]
+//    and the compressed pool keys, all positional.
+// Pool keys are only ever read for pools that are complete below n_past, and
+// are (re)computed in the forward in which their last cell arrives: after a
+// restore, a key that covered a stale cell is recomputed when its pool
+// completes again, and never read before.
+class NextState final : public SequenceState {
+  public:
+    NextState(Backend& be, const Glm5NextHParams& hp, CacheType type, int64_t n_ctx)
+        : be_(be), n_ctx_(n_ctx), pool_(hp.idx_pool) {
+        layers_.resize(size_t(hp.n_layer));
+        for (int64_t il = 0; il < hp.n_layer; ++il) {
+            LayerState& ls = layers_[size_t(il)];
+            if (hp.is_mla[size_t(il)]) {
+                ls.latent = CacheRows{nullptr, hp.kv_lora, type};
+                ls.cells = CacheRows{nullptr, 0, type};  // width set by the model
+                ls.pools = CacheRows{nullptr, hp.idx_dim, type};
+            } else {
+                const int64_t di = hp.n_head[size_t(il)] * hp.kda_dim;
+                ls.tail_off = kda_floats_;
+                ls.tail_size = 3 * (hp.conv_k - 1) * di;
+                kda_floats_ += ls.tail_size;
+                ls.delta_off = kda_floats_;
+                kda_floats_ += hp.n_head[size_t(il)] * hp.kda_dim * hp.kda_dim;
+            }
+        }
+        kda_ = reinterpret_cast<float*>(be_.alloc_cache(kda_bytes()));
+    }
+    ~NextState() override {
+        be_.free_cache(reinterpret_cast<uint8_t*>(kda_));
+        for (auto& ls : layers_)
+            for (CacheRows* c : {&ls.latent, &ls.cells, &ls.pools})
+                if (c->data) be_.free_cache(c->data);
+    }
+
+    int64_t n_past() const override { return n_past_; }
+    int64_t n_ctx() const override { return n_ctx_; }
+
+    void reset() override {
+        // Fresh (zeroed) recurrent state; positional caches are simply reused.
+        be_.free_cache(reinterpret_cast<uint8_t*>(kda_));
+        kda_ = nullptr;
+        kda_ = reinterpret_cast<float*>(be_.alloc_cache(kda_bytes()));
+        n_past_ = 0;
+        ++epoch_;
+    }
+    // The recurrent state cannot go back by position: only "no change" and
+    // "start over" are possible.
+    bool can_rewind(int64_t n) const override { return n == n_past_ || n == 0; }
+    bool rewind(int64_t n) override {
+        if (!can_rewind(n)) return false;
+        if (n != n_past_) reset();
+        return true;
+    }
+
+    struct Snapshot final : StateSnapshot {
+        Backend& be;
+        const NextState* owner;
+        uint64_t epoch;
+        int64_t n;
+        uint8_t* kda;
+        Snapshot(Backend& b, const NextState* o, uint64_t e, int64_t n_, uint8_t* k)
+            : be(b), owner(o), epoch(e), n(n_), kda(k) {}
+        ~Snapshot() override { be.free_cache(kda); }
+        int64_t n_past() const override { return n; }
+    };
+    // Spec 8: the KDA tails and states plus the position; the positional
+    // caches need no copy (rows past n_past are overwritten when re-forwarded).
+    std::unique_ptr<StateSnapshot> snapshot() const override {
+        uint8_t* copy = be_.alloc_cache(kda_bytes());
+        be_.copy_cache(copy, reinterpret_cast<const uint8_t*>(kda_), kda_bytes());
+        return std::make_unique<Snapshot>(be_, this, epoch_, n_past_, copy);
+    }
+    void restore(const StateSnapshot& s) override {
+        auto* snap = dynamic_cast<const Snapshot*>(&s);
+        if (!snap || snap->owner != this) throw Error("restore: snapshot of another sequence");
+        if (snap->epoch != epoch_ || snap->n > n_past_)
+            throw Error("restore: the sequence was reset since the snapshot");
+        be_.copy_cache(reinterpret_cast<uint8_t*>(kda_), snap->kda, kda_bytes());
+        n_past_ = snap->n;
+    }
+    size_t memory_bytes() const override {
+        size_t per_row = 0, pool_rows = 0;
+        for (const auto& ls : layers_) {
+            per_row += ls.latent.row_bytes() + ls.cells.row_bytes();
+            pool_rows += ls.pools.row_bytes();
+        }
+        return kda_bytes() + per_row * size_t(capacity_) +
+               pool_rows * size_t((capacity_ + pool_ - 1) / pool_);
+    }
+
+    void set_cell_width(int64_t il, int64_t w) { layers_[size_t(il)].cells.width = w; }
+
+    // Grows every positional cache to hold at least n rows (doubling, capped at n_ctx).
+    void reserve(int64_t n) {
+        if (n <= capacity_) return;
+        int64_t cap = std::max<int64_t>(capacity_, 256);
+        while (cap < n) cap *= 2;
+        cap = std::min(cap, n_ctx_);
+        auto grow = [&](CacheRows& c, int64_t rows, int64_t keep) {
+            if (c.width == 0) return;
+            uint8_t* fresh = be_.alloc_cache(c.row_bytes() * size_t(rows));
+            if (c.data) {
+                be_.copy_cache(fresh, c.data, c.row_bytes() * size_t(keep));
+                be_.free_cache(c.data);
+            }
+            c.data = fresh;
+        };
+        const int64_t pool_cap = (cap + pool_ - 1) / pool_;
+        for (auto& ls : layers_) {
+            grow(ls.latent, cap, n_past_);
+            grow(ls.cells, cap, n_past_);
+            grow(ls.pools, pool_cap, n_past_ / pool_);
+        }
+        capacity_ = cap;
+    }
+    void advance(int64_t n) { n_past_ += n; }
+
+    float* conv_tail(int64_t il, int u, int64_t tail_rows_x_di) const {
+        return kda_ + layers_[size_t(il)].tail_off + u * tail_rows_x_di;
+    }
+    float* delta(int64_t il) const { return kda_ + layers_[size_t(il)].delta_off; }
+    const CacheRows& latent(int64_t il) const { return layers_[size_t(il)].latent; }
+    const CacheRows& cells(int64_t il) const { return layers_[size_t(il)].cells; }
+    const CacheRows& pools(int64_t il) const { return layers_[size_t(il)].pools; }
+
+  private:
+    struct LayerState {
+        CacheRows latent, cells, pools;
+        int64_t tail_off = 0, tail_size = 0, delta_off = 0;  // in kda_, floats
+    };
+    size_t kda_bytes() const { return size_t(kda_floats_) * sizeof(float); }
+
+    Backend& be_;
+    int64_t n_ctx_;
+    int64_t pool_;
+    int64_t n_past_ = 0;
+    int64_t capacity_ = 0;
+    uint64_t epoch_ = 0;
+    std::vector<LayerState> layers_;
+    int64_t kda_floats_ = 0;
+    float* kda_ = nullptr;
+};
+
+}  // namespace
+
+// One contiguous run of the batch belonging to one sequence.
+struct Glm5NextModel::Batch {
+    struct Segment {
+        NextState* state;
+        int64_t first;  // index of its first token in the batch
+        int64_t n;
+        int64_t n_past;  // before this forward
+    };
+    std::vector<Segment> segs;
+    std::vector<int32_t> pos;  // position of every token
+    int64_t T = 0;
+    // Hyper-connection coefficients of the sublayer being evaluated.
+    float *xhat = nullptr, *mix = nullptr, *pre = nullptr, *post = nullptr, *comb = nullptr;
+    // Work buffers, sized for the widest layer.
+    float* w[10] = {};
+    float* lowrank = nullptr;
+};
+
+std::unique_ptr<SequenceState> Glm5NextModel::new_state(int64_t n_ctx) {
+    if (n_ctx <= 0) throw Error("context size must be positive");
+    auto st = std::make_unique<NextState>(*backend_, hp_, cache_type_, n_ctx);
+    for (int64_t il = 0; il < hp_.n_layer; ++il)
+        if (layers_[size_t(il)].indexer)
+            st->set_cell_width(il, hp_.idx_dim + layers_[size_t(il)].idx_gate_width);
+    return st;
+}
+
+// (pre, post, C) of one sublayer from the streams X (spec 6.3).
+void Glm5NextModel::hyper_coeffs(const Batch& b, const HyperConn& hc, const float* X) {
+    Backend& be = *backend_;
+    const int64_t S = hp_.hc_streams, SE = S * hp_.n_embd, T = b.T;
+    be.rms_norm(X, SE, nullptr, T, SE, hp_.eps, b.xhat, SE);
+    be.matmul(hc.fn, b.xhat, SE, T, b.mix, (2 + S) * S);
+    be.hc_coefficients(b.mix, T, S, hc.base, hc.scale, hp_.hc_eps, hp_.hc_iters, b.pre, b.post,
+                       b.comb);
+}
+
+// KDA linear attention (spec 6.4): x [T][E] normed input, out [T][E].
+void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, const float* x, float* out) {
+    Backend& be = *backend_;
+    const int64_t T = b.T, E = hp_.n_embd, H = L.n_head, D = hp_.kda_dim, di = H * D;
+    const int64_t K = hp_.conv_k;
+    float* raw = b.w[0];   // [3][T][di]: q, k, v projections before the conv
+    float* qkv = b.w[1];   // [3][T][di]: after conv + SiLU
+    float* g = b.w[2];     // [T][di] log-decay
+    float* o = b.w[3];     // [T][di] delta-rule output
+    float* gate = b.w[4];  // [T][di] output gate
+    float* beta = b.w[5];  // [T][H]
+
+    // 1. Projections and the short convs, continuing from each sequence's tail.
+    const backend::Weight* proj[3] = {&L.wq, &L.wk, &L.wv};
+    std::vector<Backend::ConvSeq> cs(b.segs.size());
+    for (int u = 0; u < 3; ++u) {
+        float* r = raw + u * T * di;
+        float* c = qkv + u * T * di;
+        be.matmul(*proj[u], x, E, T, r, di);
+        for (size_t i = 0; i < b.segs.size(); ++i) {
+            const auto& s = b.segs[i];
+            cs[i] = {r + s.first * di, s.state->conv_tail(il, u, (K - 1) * di), c + s.first * di,
+                     s.n};
+        }
+        be.causal_conv(cs, di, L.conv[u], K, di, di, /*silu=*/true);
+    }
+    float* q = qkv;
+    float* k = qkv + T * di;
+    float* v = qkv + 2 * T * di;
+    // 2. Unit-length query and key per head.
+    be.l2_norm(q, T * H, D, hp_.eps, q);
+    be.l2_norm(k, T * H, D, hp_.eps, k);
+
+    // 3. Per-channel decay in (lower, 0) from the low-rank gate.
+    be.matmul(L.f_a, x, E, T, b.lowrank, L.f_a.rows);
+    be.matmul(L.f_b, b.lowrank, L.f_a.rows, T, g, di);
+    be.bounded_decay(g, L.dt_bias, L.decay_rate.data(), T, H, D, hp_.gate_lower, g);
+
+    // 4. Beta per head.
+    be.matmul(L.beta, x, E, T, beta, H);
+    be.apply_sigmoid(beta, T * H);
+
+    // 5. The gated delta rule, token by token, on each sequence's state.
+    std::vector<Backend::DeltaRuleSeq> ds(b.segs.size());
+    for (size_t i = 0; i < b.segs.size(); ++i) {
+        const auto& s = b.segs[i];
+        const int64_t off = s.first * di;
+        ds[i] = {q + off, k + off, v + off, g + off, beta + s.first * H, s.state->delta(il),
+                 o + off, s.n};
+    }
+    be.gated_delta_rule(ds, H, D, 1.0f / std::sqrt(float(D)));
+
+    // 6. Output gate and the per-head RMSNorm shared by all heads.
+    if (L.g_full) {
+        be.matmul(L.g_full, x, E, T, gate, di);
+    } else {
+        be.matmul(L.g_a, x, E, T, b.lowrank, L.g_a.rows);
+        be.matmul(L.g_b, b.lowrank, L.g_a.rows, T, gate, di);
+    }
+    be.rms_norm(o, D, L.o_norm, T * H, D, hp_.eps, o, D);
+    be.mul_sigmoid(o, gate, T * di);
+
+    // 7. Output projection.
+    be.matmul(L.wo, o, di, T, out, E);
+}
+
+// NoPE absorbed MLA over the cells the pooled indexer picks (spec 6.5, 6.6).
+void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, const float* x, float* out) {
+    Backend& be = *backend_;
+    const Glm5NextHParams& h = hp_;
+    const int64_t T = b.T, E = h.n_embd, H = L.n_head, R = h.kv_lora;
+    const int64_t Q = h.q_lora, Dq = h.k_mla, Dv = h.v_mla;
+    float* qr = b.w[0];    // [T][Q]
+    float* q = b.w[1];     // [T][H*Dq]
+    float* c = b.w[2];     // [T][R]
+    float* qabs = b.w[3];  // [T][H*R]
+    float* olat = b.w[4];  // [T][H*R]
+    float* ov = b.w[5];    // [T][H*Dv]
+
+    // Query latent, per-head queries, and this token's cache row.
+    be.matmul(L.q_a, x, E, T, qr, Q);
+    be.rms_norm(qr, Q, L.q_a_norm, T, Q, h.eps, qr, Q);
+    be.matmul(L.q_b, qr, Q, T, q, H * Dq);
+    be.matmul(L.kv_a, x, E, T, c, R);
+    be.rms_norm(c, R, L.kv_a_norm, T, R, h.eps, c, R);
+    for (const auto& s : b.segs)
+        be.cache_store(s.state->latent(il), c + s.first * R, R, s.n, b.pos.data() + s.first);
+    // Absorbed query: q~_h = K_b[h] . q_h, in latent space.
+    be.matmul_slices(L.k_b, q, H * Dq, Dq, T, qabs, H * R, R);
+
+    // Which cells each query attends to: all of them while no pool can be
+    // dropped, else the picked pools plus the query's trailing partial pool.
+    std::vector<backend::Visible> visible(static_cast<size_t>(T));
+    for (const auto& s : b.segs)
+        for (int64_t i = 0; i < s.n; ++i)
+            visible[size_t(s.first + i)] = backend::Visible{int32_t(s.n_past + i + 1), nullptr, 0};
+    std::vector<int32_t> picked, rows;
+    if (L.indexer) {
+        const int64_t Di = h.idx_dim, Hi = h.idx_heads, B = h.idx_pool, Gw = L.idx_gate_width;
+        const int64_t n_sel = h.n_sel_pools();
+        const int64_t CW = Di + Gw;
+        float* cellrow = b.w[6];  // [T][Di + Gw]: key | gate
+        float* iq = b.w[7];       // [T][Hi*Di]
+        float* iw = b.w[8];       // [T][Hi]
+
+        // Per-cell key and gate, cached with the cell; then the keys of the
+        // pools this batch completes.
+        be.matmul(L.idx_kv, x, E, T, cellrow, CW);
+        be.matmul(L.idx_gate, x, E, T, cellrow + Di, CW);
+        for (const auto& s : b.segs) {
+            be.cache_store(s.state->cells(il), cellrow + s.first * CW, CW, s.n,
+                           b.pos.data() + s.first);
+            const int64_t p0 = s.n_past / B, p1 = (s.n_past + s.n) / B;
+            be.pool_compress(s.state->cells(il), Di, Gw, B, L.idx_ape, L.idx_norm, h.eps,
+                             s.state->pools(il), p0, p1 - p0);
+        }
+
+        // Queries past the dense limit score the complete pools.
+        std::vector<Backend::IndexerQuery> queries;
+        picked.assign(size_t(T * n_sel), 0);
+        bool any = false;
+        for (const auto& s : b.segs)
+            for (int64_t i = 0; i < s.n; ++i) {
+                const int64_t n_vis = s.n_past + i + 1, P = n_vis / B;
+                any = any || (P > n_sel && !dense_attention_);
+            }
+        if (any) {
+            be.matmul(L.idx_q_b, qr, Q, T, iq, Hi * Di);
+            be.matmul(L.idx_proj, x, E, T, iw, Hi);
+            be.scale(iw, 1.0f / std::sqrt(float(Di * Hi)), T * Hi);
+            for (const auto& s : b.segs)
+                for (int64_t i = 0; i < s.n; ++i) {
+                    const int64_t t = s.first + i, n_vis = s.n_past + i + 1, P = n_vis / B;
+                    if (P <= n_sel || dense_attention_) continue;
+                    queries.push_back({iq + t * Hi * Di, iw + t * Hi, s.state->pools(il),
+                                       int32_t(P), picked.data() + t * n_sel});
+                }
+            be.indexer_select(queries, Hi, Di, n_sel);
+
+            // Expand the picked pools (ascending) and the trailing partial pool to cells.
+            const int64_t per_query = n_sel * B + B;
+            rows.assign(size_t(T * per_query), 0);
+            for (const auto& s : b.segs)
+                for (int64_t i = 0; i < s.n; ++i) {
+                    const int64_t t = s.first + i, n_vis = s.n_past + i + 1, P = n_vis / B;
+                    if (P <= n_sel || dense_attention_) continue;
+                    const int32_t* pj = picked.data() + t * n_sel;
+                    int32_t* r = rows.data() + t * per_query;
+                    int32_t n = 0;
+                    for (int64_t j = 0; j < n_sel; ++j)
+                        for (int64_t sl = 0; sl < B; ++sl) r[n++] = int32_t(pj[j] * B + sl);
+                    for (int64_t cell = P * B; cell < n_vis; ++cell) r[n++] = int32_t(cell);
+                    visible[size_t(t)] = backend::Visible{0, r, n};
+                    if (selection_hook_)
+                        selection_hook_(il, int32_t(n_vis - 1),
+                                        std::span<const int32_t>(pj, size_t(n_sel)));
+                }
+        }
+    }
+
+    // Attention in latent space over the visible cache rows (width R, no rope).
+    std::vector<Backend::AttentionQuery> aq(static_cast<size_t>(T));
+    for (const auto& s : b.segs)
+        for (int64_t i = 0; i < s.n; ++i) {
+            const int64_t t = s.first + i;
+            aq[size_t(t)] = {qabs + t * H * R, s.state->latent(il), visible[size_t(t)],
+                             olat + t * H * R};
+        }
+    be.mla_attention(aq, H, R, 1.0f / std::sqrt(float(Dq)));
+
+    // Decompress each head's latent output with V_b[h], then project out.
+    be.matmul_slices(L.v_b, olat, H * R, R, T, ov, H * Dv, Dv);
+    be.matmul(L.wo, ov, H * Dv, T, out, E);
+}
+
+// Dense SwiGLU (clamped with the shared-expert limit) or the MoE (spec 6.7, 6.8).
+void Glm5NextModel::ffn(const Batch& b, const Layer& L, const float* x, float* out) {
+    Backend& be = *backend_;
+    const int64_t T = b.T, E = hp_.n_embd, F = hp_.n_ff;
+    if (!L.dense) {
+        be.moe(L.moe, x, T, out);
+        return;
+    }
+    float* fg = b.w[0];
+    float* fu = b.w[1];
+    be.matmul(L.ffn_gate, x, E, T, fg, F);
+    be.matmul(L.ffn_up, x, E, T, fu, F);
+    be.swiglu(fg, fu, T, F, F, L.dense_clamp, fg);
+    be.matmul(L.ffn_down, fg, F, T, out, E);
+}
+
+void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>& logits) {
+    Backend& be = *backend_;
+    const Glm5NextHParams& h = hp_;
+    const int64_t E = h.n_embd, S = h.hc_streams, SE = S * E;
+
+    // Flatten the batch: tokens, positions, and per-sequence segments.
+    Batch b;
+    std::vector<int32_t> tokens, out_rows;
+    std::unordered_set<const SequenceState*> seen;
+    for (const SeqInput& in : inputs) {
+        auto* st = dynamic_cast<NextState*>(in.state);
+        if (!st) throw Error("glm5next: sequence state of another model");
+        if (in.tokens.empty()) continue;
+        if (!seen.insert(st).second) throw Error("glm5next: a sequence appears twice in one batch");
+        const int64_t n = int64_t(in.tokens.size());
+        if (st->n_past() + n > st->n_ctx())
+            throw Error("context full: " + std::to_string(st->n_past() + n) +
+                        " tokens exceed the context size " + std::to_string(st->n_ctx()));
+        for (int32_t t : in.tokens)
+            if (t < 0 || t >= h.n_vocab)
+                throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" +
+                            std::to_string(h.n_vocab) + ")");
+        b.segs.push_back({st, int64_t(tokens.size()), n, st->n_past()});
+        for (int64_t i = 0; i < n; ++i) {
+            if (in.logits && (in.all_logits || i == n - 1))
+                out_rows.push_back(int32_t(tokens.size()));
+            tokens.push_back(in.tokens[size_t(i)]);
+            b.pos.push_back(int32_t(st->n_past() + i));
+        }
+    }
+    logits.clear();
+    const int64_t T = b.T = int64_t(tokens.size());
+    if (T == 0) return;
+    for (const auto& s : b.segs) s.state->reserve(s.n_past + s.n);
+
+    // Scratch: the streams (twice, for hc_expand), the sublayer input/output,
+    // the hyper-connection coefficients and work buffers for the widest layer.
+    be.reset_scratch();
+    float* X = be.scratch(size_t(T * SE));
+    float* Xnext = be.scratch(size_t(T * SE));
+    float* x = be.scratch(size_t(T * E));
+    float* sub = be.scratch(size_t(T * E));
+    b.xhat = be.scratch(size_t(T * SE));
+    b.mix = be.scratch(size_t(T * (2 + S) * S));
+    b.pre = be.scratch(size_t(T * S));
+    b.post = be.scratch(size_t(T * S));
+    b.comb = be.scratch(size_t(T * S * S));
+    // (w[0] and w[1] hold the three KDA projections side by side.)
+    int64_t width = std::max({h.n_ff, h.q_lora, h.kv_lora, h.idx_heads * h.idx_dim, 2 * h.idx_dim});
+    int64_t width3 = width, lowrank = 1;
+    for (const Layer& L : layers_) {
+        if (L.mla) {
+            width = std::max({width, L.n_head * h.k_mla, L.n_head * h.kv_lora, L.n_head * h.v_mla});
+        } else {
+            width = std::max(width, L.n_head * h.kda_dim);
+            width3 = std::max(width3, 3 * L.n_head * h.kda_dim);
+            lowrank = std::max({lowrank, L.f_a.rows, L.g_a ? L.g_a.rows : int64_t(1)});
+        }
+    }
+    width3 = std::max(width3, width);
+    for (size_t i = 0; i < std::size(b.w); ++i)
+        b.w[i] = be.scratch(size_t(T * (i < 2 ? width3 : width)));
+    b.lowrank = be.scratch(size_t(T * lowrank));
+
+    // Embed and replicate every token into the S streams.
+    be.embed(tok_embd_, tokens, x);
+    for (int64_t s = 0; s < S; ++s) be.copy_rows(x, E, nullptr, T, E, X + s * E, SE);
+
+    for (int64_t il = 0; il < h.n_layer; ++il) {
+        const Layer& L = layers_[size_t(il)];
+
+        // ---- attention sublayer between the hyper-connections
+        hyper_coeffs(b, L.hc_attn, X);
+        be.hc_reduce(X, b.pre, T, S, E, x);
+        be.rms_norm(x, E, L.attn_norm, T, E, h.eps, x, E);
+        if (L.mla)
+            mla(b, il, L, x, sub);
+        else
+            kda(b, il, L, x, sub);
+        be.hc_expand(X, sub, b.post, b.comb, T, S, E, Xnext);
+        std::swap(X, Xnext);
+
+        // ---- FFN sublayer
+        hyper_coeffs(b, L.hc_ffn, X);
+        be.hc_reduce(X, b.pre, T, S, E, x);
+        be.rms_norm(x, E, L.ffn_norm, T, E, h.eps, x, E);
+        ffn(b, L, x, sub);
+        be.hc_expand(X, sub, b.post, b.comb, T, S, E, Xnext);
+        std::swap(X, Xnext);
+    }
+
+    // ---- LM head on the unweighted stream mean, only for the rows that want logits
+    const int64_t R = int64_t(out_rows.size());
+    if (R == 0) {
+        for (const auto& s : b.segs) s.state->advance(s.n);
+        return;
+    }
+    float* Xo = be.scratch(size_t(R * SE));
+    be.copy_rows(X, SE, out_rows.data(), R, SE, Xo, SE);
+    float* xo = be.scratch(size_t(R * E));
+    be.hc_reduce(Xo, nullptr, R, S, E, xo);
+    be.rms_norm(xo, E, output_norm_, R, E, h.eps, xo, E);
+    float* lg = be.scratch(size_t(R * h.n_vocab));
+    be.matmul(output_, xo, E, R, lg, h.n_vocab);
+    logits.resize(size_t(R * h.n_vocab));
+    be.read(lg, logits.data(), logits.size());
+
+    for (const auto& s : b.segs) s.state->advance(s.n);
+}
+
+}  // namespace glm5::model

@@ -1,0 +1,145 @@
+// glm5next (GLM-5.3-Flash): KDA linear-attention layers with a recurrent
+// per-sequence state, NoPE absorbed MLA layers over the cells picked by a
+// pooled indexer, 4-stream Sinkhorn hyper-connections around every sublayer,
+// clamped SwiGLU everywhere, and the sigmoid-routed MoE of glm-dsa.
+// Normative description: docs/glm5next-format.md.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "model/weights.h"
+
+namespace glm5::model {
+
+struct Glm5NextHParams {
+    int64_t n_layer_all = 0;  // block_count: trunk + NextN
+    int64_t n_nextn = 0;
+    int64_t n_layer = 0;  // trunk
+    int64_t n_embd = 0;
+    int64_t n_vocab = 0;
+    int64_t n_ctx_train = 0;
+    float eps = 1e-6f;
+    // Per block (NextN blocks included).
+    std::vector<int64_t> n_head;     // KDA heads or MLA query heads
+    std::vector<bool> is_mla;        // head_count_kv: 0 = KDA, 1 = MLA
+    std::vector<float> clamp_exp;    // SwiGLU clamp of the routed experts
+    std::vector<float> clamp_shexp;  // of the shared expert and the dense FFN
+    // MLA (NoPE)
+    int64_t q_lora = 0;
+    int64_t kv_lora = 0;  // R: cache row width
+    int64_t k_mla = 0;    // Dq: softmax scale 1/sqrt(Dq)
+    int64_t v_mla = 0;    // Dv
+    // Pooled indexer
+    int64_t idx_heads = 0;
+    int64_t idx_dim = 0;
+    int64_t idx_top_k = 0;  // in cells, a multiple of idx_pool
+    int64_t idx_pool = 0;   // B: cells per pool
+    // KDA
+    int64_t conv_k = 0;
+    int64_t kda_dim = 0;
+    float gate_lower = 0.0f;  // < 0
+    // Hyper-connections
+    int64_t hc_streams = 0;
+    int64_t hc_iters = 0;
+    float hc_eps = 0.0f;
+    // FFN / MoE
+    int64_t n_dense = 0;
+    int64_t n_ff = 0;
+    int64_t n_ff_exp = 0;
+    int64_t n_expert = 0;
+    int64_t n_expert_used = 0;
+    int64_t n_expert_shared = 0;
+    bool expert_norm = false;
+    float expert_scale = 1.0f;
+
+    int64_t n_sel_pools() const { return idx_top_k / idx_pool; }
+
+    // Reads and validates the glm5next.* keys; throws naming the key and the rule.
+    static Glm5NextHParams from_gguf(const gguf::File& f);
+};
+
+class Glm5NextModel final : public Model {
+  public:
+    Glm5NextModel(const gguf::File& f, backend::Backend& be, const LoadOptions& opt);
+
+    std::unique_ptr<SequenceState> new_state(int64_t n_ctx) override;
+    void forward(std::span<const SeqInput> inputs, std::vector<float>& logits) override;
+
+    const Glm5NextHParams& hparams() const { return hp_; }
+
+    // Diagnostics: called for every query that takes the sparse path with
+    // the trunk layer, the query position and the picked pools (ascending).
+    using SelectionHook =
+        std::function<void(int64_t layer, int32_t pos, std::span<const int32_t> pools)>;
+    void set_selection_hook(SelectionHook hook) { selection_hook_ = std::move(hook); }
+
+  private:
+    struct HyperConn {
+        backend::Weight fn;  // {S*E, (2+S)*S}
+        const float* base = nullptr;
+        const float* scale = nullptr;
+    };
+    struct Layer {
+        bool mla = false;
+        int64_t n_head = 0;
+        HyperConn hc_attn, hc_ffn;
+        const float* attn_norm = nullptr;
+        const float* ffn_norm = nullptr;
+        backend::Weight wo;
+        // KDA
+        backend::Weight wq, wk, wv;
+        const float* conv[3] = {nullptr, nullptr, nullptr};  // q, k, v taps [di][K]
+        backend::Weight f_a, f_b, beta, g_a, g_b, g_full;
+        const float* dt_bias = nullptr;
+        std::vector<float> decay_rate;  // A_h = -ssm_a[h] > 0
+        const float* o_norm = nullptr;
+        // MLA
+        backend::Weight q_a, q_b, kv_a, k_b, v_b;
+        const float* q_a_norm = nullptr;
+        const float* kv_a_norm = nullptr;
+        // Pooled indexer (trunk MLA layers)
+        bool indexer = false;
+        backend::Weight idx_q_b, idx_proj, idx_kv, idx_gate;
+        int64_t idx_gate_width = 0;  // idx_dim or 1
+        const float* idx_ape = nullptr;
+        const float* idx_norm = nullptr;
+        // FFN
+        bool dense = false;
+        backend::Weight ffn_gate, ffn_up, ffn_down;
+        float dense_clamp = 0.0f;
+        backend::MoeWeights moe;
+    };
+    struct NextN {
+        Layer block;
+        backend::Weight eh_proj;
+        const float* enorm = nullptr;
+        const float* hnorm = nullptr;
+        const float* shared_head_norm = nullptr;
+    };
+
+    struct Batch;  // the flattened batch of one forward (glm5next.cpp)
+
+    void load_layer(int64_t il, Layer& L, bool with_indexer);
+    void hyper_coeffs(const Batch& b, const HyperConn& hc, const float* X);
+    void kda(const Batch& b, int64_t il, const Layer& L, const float* x, float* out);
+    void mla(const Batch& b, int64_t il, const Layer& L, const float* x, float* out);
+    void ffn(const Batch& b, const Layer& L, const float* x, float* out);
+
+    Glm5NextHParams hp_;
+    backend::CacheType cache_type_;
+    bool dense_attention_ = false;
+    const gguf::File& file_;
+    TensorSource tensors_;
+    backend::Weight tok_embd_, output_;
+    const float* output_norm_ = nullptr;
+    std::vector<Layer> layers_;
+    std::unique_ptr<NextN> nextn_;
+    SelectionHook selection_hook_;
+};
+
+}  // namespace glm5::model

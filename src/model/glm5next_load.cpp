@@ -1,0 +1,363 @@
+// glm5next: hyperparameters and weight loading (the forward is glm5next.cpp).
+// Every refusal names the key or tensor and the rule of the specification
+// (docs/glm5next-format.md sections 3 and 4) it breaks.
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "core/error.h"
+#include "gguf/gguf.h"
+#include "model/glm5next.h"
+
+namespace glm5::model {
+
+namespace {
+
+constexpr const char* kArch = "glm5next.";
+
+std::string key(const char* k) {
+    return std::string(kArch) + k;
+}
+
+// Keys that are a scalar for every block or an array with one entry per block.
+template <typename T>
+std::vector<T> per_block(const gguf::File& f, const std::string& k, int64_t n_blocks,
+                         std::optional<T> (*get)(const gguf::Value&), const char* what) {
+    const gguf::Value* v = f.find(k);
+    if (!v) throw Error(f.path() + ": missing metadata key " + k);
+    std::vector<T> out;
+    if (!v->is_array()) {
+        auto x = get(*v);
+        if (!x) throw Error(f.path() + ": metadata key " + k + " is not " + what);
+        out.assign(size_t(n_blocks), *x);
+        return out;
+    }
+    if (int64_t(v->size()) != n_blocks)
+        throw Error(f.path() + ": metadata key " + k + " has " + std::to_string(v->size()) +
+                    " entries, expected one per block (block_count = " + std::to_string(n_blocks) +
+                    ")");
+    for (size_t i = 0; i < v->size(); ++i) {
+        auto x = get((*v)[i]);
+        if (!x) throw Error(f.path() + ": metadata key " + k + " has an entry that is not " + what);
+        out.push_back(*x);
+    }
+    return out;
+}
+
+std::optional<int64_t> get_uint(const gguf::Value& v) {
+    auto u = v.as_uint();
+    return u ? std::optional<int64_t>(int64_t(*u)) : std::nullopt;
+}
+std::optional<float> get_float(const gguf::Value& v) {
+    auto d = v.as_float();
+    return d ? std::optional<float>(float(*d)) : std::nullopt;
+}
+
+// A tensor's exact ggml shape (trailing dimensions of 1 may be left out).
+void require_shape(const gguf::File& f, const std::string& name, std::vector<int64_t> ne) {
+    const gguf::TensorInfo* t = f.find_tensor(name);
+    if (!t) throw Error(f.path() + ": missing tensor " + name);
+    ne.resize(4, 1);
+    for (size_t i = 0; i < 4; ++i)
+        if (t->ne[i] != ne[i]) {
+            std::string want = "[";
+            size_t n = 4;
+            while (n > 1 && ne[n - 1] == 1) --n;
+            for (size_t k = 0; k < n; ++k) want += (k ? ", " : "") + std::to_string(ne[k]);
+            throw Error(f.path() + ": tensor " + name + " has shape " + t->shape_string() +
+                        ", expected " + want + "]");
+        }
+}
+
+const gguf::TensorInfo& require_tensor(const gguf::File& f, const std::string& name) {
+    const gguf::TensorInfo* t = f.find_tensor(name);
+    if (!t) throw Error(f.path() + ": missing tensor " + name);
+    return *t;
+}
+
+}  // namespace
+
+Glm5NextHParams Glm5NextHParams::from_gguf(const gguf::File& f) {
+    Glm5NextHParams h;
+    const std::string& p = f.path();
+    auto req = [&](const char* k) { return int64_t(f.get_uint(key(k))); };
+    auto bad = [&](const std::string& what) { return Error(p + ": " + what); };
+
+    h.n_layer_all = req("block_count");
+    if (h.n_layer_all <= 0) throw bad("glm5next.block_count must be positive");
+    h.n_nextn = int64_t(f.get_uint(key("nextn_predict_layers"), 0));
+    if (h.n_nextn >= h.n_layer_all)
+        throw bad("glm5next.nextn_predict_layers (" + std::to_string(h.n_nextn) +
+                  ") must be less than glm5next.block_count (" + std::to_string(h.n_layer_all) +
+                  "): no trunk layer would be left");
+    h.n_layer = h.n_layer_all - h.n_nextn;
+    h.n_embd = req("embedding_length");
+    h.n_ctx_train = int64_t(f.get_uint(key("context_length"), 0));
+    h.eps = float(f.get_float(key("attention.layer_norm_rms_epsilon")));
+    if (!(h.eps >= 0.0f) || !std::isfinite(h.eps))
+        throw bad("glm5next.attention.layer_norm_rms_epsilon must be a finite value >= 0");
+
+    // NoPE everywhere: a rope dimension means a file for another architecture.
+    const int64_t n_rot = int64_t(f.get_uint(key("rope.dimension_count"), 0));
+    if (n_rot != 0)
+        throw bad("glm5next.rope.dimension_count is " + std::to_string(n_rot) +
+                  "; glm5next is NoPE and requires 0");
+
+    // Layer kinds and per-block head counts.
+    const gguf::Value* kinds = f.find(key("attention.head_count_kv"));
+    if (!kinds)
+        throw bad("missing metadata key glm5next.attention.head_count_kv (the layer kinds)");
+    if (!kinds->is_array())
+        throw bad(
+            "glm5next.attention.head_count_kv must be an array with one layer kind per block");
+    if (int64_t(kinds->size()) != h.n_layer_all)
+        throw bad("glm5next.attention.head_count_kv has " + std::to_string(kinds->size()) +
+                  " entries, expected one per block (" + std::to_string(h.n_layer_all) + ")");
+    for (size_t i = 0; i < kinds->size(); ++i) {
+        auto k = (*kinds)[i].as_int();
+        if (!k || (*k != 0 && *k != 1))
+            throw bad("glm5next.attention.head_count_kv[" + std::to_string(i) + "] is " +
+                      (*kinds)[i].to_display() + "; a layer kind must be 0 (KDA) or 1 (MLA)");
+        h.is_mla.push_back(*k == 1);
+    }
+    h.n_head =
+        per_block(f, key("attention.head_count"), h.n_layer_all, get_uint, "an unsigned integer");
+    for (size_t i = 0; i < h.n_head.size(); ++i)
+        if (h.n_head[i] <= 0)
+            throw bad("glm5next.attention.head_count is 0 for block " + std::to_string(i));
+
+    // MLA
+    h.q_lora = req("attention.q_lora_rank");
+    h.kv_lora = req("attention.kv_lora_rank");
+    h.k_mla = req("attention.key_length_mla");
+    h.v_mla = req("attention.value_length_mla");
+    for (const char* k : {"attention.key_length", "attention.value_length"})
+        if (f.find(key(k)) && req(k) != h.kv_lora)
+            throw bad("glm5next." + std::string(k) + " (" + std::to_string(req(k)) +
+                      ") must equal attention.kv_lora_rank (" + std::to_string(h.kv_lora) +
+                      "): the MLA cache row is the latent alone, with no rope tail");
+    if (h.q_lora <= 0 || h.kv_lora <= 0 || h.k_mla <= 0 || h.v_mla <= 0)
+        throw bad("glm5next: the MLA ranks and head sizes must be positive");
+
+    // Pooled indexer
+    h.idx_heads = req("attention.indexer.head_count");
+    h.idx_dim = req("attention.indexer.key_length");
+    h.idx_top_k = req("attention.indexer.top_k");
+    h.idx_pool = req("attention.indexer.block_size");
+    if (h.idx_heads <= 0 || h.idx_dim <= 0 || h.idx_pool <= 0 || h.idx_top_k <= 0)
+        throw bad(
+            "glm5next: the indexer head count, key length, top_k and block size must be "
+            "positive");
+    if (h.idx_top_k % h.idx_pool != 0)
+        throw bad("glm5next.attention.indexer.top_k (" + std::to_string(h.idx_top_k) +
+                  ") is not a multiple of attention.indexer.block_size (" +
+                  std::to_string(h.idx_pool) + "): the budget must select whole pools");
+
+    // KDA
+    h.conv_k = req("ssm.conv_kernel");
+    h.kda_dim = req("kda.head_dim");
+    h.gate_lower = float(f.get_float(key("kda.gate_lower_bound")));
+    if (h.conv_k <= 0 || h.kda_dim <= 0)
+        throw bad("glm5next: ssm.conv_kernel and kda.head_dim must be positive");
+    if (!(h.gate_lower < 0.0f) || !std::isfinite(h.gate_lower))
+        throw bad("glm5next.kda.gate_lower_bound is " + std::to_string(h.gate_lower) +
+                  "; the lower bound of the log-decay must be negative");
+
+    // Hyper-connections
+    h.hc_streams = req("hyper_connection.count");
+    h.hc_iters = req("hyper_connection.sinkhorn_iterations");
+    h.hc_eps = float(f.get_float(key("hyper_connection.epsilon")));
+    if (h.hc_streams <= 0 || h.hc_iters <= 0)
+        throw bad("glm5next: hyper_connection.count and sinkhorn_iterations must be positive");
+
+    // FFN / MoE
+    h.n_dense = int64_t(f.get_uint(key("leading_dense_block_count"), 0));
+    if (h.n_dense > h.n_layer)
+        throw bad("glm5next.leading_dense_block_count exceeds the trunk layers");
+    h.n_ff = h.n_dense > 0 ? req("feed_forward_length") : 0;
+    h.n_ff_exp = req("expert_feed_forward_length");
+    h.n_expert = req("expert_count");
+    h.n_expert_used = req("expert_used_count");
+    h.n_expert_shared = int64_t(f.get_uint(key("expert_shared_count"), 0));
+    h.expert_norm = f.get_bool(key("expert_weights_norm"), false);
+    h.expert_scale = float(f.get_float(key("expert_weights_scale"), 1.0));
+    const int64_t gating = int64_t(f.get_uint(key("expert_gating_func"), 2));
+    if (gating != 2)
+        throw bad("glm5next.expert_gating_func is " + std::to_string(gating) +
+                  "; glm5next routes with sigmoid gating (2) only");
+    if (h.n_expert_used <= 0 || h.n_expert_used > h.n_expert)
+        throw bad("glm5next.expert_used_count must be in [1, expert_count]");
+    if (f.find(key("swiglu_clamp_exp")))
+        h.clamp_exp = per_block(f, key("swiglu_clamp_exp"), h.n_layer_all, get_float, "a number");
+    else
+        h.clamp_exp.assign(size_t(h.n_layer_all), 0.0f);  // no clamp
+    if (f.find(key("swiglu_clamp_shexp")))
+        h.clamp_shexp =
+            per_block(f, key("swiglu_clamp_shexp"), h.n_layer_all, get_float, "a number");
+    else
+        h.clamp_shexp = h.clamp_exp;
+
+    const gguf::TensorInfo* emb = f.find_tensor("token_embd.weight");
+    if (!emb) throw bad("missing tensor token_embd.weight");
+    h.n_vocab = emb->ne[1];
+    return h;
+}
+
+Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const LoadOptions& opt)
+    : Model(&be),
+      hp_(Glm5NextHParams::from_gguf(f)),
+      cache_type_(opt.cache_type),
+      dense_attention_(opt.dense_attention),
+      file_(f),
+      tensors_(f) {
+    const int64_t E = hp_.n_embd, V = hp_.n_vocab;
+    tok_embd_ = tensors_.matrix("token_embd.weight", {E, V});
+    output_norm_ = tensors_.vector("output_norm.weight", E);
+    output_ = tensors_.has("output.weight") ? tensors_.matrix("output.weight", {E, V}) : tok_embd_;
+
+    layers_.resize(size_t(hp_.n_layer));
+    for (int64_t il = 0; il < hp_.n_layer; ++il)
+        load_layer(il, layers_[size_t(il)], hp_.is_mla[size_t(il)]);
+
+    info_.arch = "glm5next";
+    info_.name = f.get_string("general.name", "");
+    if (info_.name.empty()) {
+        info_.name = f.path();
+        if (auto s = info_.name.find_last_of('/'); s != std::string::npos)
+            info_.name.erase(0, s + 1);
+    }
+    info_.n_vocab = V;
+    info_.n_embd = E;
+    info_.n_layer = hp_.n_layer;
+    info_.n_ctx_train = hp_.n_ctx_train;
+
+    // A trunk-only file may declare the NextN block without shipping it.
+    const int64_t il_nextn = hp_.n_layer;
+    const std::string pn = "blk." + std::to_string(il_nextn) + ".";
+    info_.has_nextn = hp_.n_nextn > 0 && tensors_.has(pn + "nextn.eh_proj.weight");
+    if (opt.load_nextn && info_.has_nextn) {
+        // Loaded and validated for drafting (spec 6.9): an MLA block that
+        // attends densely (its indexer tensors are never read) with a MoE FFN.
+        if (!hp_.is_mla[size_t(il_nextn)])
+            throw Error(f.path() + ": the NextN block " + std::to_string(il_nextn) +
+                        " must be an MLA block (attention.head_count_kv = 1)");
+        nextn_ = std::make_unique<NextN>();
+        load_layer(il_nextn, nextn_->block, false);
+        nextn_->eh_proj = tensors_.matrix(pn + "nextn.eh_proj.weight", {2 * E, E});
+        nextn_->enorm = tensors_.vector(pn + "nextn.enorm.weight", E);
+        nextn_->hnorm = tensors_.vector(pn + "nextn.hnorm.weight", E);
+        nextn_->shared_head_norm = tensors_.has(pn + "nextn.shared_head_norm.weight")
+                                       ? tensors_.vector(pn + "nextn.shared_head_norm.weight", E)
+                                       : output_norm_;
+        info_.nextn_loaded = true;
+    }
+    info_.weight_bytes = tensors_.bytes_used();
+}
+
+void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
+    const Glm5NextHParams& h = hp_;
+    TensorSource& ts = tensors_;
+    const gguf::File& f = file_;
+    const int64_t E = h.n_embd, S = h.hc_streams, H = h.n_head[size_t(il)];
+    const std::string p = "blk." + std::to_string(il) + ".";
+    L.mla = h.is_mla[size_t(il)];
+    L.n_head = H;
+
+    // Hyper-connections around both sublayers.
+    for (auto [hc, sub] : {std::pair{&L.hc_attn, "attn"}, std::pair{&L.hc_ffn, "ffn"}}) {
+        const std::string b = p + "hc_" + sub;
+        hc->fn = ts.matrix(b + "_fn.weight", {S * E, (2 + S) * S});
+        hc->base = ts.vector(b + "_base.weight", (2 + S) * S);
+        hc->scale = ts.vector(b + "_scale.weight", 3);
+    }
+    L.attn_norm = ts.vector(p + "attn_norm.weight", E);
+    L.ffn_norm = ts.vector(p + "ffn_norm.weight", E);
+
+    if (!L.mla) {
+        // KDA linear attention.
+        const int64_t D = h.kda_dim, di = H * D, K = h.conv_k;
+        L.wq = ts.matrix(p + "attn_q.weight", {E, di});
+        L.wk = ts.matrix(p + "attn_k.weight", {E, di});
+        L.wv = ts.matrix(p + "attn_v.weight", {E, di});
+        const char* uvw[3] = {"q", "k", "v"};
+        for (int u = 0; u < 3; ++u) {
+            const std::string n = p + "ssm_conv1d_" + uvw[u] + ".weight";
+            require_shape(f, n, {K, 1, di});
+            L.conv[u] = ts.vector_any_shape(n, K * di);
+        }
+        const gguf::TensorInfo& fa = require_tensor(f, p + "ssm_f_a.weight");
+        const int64_t r = fa.ne[1];
+        L.f_a = ts.matrix(p + "ssm_f_a.weight", {E, r});
+        L.f_b = ts.matrix(p + "ssm_f_b.weight", {r, di});
+        L.dt_bias = ts.vector(p + "ssm_dt.bias", di);
+        const float* a = ts.vector_any_shape(p + "ssm_a", H);
+        L.decay_rate.resize(size_t(H));
+        for (int64_t i = 0; i < H; ++i) L.decay_rate[size_t(i)] = -a[i];
+        L.beta = ts.matrix(p + "ssm_beta.weight", {E, H});
+        if (ts.has(p + "ssm_g.weight")) {
+            L.g_full = ts.matrix(p + "ssm_g.weight", {E, di});
+        } else {
+            const gguf::TensorInfo& ga = require_tensor(f, p + "ssm_g_a.weight");
+            const int64_t rg = ga.ne[1];
+            L.g_a = ts.matrix(p + "ssm_g_a.weight", {E, rg});
+            L.g_b = ts.matrix(p + "ssm_g_b.weight", {rg, di});
+        }
+        L.o_norm = ts.vector(p + "ssm_norm.weight", D);
+        L.wo = ts.matrix(p + "attn_output.weight", {di, E});
+    } else {
+        // NoPE absorbed MLA.
+        const int64_t R = h.kv_lora;
+        L.q_a = ts.matrix(p + "attn_q_a.weight", {E, h.q_lora});
+        L.q_a_norm = ts.vector(p + "attn_q_a_norm.weight", h.q_lora);
+        L.q_b = ts.matrix(p + "attn_q_b.weight", {h.q_lora, H * h.k_mla});
+        L.kv_a = ts.matrix(p + "attn_kv_a_mqa.weight", {E, R});
+        L.kv_a_norm = ts.vector(p + "attn_kv_a_norm.weight", R);
+        L.k_b = ts.matrix(p + "attn_k_b.weight", {h.k_mla, R, H});
+        L.v_b = ts.matrix(p + "attn_v_b.weight", {R, h.v_mla, H});
+        L.wo = ts.matrix(p + "attn_output.weight", {H * h.v_mla, E});
+        L.indexer = with_indexer;
+        if (with_indexer) {
+            const int64_t Di = h.idx_dim, B = h.idx_pool;
+            L.idx_q_b = ts.matrix(p + "indexer.attn_q_b.weight", {h.q_lora, h.idx_heads * Di});
+            L.idx_proj = ts.matrix(p + "indexer.proj.weight", {E, h.idx_heads});
+            L.idx_kv = ts.matrix(p + "indexer_compressor_kv.weight", {E, Di});
+            const gguf::TensorInfo& g = require_tensor(f, p + "indexer_compressor_gate.weight");
+            L.idx_gate_width = g.ne[1] == 1 ? 1 : Di;  // one gate per cell, or per channel
+            L.idx_gate = ts.matrix(p + "indexer_compressor_gate.weight", {E, L.idx_gate_width});
+            require_shape(f, p + "indexer_compressor_ape.weight", {L.idx_gate_width, B});
+            L.idx_ape =
+                ts.vector_any_shape(p + "indexer_compressor_ape.weight", L.idx_gate_width * B);
+            L.idx_norm = ts.vector(p + "indexer_compressor_norm.weight", Di);
+        }
+    }
+
+    // FFN: dense SwiGLU on the leading trunk layers, MoE elsewhere (NextN too).
+    L.dense = il < h.n_dense;
+    if (L.dense) {
+        L.ffn_gate = ts.matrix(p + "ffn_gate.weight", {E, h.n_ff});
+        L.ffn_up = ts.matrix(p + "ffn_up.weight", {E, h.n_ff});
+        L.ffn_down = ts.matrix(p + "ffn_down.weight", {h.n_ff, E});
+        L.dense_clamp = h.clamp_shexp[size_t(il)];
+        return;
+    }
+    backend::MoeWeights& m = L.moe;
+    const int64_t X = h.n_expert, F = h.n_ff_exp;
+    m.router = ts.matrix(p + "ffn_gate_inp.weight", {E, X});
+    m.bias = ts.vector(p + "exp_probs_b.bias", X);
+    m.gate = ts.matrix(p + "ffn_gate_exps.weight", {E, F, X});
+    m.up = ts.matrix(p + "ffn_up_exps.weight", {E, F, X});
+    m.down = ts.matrix(p + "ffn_down_exps.weight", {F, E, X});
+    if (h.n_expert_shared > 0) {
+        const int64_t Fs = F * h.n_expert_shared;
+        m.shared_gate = ts.matrix(p + "ffn_gate_shexp.weight", {E, Fs});
+        m.shared_up = ts.matrix(p + "ffn_up_shexp.weight", {E, Fs});
+        m.shared_down = ts.matrix(p + "ffn_down_shexp.weight", {Fs, E});
+    }
+    m.n_used = int(h.n_expert_used);
+    m.norm_weights = h.expert_norm;
+    m.weights_scale = h.expert_scale;
+    m.clamp_routed = h.clamp_exp[size_t(il)];
+    m.clamp_shared = h.clamp_shexp[size_t(il)];
+}
+
+}  // namespace glm5::model
