@@ -517,6 +517,8 @@ TEST(GgufWriter, RefusesWhatTheFileCannotHold) {
     EXPECT_THROW(w.add_tensor("d", Type::F32, {1, 1, 1, 1, 1}, [](uint8_t*, size_t) {}),
                  glm5::Error);
     EXPECT_THROW(w.add_tensor("n", Type::F32, {-1}, [](uint8_t*, size_t) {}), glm5::Error);
+    EXPECT_THROW(w.add_tensor("o", Type::F32, {0, 1ll << 40, 1ll << 40}, [](uint8_t*, size_t) {}),
+                 glm5::Error);
     EXPECT_THROW(w.add_tensor(std::string(65, 'x'), Type::F32, {4}, [](uint8_t*, size_t) {}),
                  glm5::Error);
     const float four[4] = {};

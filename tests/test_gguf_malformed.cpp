@@ -235,7 +235,25 @@ TEST(GgufMalformed, BadDimensions) {
     expect_error(im, {"tensor_infos[1] 'b'.ne[1]", at(im, "tensor_infos[1].ne[1]"), "negative"});
     im = make_image();
     im.patch<int64_t>("tensor_infos[1].ne[1]", int64_t(1) << 60);  // 32 * 2^60 overflows int64
-    expect_error(im, {"tensor_infos[1] 'b'.ne[1]", "overflows"});
+    expect_error(im, {"tensor_infos[1] 'b'.ne[0]",
+                      "element count of shape [32, 1152921504606846976] overflows"});
+    // With ne[0] = 0 there are no elements, but the row count must still fit.
+    Image z;
+    z.bytes = {'G', 'G', 'U', 'F'};
+    z.put<uint32_t>(3);
+    z.put<uint64_t>(1);
+    z.put<uint64_t>(0);
+    z.str("z");
+    z.put<uint32_t>(3);
+    z.put<int64_t>(0);
+    z.put<int64_t>(int64_t(1) << 40);
+    z.mark("ne[2]");
+    z.put<int64_t>(int64_t(1) << 40);
+    z.put<uint32_t>(test::kTypeF32);
+    z.put<uint64_t>(0);
+    z.pad_to(32);
+    expect_error(z, {"tensor_infos[0] 'z'.ne[2]", at(z, "ne[2]"),
+                     "row count of shape [0, 1099511627776, 1099511627776] overflows"});
     im = make_image();
     im.patch<int64_t>("tensor_infos[1].ne[0]", 16);  // Q8_0 blocks hold 32
     expect_error(im,

@@ -391,11 +391,16 @@ void Parser::parse_tensor_infos(uint64_t n_tensors) {
                         "dimension " + std::to_string(int64_t(d)) + " is negative");
             t.ne[j] = int64_t(d);
         }
-        int64_t nel = 1;
-        for (uint32_t j = 0; j < n_dims; ++j)
-            if (__builtin_mul_overflow(nel, t.ne[j], &nel))
+        // The row count (ne[1..3]) must fit on its own too: with ne[0] = 0 the
+        // element count is 0 even when the rows overflow.
+        int64_t rows = 1, nel = 0;
+        for (uint32_t j = 1; j < n_dims; ++j)
+            if (__builtin_mul_overflow(rows, t.ne[j], &rows))
                 c_.fail(field + ".ne[" + std::to_string(j) + "]", ne_at[j],
-                        "element count of shape " + t.shape_string() + " overflows int64");
+                        "row count of shape " + t.shape_string() + " overflows int64");
+        if (__builtin_mul_overflow(rows, t.ne[0], &nel))
+            c_.fail(field + ".ne[0]", ne_at[0],
+                    "element count of shape " + t.shape_string() + " overflows int64");
 
         const uint64_t type_at = c_.pos();
         const uint32_t raw_type = c_.read<uint32_t>([&] { return field + ".type"; });

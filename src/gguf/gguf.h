@@ -2,6 +2,13 @@
 // served in place from a read-only mapping. Every field is validated before
 // use; a bad file raises glm5::gguf::FormatError naming the file, the field
 // and its byte offset. No input makes it read out of bounds.
+//
+// Policy where the format leaves room: general.alignment may be any integer
+// type (ggml insists on U32) but must be a nonzero power of two; tensors may
+// leave gaps and come in any order, but two tensors sharing bytes are refused
+// (ggml demands a packed layout, which rules that out too); keys are at most
+// 65535 bytes and tensor names 64 (the spec's limits); arrays nest at most 8
+// deep and one file holds at most 2^24 metadata values.
 #pragma once
 
 #include <array>
