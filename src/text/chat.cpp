@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "text/json_py.h"
+#include "text/tokenizer.h"
 #include "text/unicode.h"
 
 namespace glm5::text {
@@ -43,23 +44,32 @@ const ojson* arguments_object(const ojson& args, ojson& parsed) {
     return nullptr;
 }
 
-void render_tool_call(const ToolCall& tc, std::string& out) {
-    out += "<tool_call>";
-    out += tc.name;
+// Appends caller-supplied text and remembers where it lies (RenderedPrompt::content_spans).
+void add_content(RenderedPrompt& r, std::string_view s) {
+    if (s.empty()) return;
+    const size_t b = r.text.size();
+    r.text += s;
+    if (!r.content_spans.empty() && r.content_spans.back().second == b)
+        r.content_spans.back().second = r.text.size();
+    else
+        r.content_spans.emplace_back(b, r.text.size());
+}
+
+void render_tool_call(const ToolCall& tc, RenderedPrompt& r) {
+    r.text += "<tool_call>";
+    add_content(r, tc.name);
     ojson parsed;
     if (const ojson* args = arguments_object(tc.arguments, parsed)) {
         for (const auto& [key, value] : args->items()) {
-            out += "<arg_key>";
-            out += key;
-            out += "</arg_key><arg_value>";
-            if (value.is_string())
-                out += value.get_ref<const std::string&>();
-            else
-                py_json_dumps(value, out);
-            out += "</arg_value>";
+            r.text += "<arg_key>";
+            add_content(r, key);
+            r.text += "</arg_key><arg_value>";
+            add_content(
+                r, value.is_string() ? value.get_ref<const std::string&>() : py_json_dumps(value));
+            r.text += "</arg_value>";
         }
     }
-    out += "</tool_call>";
+    r.text += "</tool_call>";
 }
 
 std::string text_of(const ojson& content, const std::string& where) {
@@ -133,10 +143,9 @@ RenderedPrompt ChatFormat::render(const std::vector<ChatMessage>& messages, cons
         if (!tools.is_array()) throw Error("tools must be an array of tool objects");
         if (!tools.empty()) {
             out += kToolsHead;
-            for (const ojson& t : tools) {
-                py_json_dumps(t, out);
-                out += '\n';
-            }
+            // Each declaration with its newline is one span: "}\n" is a single pre-token,
+            // so the split between spans falls where the whole text splits anyway.
+            for (const ojson& t : tools) add_content(r, py_json_dumps(t) + "\n");
             out += kToolsTail;
         }
     }
@@ -149,10 +158,10 @@ RenderedPrompt ChatFormat::render(const std::vector<ChatMessage>& messages, cons
         const ChatMessage& m = messages[i];
         if (m.role == "system") {
             out += "<|system|>";
-            out += m.content;
+            add_content(r, m.content);
         } else if (m.role == "user") {
             out += "<|user|>";
-            out += m.content;
+            add_content(r, m.content);
         } else if (m.role == "assistant") {
             out += "<|assistant|>";
             std::string_view content = m.content;
@@ -169,17 +178,17 @@ RenderedPrompt ChatFormat::render(const std::vector<ChatMessage>& messages, cons
             }
             if ((keep_all || int(i) > last_user) && reasoning) {
                 out += "<think>";
-                out += *reasoning;
+                add_content(r, *reasoning);
                 out += "</think>";
             } else {
                 out += "<think></think>";
             }
-            out += python_strip(content);
-            for (const ToolCall& tc : m.tool_calls) render_tool_call(tc, out);
+            add_content(r, python_strip(content));
+            for (const ToolCall& tc : m.tool_calls) render_tool_call(tc, r);
         } else if (m.role == "tool") {
             if (i == 0 || messages[i - 1].role != "tool") out += "<|observation|>";
             out += "<tool_response>";
-            out += m.content;
+            add_content(r, m.content);
             out += "</tool_response>";
         } else {
             throw Error("message " + std::to_string(i) + ": unknown role '" + m.role +
@@ -317,6 +326,20 @@ ojson tool_call_to_openai(const ToolCall& call) {
     j["type"] = "function";
     j["function"] = std::move(fn);
     return j;
+}
+
+std::vector<TokenId> encode_prompt(const Tokenizer& tok, const RenderedPrompt& p) {
+    std::vector<TokenId> ids;
+    ids.reserve(p.text.size() / 3 + 16);
+    const std::string_view t = p.text;
+    size_t at = 0;
+    for (const auto& [b, e] : p.content_spans) {
+        if (b > at) tok.encode_append(t.substr(at, b - at), true, ids);
+        tok.encode_append(t.substr(b, e - b), false, ids);
+        at = e;
+    }
+    if (at < t.size()) tok.encode_append(t.substr(at), true, ids);
+    return ids;
 }
 
 }  // namespace glm5::text

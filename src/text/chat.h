@@ -37,6 +37,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace glm5::gguf {
@@ -90,6 +91,10 @@ struct RenderedPrompt {
     // (pass to ReplyParserOptions::reasoning_open).
     bool reasoning_open = false;
     std::vector<std::string> warnings;  // options that could not be honoured
+    // [begin, end) byte ranges of text that came from the caller (message contents,
+    // reasoning, tool-call names and arguments, tool declarations), in order. See
+    // encode_prompt().
+    std::vector<std::pair<size_t, size_t>> content_spans;
 };
 
 class ChatFormat {
@@ -119,6 +124,14 @@ class ChatFormat {
     std::string template_;
     std::string warning_;
 };
+
+class Tokenizer;
+
+// The prompt's token ids: the format's own text with control tokens parsed, the caller's text
+// (content_spans) as plain text, so that "<|user|>" typed by a user stays text instead of
+// forging a turn. Equal to tok.encode(p.text) whenever the caller's text holds no control
+// token strings (every span is bounded by control tokens or by a pre-tokenizer split).
+std::vector<int32_t> encode_prompt(const Tokenizer& tok, const RenderedPrompt& p);
 
 // Compares a Jinja chat template against the built-in layout by its markers (GLM role and
 // start tokens present, no newline emitted after role tokens, closed reasoning written as
