@@ -56,11 +56,15 @@ int best_ternary_neighbour(const Lattice& lat, const uint16_t* nb, const float* 
 }
 
 // Indices of x[0..n) sorted by value (stable: ties keep index order, so the
-// result does not depend on the sort implementation).
+// result does not depend on the sort implementation). NaNs sort last, which
+// keeps the comparison a strict weak order for any input.
 template <int n>
 void sort_by_value(const float* x, int* idx) {
     for (int i = 0; i < n; ++i) idx[i] = i;
-    std::stable_sort(idx, idx + n, [x](int a, int b) { return x[a] < x[b]; });
+    std::stable_sort(idx, idx + n, [x](int a, int b) {
+        const bool na = std::isnan(x[a]), nb = std::isnan(x[b]);
+        return na || nb ? !na && nb : x[a] < x[b];
+    });
 }
 
 inline float twice_mean_square(const float* x) {
