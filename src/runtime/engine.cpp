@@ -96,7 +96,7 @@ EngineStats Engine::stats() const {
     std::lock_guard<std::mutex> lk(mu_);
     EngineStats s = stats_;
     s.queue_depth = int(queue_.size());
-    s.busy_slots = int(slots_.size());
+    s.busy_slots = busy_;
     s.retained_entries = int(retained_.size());
     s.retained_bytes = 0;
     for (const auto& r : retained_) s.retained_bytes += r.bytes;
@@ -187,6 +187,7 @@ void Engine::admit(std::unique_lock<std::mutex>& lk) {
         lk.lock();
         stats_.prompt_tokens += prompt.size();
         stats_.cached_tokens += uint64_t(s->cached);
+        ++busy_;
         slots_.push_back(std::move(s));
     }
 }
@@ -324,6 +325,7 @@ void Engine::finish(Slot& s, const std::string& reason, const std::string& error
     {
         std::lock_guard<std::mutex> lk(mu_);
         stats_.requests_done++;
+        if (s.admitted != Clock::time_point{}) --busy_;
         if (reason == "cancelled") stats_.requests_cancelled++;
         if (reason == "error") stats_.requests_failed++;
     }
