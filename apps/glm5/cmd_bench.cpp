@@ -1,0 +1,156 @@
+// glm5 bench: prompt processing (pp) and generation (tg) throughput in a
+// llama-bench style table, plus the decode roofline: the bytes of weights the
+// kernels read per generated token against the machine's measured read
+// bandwidth.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "commands.h"
+#include "core/bandwidth.h"
+#include "core/format.h"
+#include "core/thread_pool.h"
+#include "model_setup.h"
+
+namespace glm5::app {
+
+namespace {
+
+struct Stat {
+    double mean = 0, sd = 0, median = 0;
+};
+
+Stat stats(std::vector<double> v) {
+    Stat s;
+    if (v.empty()) return s;
+    for (double x : v) s.mean += x;
+    s.mean /= double(v.size());
+    for (double x : v) s.sd += (x - s.mean) * (x - s.mean);
+    s.sd = v.size() > 1 ? std::sqrt(s.sd / double(v.size() - 1)) : 0.0;
+    std::sort(v.begin(), v.end());
+    s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    return s;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t n_vocab, uint64_t seed) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (auto& v : t) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v = int32_t(x % uint64_t(std::min<int64_t>(n_vocab, 700)));
+    }
+    return t;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+    Args a("bench",
+           "Measure prompt processing (pp) and generation (tg) speed, and the decode roofline.");
+    add_model_flags(a, true);
+    a.option("n-prompt", "N", "512", "prompt tokens of the pp test (0: skip)", "-p");
+    a.option("n-gen", "N", "64", "generated tokens of the tg test (0: skip)", "-n");
+    a.option("repetitions", "N", "3", "repetitions of each test", "-r");
+    a.option("ubatch", "N", "512", "prompt micro-batch size");
+    a.flag("roofline", "measure the read bandwidth and report the decode roofline", true);
+    a.option("bandwidth-bytes", "BYTES", "1073741824", "buffer size of the bandwidth measurement");
+    if (!a.parse(argc, argv, 2)) return 0;
+    const int64_t n_prompt = a.get_int("n-prompt", 0, 1 << 20);
+    const int64_t n_gen = a.get_int("n-gen", 0, 1 << 20);
+    const int64_t reps = a.get_int("repetitions", 1, 1000);
+    const int64_t ubatch = a.get_int("ubatch", 1, 1 << 16);
+    const int64_t bw_bytes = a.get_int("bandwidth-bytes", 1 << 20, int64_t(1) << 40);
+    LoadedModel m = open_model(a);
+    model::Model& model = *m.model;
+    backend::Backend& be = model.backend();
+    const int64_t V = model.info().n_vocab;
+    const int64_t n_ctx = std::max<int64_t>(n_prompt, n_gen) + 8;
+
+    auto run_pp = [&](uint64_t seed) {
+        const auto toks = random_tokens(n_prompt, V, seed);
+        auto st = model.new_state(n_ctx);
+        std::vector<float> lg;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < n_prompt; i += ubatch) {
+            const int64_t n = std::min(ubatch, n_prompt - i);
+            model::SeqInput in{st.get(), std::span<const int32_t>(toks.data() + i, size_t(n)),
+                               false, i + n == n_prompt};
+            model.forward({&in, 1}, lg);
+        }
+        return double(n_prompt) / seconds_since(t0);
+    };
+    auto run_tg = [&](uint64_t seed, double* bytes_per_token) {
+        const auto toks = random_tokens(n_gen, V, seed);
+        auto st = model.new_state(n_ctx);
+        std::vector<float> lg;
+        be.reset_counters();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < n_gen; ++i) {
+            model::SeqInput in{st.get(), std::span<const int32_t>(&toks[size_t(i)], 1), false,
+                               true};
+            model.forward({&in, 1}, lg);
+        }
+        const double tps = double(n_gen) / seconds_since(t0);
+        if (bytes_per_token) *bytes_per_token = double(be.counters().weight_bytes) / double(n_gen);
+        return tps;
+    };
+
+    // Warm-up: touch every code path and page once.
+    if (n_prompt > 0) run_pp(99);
+    if (n_gen > 0) run_tg(99, nullptr);
+
+    std::vector<double> pp, tg, bpt;
+    for (int64_t r = 0; r < reps; ++r) {
+        if (n_prompt > 0) pp.push_back(run_pp(uint64_t(r + 1)));
+        if (n_gen > 0) {
+            double b = 0;
+            tg.push_back(run_tg(uint64_t(r + 1), &b));
+            bpt.push_back(b);
+        }
+    }
+
+    const model::ModelInfo& info = model.info();
+    char buf[512];
+    std::string out =
+        "| model | size | backend | threads | ubatch | test | t/s (median) | ± sd |\n"
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n";
+    auto row = [&](const std::string& test, const Stat& s) {
+        std::snprintf(buf, sizeof(buf), "| %s | %s | %s | %d | %lld | %s | %.2f | %.2f |\n",
+                      info.name.c_str(), human_bytes(double(m.file->total_file_bytes())).c_str(),
+                      be.name().c_str(), be.n_threads(), (long long)ubatch, test.c_str(), s.median,
+                      s.sd);
+        out += buf;
+    };
+    if (!pp.empty()) row("pp" + std::to_string(n_prompt), stats(pp));
+    if (!tg.empty()) row("tg" + std::to_string(n_gen), stats(tg));
+
+    if (!tg.empty() && a.get_flag("roofline")) {
+        ThreadPool pool(be.n_threads());
+        const BandwidthResult bw = measure_read_bandwidth(pool, size_t(bw_bytes));
+        const double bytes = stats(bpt).median;
+        const double tps = stats(tg).median;
+        const double reached = bytes * tps / 1e9;
+        std::snprintf(
+            buf, sizeof(buf),
+            "\ndecode roofline: %.1f MB of weights read per token (counted by the kernels); "
+            "read bandwidth %.1f GB/s (%s buffer, %d threads)\n"
+            "roofline %.2f t/s; reached %.2f t/s = %.1f GB/s = %.1f%% of the roofline\n",
+            bytes / 1e6, bw.gb_per_s, human_bytes(double(bw.bytes)).c_str(), be.n_threads(),
+            bw.gb_per_s * 1e9 / bytes, tps, reached, 100.0 * reached / bw.gb_per_s);
+        out += buf;
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return 0;
+}
+
+}  // namespace glm5::app
