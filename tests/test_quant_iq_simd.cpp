@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "iq_test_util.h"
+#include "quant/iq_kernels.h"
 #include "quant/ops.h"
 #include "quant/quant.h"
 
@@ -38,6 +39,12 @@ std::vector<Kernel> kernels(Type t) {
     std::vector<Kernel> k;
     if (ops->vec_dot_avx2 && cpu_has_avx2()) k.push_back({"avx2", ops->vec_dot_avx2});
     if (ops->vec_dot_avx512 && cpu_has_avx512()) k.push_back({"avx512", ops->vec_dot_avx512});
+    // IQ2_XXS has two AVX-512 variants, picked at run time: test both where possible.
+    if (t == Type::IQ2_XXS && cpu_has_avx512()) {
+        k.push_back({"avx512bw", glm5::quant::iq::dot_iq2_xxs_avx512bw});
+        if (__builtin_cpu_supports("avx512vbmi"))
+            k.push_back({"avx512vbmi", glm5::quant::iq::dot_iq2_xxs_avx512vbmi});
+    }
     return k;
 }
 

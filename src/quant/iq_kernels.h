@@ -18,7 +18,9 @@ float dot_iq1_m_avx2(int64_t n, const void* w, const void* act);
 float dot_iq4_nl_avx2(int64_t n, const void* w, const void* act);
 float dot_iq4_xs_avx2(int64_t n, const void* w, const void* act);
 
-float dot_iq2_xxs_avx512(int64_t n, const void* w, const void* act);
+float dot_iq2_xxs_avx512(int64_t n, const void* w, const void* act);  // picks one of:
+float dot_iq2_xxs_avx512bw(int64_t n, const void* w, const void* act);
+float dot_iq2_xxs_avx512vbmi(int64_t n, const void* w, const void* act);  // needs AVX512-VBMI
 float dot_iq4_nl_avx512(int64_t n, const void* w, const void* act);
 float dot_iq4_xs_avx512(int64_t n, const void* w, const void* act);
 

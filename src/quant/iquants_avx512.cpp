@@ -1,4 +1,4 @@
-// AVX-512 (F/BW/VL/DQ + VNNI) dot products for the i-quant formats on the
+// AVX-512 (F/BW/VL/DQ + VNNI; VBMI where present) dot products for the i-quant formats on the
 // decode hot path: IQ2_XXS (the benchmark model's experts), IQ4_XS and IQ4_NL.
 // 64 values per zmm. Signs become a 64-bit mask that negates activation bytes
 // (AVX-512 has no vpsignb); byte products go through vpdpbusd (u8 x s8 -> s32)
@@ -91,16 +91,30 @@ inline __m512i load512(const void* p) {
     return _mm512_load_si512(p);
 }
 
-// 64 values: magnitudes from the codes, signs from the two sign words, times
-// the activations, scaled per 32 and accumulated.
-inline __m512i iq2xxs_chunk(__m512i codes, __m512i replicate, __m512i shift, __m512i even,
-                            __m512i odd, const uint8_t* q2, const int8_t* q8, __m512i scale,
-                            __m512i acc) {
-    __m512i t = _mm512_srlv_epi16(_mm512_permutexvar_epi16(replicate, codes), shift);
-    t = _mm512_and_si512(t, _mm512_set1_epi16(0x000f));
-    t = _mm512_or_si512(t, _mm512_slli_epi16(t, 8));
-    __m512i grid = _mm512_shuffle_epi8(even, t);
-    grid = _mm512_mask_shuffle_epi8(grid, _cvtu64_mask64(0xaaaaaaaaaaaaaaaaull), odd, t);
+// The 32 grid codes of a super-block (raw = its 64 bytes of qs).
+inline __m512i iq2xxs_codes(const __m512i* T, __m512i raw) {
+    const __m512i idx = _mm512_cvtepu8_epi16(_mm512_cvtepi64_epi32(raw));
+    const __m512i r0 = _mm512_permutex2var_epi16(T[0], idx, T[1]);
+    const __m512i r1 = _mm512_permutex2var_epi16(T[2], idx, T[3]);
+    const __m512i r2 = _mm512_permutex2var_epi16(T[4], idx, T[5]);
+    const __m512i r3 = _mm512_permutex2var_epi16(T[6], idx, T[7]);
+    const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(64));
+    const __mmask32 b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(128));
+    return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1),
+                                   _mm512_mask_blend_epi16(b6, r2, r3));
+}
+
+// The 8 sub-block scales 2s+1 as dwords (s is the top nibble of each sign word).
+inline __m512i iq2xxs_scales(__m512i raw) {
+    const __m512i words = _mm512_zextsi256_si512(_mm512_cvtepi64_epi32(_mm512_srli_epi64(raw, 32)));
+    return _mm512_or_si512(_mm512_slli_epi32(_mm512_srli_epi32(words, 28), 1),
+                           _mm512_set1_epi32(1));
+}
+
+// 64 values given their magnitudes: signs from the two sign words, times the
+// activations, scaled per 32 and accumulated.
+inline __m512i iq2xxs_finish(__m512i grid, const uint8_t* q2, const int8_t* q8, __m512i scale,
+                             __m512i acc) {
     const uint32_t w1 = load32(q2 + 4), w2 = load32(q2 + 12);
     const __mmask64 neg = signs7x8((w1 & 0x0fffffffull) | (uint64_t(w2 & 0x0fffffff) << 28));
     const __m512i act = _mm512_loadu_si512(q8);
@@ -109,9 +123,19 @@ inline __m512i iq2xxs_chunk(__m512i codes, __m512i replicate, __m512i shift, __m
     return _mm512_dpwssd_epi32(acc, prod, scale);
 }
 
+// Magnitudes of chunk k (groups 8k..8k+7) with AVX-512BW only.
+inline __m512i iq2xxs_expand_bw(__m512i codes, __m512i replicate, __m512i shift, __m512i even,
+                                __m512i odd) {
+    __m512i t = _mm512_srlv_epi16(_mm512_permutexvar_epi16(replicate, codes), shift);
+    t = _mm512_and_si512(t, _mm512_set1_epi16(0x000f));
+    t = _mm512_or_si512(t, _mm512_slli_epi16(t, 8));
+    const __m512i grid = _mm512_shuffle_epi8(even, t);
+    return _mm512_mask_shuffle_epi8(grid, _cvtu64_mask64(0xaaaaaaaaaaaaaaaaull), odd, t);
+}
+
 }  // namespace
 
-float dot_iq2_xxs_avx512(int64_t n, const void* vw, const void* va) {
+float dot_iq2_xxs_avx512bw(int64_t n, const void* vw, const void* va) {
     const auto* x = static_cast<const BlockIQ2_XXS*>(vw);
     const auto* a = static_cast<const BlockQ8_K*>(va);
     const Iq2xxsTables& tb = kIq2xxs;
@@ -124,39 +148,68 @@ float dot_iq2_xxs_avx512(int64_t n, const void* vw, const void* va) {
         _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(tb.even)));
     const __m512i odd =
         _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(tb.odd)));
-    const __m512i zero = _mm512_setzero_si512();
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; ++i) {
         const uint8_t* q2 = reinterpret_cast<const uint8_t*>(x[i].qs);
         const int8_t* q8 = a[i].qs;
-        // Per 32 values the block holds 4 index bytes, then a word of signs and scale.
         const __m512i raw = _mm512_loadu_si512(q2);
-        const __m512i idx = _mm512_cvtepu8_epi16(_mm512_cvtepi64_epi32(raw));
-        const __m512i r0 = _mm512_permutex2var_epi16(T[0], idx, T[1]);
-        const __m512i r1 = _mm512_permutex2var_epi16(T[2], idx, T[3]);
-        const __m512i r2 = _mm512_permutex2var_epi16(T[4], idx, T[5]);
-        const __m512i r3 = _mm512_permutex2var_epi16(T[6], idx, T[7]);
-        const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(64));
-        const __mmask32 b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(128));
-        const __m512i codes = _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1),
-                                                      _mm512_mask_blend_epi16(b6, r2, r3));
-        // Sub-block scales 2s+1 as dwords (s in the top nibble of each sign word).
-        const __m512i words =
-            _mm512_zextsi256_si512(_mm512_cvtepi64_epi32(_mm512_srli_epi64(raw, 32)));
-        const __m512i ls = _mm512_or_si512(_mm512_slli_epi32(_mm512_srli_epi32(words, 28), 1),
-                                           _mm512_set1_epi32(1));
-        __m512i s1 = iq2xxs_chunk(codes, rep[0], shift, even, odd, q2, q8,
-                                  _mm512_permutexvar_epi16(sel[0], ls), zero);
-        __m512i s2 = iq2xxs_chunk(codes, rep[1], shift, even, odd, q2 + 16, q8 + 64,
-                                  _mm512_permutexvar_epi16(sel[1], ls), zero);
-        s1 = iq2xxs_chunk(codes, rep[2], shift, even, odd, q2 + 32, q8 + 128,
-                          _mm512_permutexvar_epi16(sel[2], ls), s1);
-        s2 = iq2xxs_chunk(codes, rep[3], shift, even, odd, q2 + 48, q8 + 192,
-                          _mm512_permutexvar_epi16(sel[3], ls), s2);
+        const __m512i codes = iq2xxs_codes(T, raw);
+        const __m512i ls = iq2xxs_scales(raw);
+        __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int k = 0; k < 4; ++k)
+            s[k & 1] = iq2xxs_finish(iq2xxs_expand_bw(codes, rep[k], shift, even, odd), q2 + 16 * k,
+                                     q8 + 64 * k, _mm512_permutexvar_epi16(sel[k], ls), s[k & 1]);
         const float d = fp16(x[i].d) * a[i].d;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_add_epi32(s1, s2)), acc);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_add_epi32(s[0], s[1])),
+                              acc);
     }
     return 0.125f * _mm512_reduce_add_ps(acc);
+}
+
+// With AVX512-VBMI (Ice Lake, Zen 4 and later) the expansion is one
+// vpmultishiftqb: each byte of a group's qword takes the 8 bits at offset 2j
+// of the code, whose low 2 bits are level j; vpshufb maps them to magnitudes.
+__attribute__((target("avx512vbmi"))) float dot_iq2_xxs_avx512vbmi(int64_t n, const void* vw,
+                                                                   const void* va) {
+    const auto* x = static_cast<const BlockIQ2_XXS*>(vw);
+    const auto* a = static_cast<const BlockQ8_K*>(va);
+    const Iq2xxsTables& tb = kIq2xxs;
+    __m512i T[8];
+    for (int k = 0; k < 8; ++k) T[k] = load512(tb.codes + 32 * k);
+    __m512i sel[4];
+    for (int k = 0; k < 4; ++k) sel[k] = load512(tb.scale_of[k]);
+    // even[m] = magnitude of level m & 3: the low 2 bits of the nibble.
+    const __m512i mags =
+        _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(tb.even)));
+    const __m512i offsets = _mm512_set1_epi64(0x0e0c0a0806040200ll);
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        const uint8_t* q2 = reinterpret_cast<const uint8_t*>(x[i].qs);
+        const int8_t* q8 = a[i].qs;
+        const __m512i raw = _mm512_loadu_si512(q2);
+        const __m512i codes = iq2xxs_codes(T, raw);
+        const __m512i ls = iq2xxs_scales(raw);
+        const __m128i c[4] = {
+            _mm512_extracti32x4_epi32(codes, 0), _mm512_extracti32x4_epi32(codes, 1),
+            _mm512_extracti32x4_epi32(codes, 2), _mm512_extracti32x4_epi32(codes, 3)};
+        __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int k = 0; k < 4; ++k) {
+            const __m512i bits = _mm512_multishift_epi64_epi8(offsets, _mm512_cvtepu16_epi64(c[k]));
+            const __m512i grid = _mm512_shuffle_epi8(mags, _mm512_and_si512(bits, low4));
+            s[k & 1] = iq2xxs_finish(grid, q2 + 16 * k, q8 + 64 * k,
+                                     _mm512_permutexvar_epi16(sel[k], ls), s[k & 1]);
+        }
+        const float d = fp16(x[i].d) * a[i].d;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_add_epi32(s[0], s[1])),
+                              acc);
+    }
+    return 0.125f * _mm512_reduce_add_ps(acc);
+}
+
+float dot_iq2_xxs_avx512(int64_t n, const void* vw, const void* va) {
+    static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+    return vbmi ? dot_iq2_xxs_avx512vbmi(n, vw, va) : dot_iq2_xxs_avx512bw(n, vw, va);
 }
 
 namespace {
