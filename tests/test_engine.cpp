@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "runtime/engine.h"
+#include "text/tokenizer.h"
 #include "util_model.h"
 
 using namespace glm5;
@@ -149,6 +150,30 @@ TEST_F(EngineTest, StopTokenEndsWithoutBeingEmitted) {
     const auto stopped = e.submit(std::move(rp))->wait();
     EXPECT_EQ(stopped.finish_reason, "stop");
     EXPECT_EQ(stopped.tokens, std::vector<int32_t>(free_run.begin(), free_run.begin() + 2));
+}
+
+// Generation ends at <|observation|> (eom), so the model never writes the
+// tool's result itself: the tokenizer's stop set holds it and the engine stops
+// there without emitting it. A constraint forces the model to pick it.
+TEST_F(EngineTest, StopsAtObservationToken) {
+    auto tok = text::Tokenizer::from_gguf(*m.file);
+    const int32_t eom = tok->find("<|observation|>");
+    ASSERT_GE(eom, 0);
+    const auto stops = tok->stop_ids();
+    ASSERT_NE(std::find(stops.begin(), stops.end(), eom), stops.end());
+    struct OnlyEom : runtime::TokenConstraint {
+        int32_t eom;
+        explicit OnlyEom(int32_t e) : eom(e) {}
+        bool allows(int32_t t) const override { return t == eom; }
+        void accept(int32_t) override {}
+    };
+    runtime::Engine e(*m.model, opts(1));
+    auto rp = request(prompt_of(5, 10), 8, 0.7f, 3);
+    rp.stop_ids.insert(stops.begin(), stops.end());
+    rp.constraint = std::make_unique<OnlyEom>(eom);
+    const auto r = e.submit(std::move(rp))->wait();
+    EXPECT_EQ(r.finish_reason, "stop");
+    EXPECT_TRUE(r.tokens.empty());
 }
 
 TEST_F(EngineTest, ImpossibleRequestsAreRefused) {
