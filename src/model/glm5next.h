@@ -5,7 +5,9 @@
 // Normative description: docs/glm5next-format.md.
 #pragma once
 
+#include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -125,6 +127,9 @@ class Glm5NextModel final : public Model {
     struct Batch;  // the flattened batch of one forward (glm5next.cpp)
 
     void load_layer(int64_t il, Layer& L, bool with_indexer);
+    // A small table the ops read as floats (conv taps, slot embeddings), in
+    // any storage type; checked against its shape.
+    const float* load_floats(const std::string& name, std::initializer_list<int64_t> ne);
     void hyper_coeffs(const Batch& b, const HyperConn& hc, const float* X);
     void kda(const Batch& b, int64_t il, const Layer& L, const float* x, float* out);
     void mla(const Batch& b, int64_t il, const Layer& L, const float* x, float* out);
@@ -140,6 +145,7 @@ class Glm5NextModel final : public Model {
     std::vector<Layer> layers_;
     std::unique_ptr<NextN> nextn_;
     SelectionHook selection_hook_;
+    std::deque<std::vector<float>> converted_;  // tables stored in another type than F32
 };
 
 }  // namespace glm5::model

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "model/glm5next.h"
+#include "quant/quant.h"
 
 namespace glm5::model {
 
@@ -51,22 +52,6 @@ std::optional<int64_t> get_uint(const gguf::Value& v) {
 std::optional<float> get_float(const gguf::Value& v) {
     auto d = v.as_float();
     return d ? std::optional<float>(float(*d)) : std::nullopt;
-}
-
-// A tensor's exact ggml shape (trailing dimensions of 1 may be left out).
-void require_shape(const gguf::File& f, const std::string& name, std::vector<int64_t> ne) {
-    const gguf::TensorInfo* t = f.find_tensor(name);
-    if (!t) throw Error(f.path() + ": missing tensor " + name);
-    ne.resize(4, 1);
-    for (size_t i = 0; i < 4; ++i)
-        if (t->ne[i] != ne[i]) {
-            std::string want = "[";
-            size_t n = 4;
-            while (n > 1 && ne[n - 1] == 1) --n;
-            for (size_t k = 0; k < n; ++k) want += (k ? ", " : "") + std::to_string(ne[k]);
-            throw Error(f.path() + ": tensor " + name + " has shape " + t->shape_string() +
-                        ", expected " + want + "]");
-        }
 }
 
 const gguf::TensorInfo& require_tensor(const gguf::File& f, const std::string& name) {
@@ -254,6 +239,18 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
     info_.weight_bytes = tensors_.bytes_used();
 }
 
+const float* Glm5NextModel::load_floats(const std::string& name,
+                                        std::initializer_list<int64_t> ne) {
+    const backend::Weight w = tensors_.matrix(name, ne);
+    if (w.type == quant::Type::F32) return reinterpret_cast<const float*>(w.data);
+    std::vector<float>& out = converted_.emplace_back(size_t(w.cols * w.rows * w.slices));
+    for (int64_t s = 0; s < w.slices; ++s)
+        for (int64_t r = 0; r < w.rows; ++r)
+            quant::dequantize_row(w.type, w.row(r, s), out.data() + (s * w.rows + r) * w.cols,
+                                  w.cols);
+    return out.data();
+}
+
 void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
     const Glm5NextHParams& h = hp_;
     TensorSource& ts = tensors_;
@@ -280,11 +277,8 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
         L.wk = ts.matrix(p + "attn_k.weight", {E, di});
         L.wv = ts.matrix(p + "attn_v.weight", {E, di});
         const char* uvw[3] = {"q", "k", "v"};
-        for (int u = 0; u < 3; ++u) {
-            const std::string n = p + "ssm_conv1d_" + uvw[u] + ".weight";
-            require_shape(f, n, {K, 1, di});
-            L.conv[u] = ts.vector_any_shape(n, K * di);
-        }
+        for (int u = 0; u < 3; ++u)
+            L.conv[u] = load_floats(p + "ssm_conv1d_" + uvw[u] + ".weight", {K, 1, di});
         const gguf::TensorInfo& fa = require_tensor(f, p + "ssm_f_a.weight");
         const int64_t r = fa.ne[1];
         L.f_a = ts.matrix(p + "ssm_f_a.weight", {E, r});
@@ -324,9 +318,7 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
             const gguf::TensorInfo& g = require_tensor(f, p + "indexer_compressor_gate.weight");
             L.idx_gate_width = g.ne[1] == 1 ? 1 : Di;  // one gate per cell, or per channel
             L.idx_gate = ts.matrix(p + "indexer_compressor_gate.weight", {E, L.idx_gate_width});
-            require_shape(f, p + "indexer_compressor_ape.weight", {L.idx_gate_width, B});
-            L.idx_ape =
-                ts.vector_any_shape(p + "indexer_compressor_ape.weight", L.idx_gate_width * B);
+            L.idx_ape = load_floats(p + "indexer_compressor_ape.weight", {L.idx_gate_width, B});
             L.idx_norm = ts.vector(p + "indexer_compressor_norm.weight", Di);
         }
     }
