@@ -98,6 +98,9 @@ int cmd_make_model(int argc, char** argv) {
     a.option("output", "FILE", "", "the GGUF file to write", "-o");
     a.option("preset", "NAME", "tiny",
              "tiny | small (the test fixtures' shapes) | bench (~3 GB at Q4_K_M)");
+    a.option("arch", "NAME", "glm-dsa",
+             "glm-dsa | glm5next (GLM-5.3-Flash: preset tiny only, the shape of the glm5next "
+             "fixture; the dimension flags and --indexer-types apply to glm-dsa)");
     a.option("type", "T", "preset's: F32 tiny, F16 small, Q4_K_M bench",
              "a llama-quantize mix or a single type: " + types +
                  ". Mix names follow llama-quantize's per-tensor rules (Q2_K is the Q2_K mix);"
@@ -147,6 +150,21 @@ int cmd_make_model(int argc, char** argv) {
     else if (o.glm_dsa.n_layer != preset_layers)
         o.glm_dsa.indexer_full = model::gen::glm52_indexer_pattern(o.glm_dsa.n_layer);
     o.glm_dsa.n_nextn = a.get_flag("nextn") ? 1 : 0;
+    const std::string arch = a.get("arch");
+    if (arch == "glm5next") {
+        for (const auto& d : kDims)
+            if (a.is_set(d.flag))
+                throw UsageError("--" + std::string(d.flag) + " applies to --arch glm-dsa only");
+        if (a.is_set("indexer-types"))
+            throw UsageError("--indexer-types applies to --arch glm-dsa only");
+        if (o.preset != "tiny") throw UsageError("--arch glm5next has only the tiny preset");
+        o.arch = model::gen::Arch::Glm5Next;
+        o.glm5next = model::gen::Glm5NextHParams::preset(o.preset);
+        o.glm5next.n_nextn = o.glm_dsa.n_nextn;
+    } else if (arch != "glm-dsa") {
+        throw UsageError("--arch must be glm-dsa or glm5next, got '" + arch + "'");
+    }
+    const bool next = o.arch == model::gen::Arch::Glm5Next;
 
     o.type = a.is_set("type") ? a.get("type") : GlmDsaHParams::preset_default_type(o.preset);
     o.pure = a.get_flag("pure");
@@ -198,8 +216,10 @@ int cmd_make_model(int argc, char** argv) {
                      "%s;%s%s; %d threads\n",
                      p.arch.c_str(), o.preset.c_str(),
                      model::gen::parse_scheme(o.type, o.pure)->name.c_str(),
-                     (unsigned long long)o.seed, (long long)o.glm_dsa.n_layer,
-                     (long long)o.glm_dsa.n_nextn, double(p.n_params) * 1e-9,
+                     (unsigned long long)o.seed,
+                     (long long)(next ? o.glm5next.n_layer : o.glm_dsa.n_layer),
+                     (long long)(next ? o.glm5next.n_nextn : o.glm_dsa.n_nextn),
+                     double(p.n_params) * 1e-9,
                      gb(p.tensor_bytes).c_str(), counts.c_str(),
                      !p.imatrix                                  ? ""
                      : o.blocks == model::gen::BlockSource::Pool ? "; uniform imatrix (pool)"

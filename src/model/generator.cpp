@@ -139,6 +139,8 @@ Layout build_layout(const GenOptions& opt) {
     switch (opt.arch) {
         case Arch::GlmDsa:
             return build_glm_dsa_layout(opt.glm_dsa);
+        case Arch::Glm5Next:
+            return build_glm5next_layout(opt.glm5next);
     }
     throw Error("generator: unknown architecture");
 }

@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "model/gen_glm5next.h"
 #include "quant/types.h"
 
 namespace glm5::model::gen {
@@ -79,7 +80,7 @@ struct GlmDsaHParams {
 
 std::vector<bool> glm52_indexer_pattern(int64_t n_layer);
 
-enum class Arch { GlmDsa };
+enum class Arch { GlmDsa, Glm5Next };
 
 // Whether the quantizer gets an importance vector per matrix.
 //   Auto: only when the mix has a type that cannot do without one (IQ1/IQ2/
@@ -107,6 +108,7 @@ struct GenOptions {
     Arch arch = Arch::GlmDsa;
     std::string preset = "tiny";  // for general.name and the defaults below
     GlmDsaHParams glm_dsa;        // defaults to the tiny preset
+    Glm5NextHParams glm5next;     // for Arch::Glm5Next (gen_glm5next.h)
     std::string type = "F32";     // a single type or a llama-quantize mix (Q4_K_M, ...)
     bool pure = false;            // every matrix in `type` (like llama-quantize --pure)
     uint64_t seed = 20260822;
