@@ -235,25 +235,39 @@ TEST(GgufMalformed, BadDimensions) {
     expect_error(im, {"tensor_infos[1] 'b'.ne[1]", at(im, "tensor_infos[1].ne[1]"), "negative"});
     im = make_image();
     im.patch<int64_t>("tensor_infos[1].ne[1]", int64_t(1) << 60);  // 32 * 2^60 overflows int64
-    expect_error(im, {"tensor_infos[1] 'b'.ne[0]",
-                      "element count of shape [32, 1152921504606846976] overflows"});
-    // With ne[0] = 0 there are no elements, but the row count must still fit.
-    Image z;
-    z.bytes = {'G', 'G', 'U', 'F'};
-    z.put<uint32_t>(3);
-    z.put<uint64_t>(1);
-    z.put<uint64_t>(0);
-    z.str("z");
-    z.put<uint32_t>(3);
-    z.put<int64_t>(0);
-    z.put<int64_t>(int64_t(1) << 40);
-    z.mark("ne[2]");
-    z.put<int64_t>(int64_t(1) << 40);
-    z.put<uint32_t>(test::kTypeF32);
-    z.put<uint64_t>(0);
-    z.pad_to(32);
-    expect_error(z, {"tensor_infos[0] 'z'.ne[2]", at(z, "ne[2]"),
-                     "row count of shape [0, 1099511627776, 1099511627776] overflows"});
+    expect_error(im, {"tensor_infos[1] 'b'.ne[1]",
+                      "the dimensions of shape [32, 1152921504606846976] multiply past int64"});
+    // A zero dimension makes the element count 0, but users still multiply
+    // the others (nrows, or ne[0] * ne[1] first): those products must fit too.
+    auto one_tensor = [](std::vector<int64_t> ne) {
+        Image z;
+        z.bytes = {'G', 'G', 'U', 'F'};
+        z.put<uint32_t>(3);
+        z.put<uint64_t>(1);
+        z.put<uint64_t>(0);
+        z.str("z");
+        z.put<uint32_t>(uint32_t(ne.size()));
+        for (size_t j = 0; j < ne.size(); ++j) {
+            z.mark("ne[" + std::to_string(j) + "]");
+            z.put<int64_t>(ne[j]);
+        }
+        z.put<uint32_t>(test::kTypeF32);
+        z.put<uint64_t>(0);
+        z.pad_to(32);
+        return z;
+    };
+    const int64_t big = int64_t(1) << 40;
+    Image z = one_tensor({0, big, big});
+    expect_error(z,
+                 {"tensor_infos[0] 'z'.ne[2]", at(z, "ne[2]"),
+                  "the dimensions of shape [0, 1099511627776, 1099511627776] multiply past int64"});
+    z = one_tensor({big, big, 1, 0});
+    expect_error(z, {"tensor_infos[0] 'z'.ne[1]", at(z, "ne[1]"), "multiply past int64"});
+    z = one_tensor({0, 1ll << 62, 0, 1ll << 62});  // any zero: still the product of the rest
+    expect_error(z, {"tensor_infos[0] 'z'.ne[3]", "multiply past int64"});
+    z = one_tensor({0, 1ll << 31, 0, 1ll << 31});  // 2^62 fits: accepted, 0 bytes
+    EXPECT_EQ(
+        File::parse_memory(z.bytes.data(), z.bytes.size(), "ok.gguf")->tensors()[0].nelements(), 0);
     im = make_image();
     im.patch<int64_t>("tensor_infos[1].ne[0]", 16);  // Q8_0 blocks hold 32
     expect_error(im,

@@ -391,16 +391,15 @@ void Parser::parse_tensor_infos(uint64_t n_tensors) {
                         "dimension " + std::to_string(int64_t(d)) + " is negative");
             t.ne[j] = int64_t(d);
         }
-        // The row count (ne[1..3]) must fit on its own too: with ne[0] = 0 the
-        // element count is 0 even when the rows overflow.
-        int64_t rows = 1, nel = 0;
-        for (uint32_t j = 1; j < n_dims; ++j)
-            if (__builtin_mul_overflow(rows, t.ne[j], &rows))
+        // Users multiply dimensions in any grouping (nelements, nrows), so the
+        // product of the nonzero ones, which bounds every partial product,
+        // must fit: a zero dimension must not hide an overflow elsewhere.
+        int64_t bound = 1;
+        for (uint32_t j = 0; j < n_dims; ++j)
+            if (__builtin_mul_overflow(bound, std::max<int64_t>(t.ne[j], 1), &bound))
                 c_.fail(field + ".ne[" + std::to_string(j) + "]", ne_at[j],
-                        "row count of shape " + t.shape_string() + " overflows int64");
-        if (__builtin_mul_overflow(rows, t.ne[0], &nel))
-            c_.fail(field + ".ne[0]", ne_at[0],
-                    "element count of shape " + t.shape_string() + " overflows int64");
+                        "the dimensions of shape " + t.shape_string() + " multiply past int64");
+        const int64_t nel = t.nelements();
 
         const uint64_t type_at = c_.pos();
         const uint32_t raw_type = c_.read<uint32_t>([&] { return field + ".type"; });

@@ -256,11 +256,14 @@ void Writer::add_tensor(const std::string& name, quant::Type type, std::vector<i
         if (t.name == name) throw Error(what + "added twice");
     if (ne.empty() || ne.size() > 4) throw Error(what + "needs 1 to 4 dimensions");
     const quant::TypeTraits& tt = quant::traits(type);
-    int64_t rows = 1, n = 0;  // rows checked alone: ne[0] = 0 would hide their overflow
-    for (size_t j = 1; j < ne.size(); ++j)
-        if (ne[j] < 0 || __builtin_mul_overflow(rows, ne[j], &rows))
+    // As the reader: the product of the nonzero dimensions bounds every
+    // partial product users compute, so it must fit in int64.
+    int64_t bound = 1;
+    for (int64_t d : ne)
+        if (d < 0 || __builtin_mul_overflow(bound, std::max<int64_t>(d, 1), &bound))
             throw Error(what + "bad shape");
-    if (ne[0] < 0 || __builtin_mul_overflow(rows, ne[0], &n)) throw Error(what + "bad shape");
+    int64_t n = 1;
+    for (int64_t d : ne) n *= d;
     if (ne[0] % tt.block_size != 0)
         throw Error(what + "row length " + std::to_string(ne[0]) + " is not a multiple of " +
                     tt.name + "'s block size " + std::to_string(tt.block_size));
