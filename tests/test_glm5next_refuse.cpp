@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 const std::string kModel = "glm5next/tiny.gguf";
 
-class Variants : public ::testing::Test {
+class Glm5NextLoad : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {
         src_ = gguf::File::open(data_path(kModel)).release();
@@ -107,24 +107,24 @@ class Variants : public ::testing::Test {
     static fs::path* dir_;
 };
 
-gguf::File* Variants::src_ = nullptr;
-fs::path* Variants::dir_ = nullptr;
+gguf::File* Glm5NextLoad::src_ = nullptr;
+fs::path* Glm5NextLoad::dir_ = nullptr;
 
 const std::vector<int32_t> kTokens = {322, 324, 327, 87, 104, 97, 116, 310, 32, 50, 328, 341};
 
-TEST_F(Variants, UnchangedCopyLoadsAndMatches) {
+TEST_F(Glm5NextLoad, UnchangedCopyLoadsAndMatches) {
     const auto path = write_variant("copy", nullptr);
     EXPECT_TRUE(bitwise_equal(logits(path, kTokens), logits(data_path(kModel), kTokens)));
 }
 
-TEST_F(Variants, RopeDimensionMustBeZero) {
+TEST_F(Glm5NextLoad, RopeDimensionMustBeZero) {
     expect_refused(
         write_variant("rope",
                       [](gguf::Writer& w) { w.set_u32("glm5next.rope.dimension_count", 16); }),
         {"rope.dimension_count", "NoPE"});
 }
 
-TEST_F(Variants, LayerKindMustBeKdaOrMla) {
+TEST_F(Glm5NextLoad, LayerKindMustBeKdaOrMla) {
     expect_refused(
         write_variant(
             "kind2",
@@ -145,21 +145,21 @@ TEST_F(Variants, LayerKindMustBeKdaOrMla) {
         {"head_count_kv", "array"});
 }
 
-TEST_F(Variants, RouterMustBeSigmoid) {
+TEST_F(Glm5NextLoad, RouterMustBeSigmoid) {
     expect_refused(
         write_variant("softmax_router",
                       [](gguf::Writer& w) { w.set_u32("glm5next.expert_gating_func", 1); }),
         {"expert_gating_func", "sigmoid"});
 }
 
-TEST_F(Variants, TopKMustBeAMultipleOfThePoolSize) {
+TEST_F(Glm5NextLoad, TopKMustBeAMultipleOfThePoolSize) {
     expect_refused(
         write_variant("topk",
                       [](gguf::Writer& w) { w.set_u32("glm5next.attention.indexer.top_k", 18); }),
         {"top_k", "block_size", "multiple"});
 }
 
-TEST_F(Variants, GateLowerBoundMustBeNegative) {
+TEST_F(Glm5NextLoad, GateLowerBoundMustBeNegative) {
     for (float lb : {0.0f, 2.0f}) {
         expect_refused(write_variant("gate_lb",
                                      [lb](gguf::Writer& w) {
@@ -169,7 +169,7 @@ TEST_F(Variants, GateLowerBoundMustBeNegative) {
     }
 }
 
-TEST_F(Variants, NextnMustLeaveATrunk) {
+TEST_F(Glm5NextLoad, NextnMustLeaveATrunk) {
     for (uint32_t n : {9u, 12u})
         expect_refused(
             write_variant("nextn",
@@ -177,7 +177,7 @@ TEST_F(Variants, NextnMustLeaveATrunk) {
             {"nextn_predict_layers", "block_count"});
 }
 
-TEST_F(Variants, MissingTensorsAreRefused) {
+TEST_F(Glm5NextLoad, MissingTensorsAreRefused) {
     for (const char* name : {"blk.2.ssm_conv1d_k.weight", "blk.3.indexer_compressor_norm.weight",
                              "blk.5.hc_ffn_base.weight", "blk.7.attn_v_b.weight", "blk.0.ssm_a",
                              "output_norm.weight"}) {
@@ -189,7 +189,7 @@ TEST_F(Variants, MissingTensorsAreRefused) {
     }
 }
 
-TEST_F(Variants, MisShapedTensorsAreRefused) {
+TEST_F(Glm5NextLoad, MisShapedTensorsAreRefused) {
     const std::pair<const char*, std::vector<int64_t>> cases[] = {
         {"blk.3.attn_kv_a_mqa.weight", {64, 48}},          // a rope tail: not NoPE
         {"blk.1.ssm_conv1d_q.weight", {3, 1, 64}},         // wrong kernel
@@ -211,7 +211,7 @@ TEST_F(Variants, MisShapedTensorsAreRefused) {
 
 // A file that declares the NextN block but does not ship it loads, with the
 // trunk's logits unchanged; with --spec it loads too (nothing to draft with).
-TEST_F(Variants, TrunkOnlyFileLoads) {
+TEST_F(Glm5NextLoad, TrunkOnlyFileLoads) {
     const auto path = write_variant("trunk_only", nullptr, [](const gguf::TensorInfo& t) {
         return TensorEdit{t.name.rfind("blk.8.", 0) == 0, {}};
     });
@@ -228,7 +228,7 @@ TEST_F(Variants, TrunkOnlyFileLoads) {
 }
 
 // Head counts may be a per-block array; each block's count sets the shapes it must have.
-TEST_F(Variants, PerBlockHeadCounts) {
+TEST_F(Glm5NextLoad, PerBlockHeadCounts) {
     const auto same = write_variant("heads_array", [](gguf::Writer& w) {
         w.set_array_u32("glm5next.attention.head_count", std::vector<uint32_t>(9, 4));
     });
@@ -260,7 +260,7 @@ TEST_F(Variants, PerBlockHeadCounts) {
 
 // Scalar clamp limits apply to every block and change the result; an absent
 // shared-expert limit falls back to the routed one.
-TEST_F(Variants, ClampKeysScalarOrArray) {
+TEST_F(Glm5NextLoad, ClampKeysScalarOrArray) {
     const auto base = logits(data_path(kModel), kTokens);
     const auto wide = write_variant("clamp_wide", [](gguf::Writer& w) {
         w.set_f32("glm5next.swiglu_clamp_exp", 1000.0f);
