@@ -11,6 +11,7 @@
 #include <vector>
 #include "backend/backend.h"
 #include "backend/cpu_kernels.h"
+#include "backend/cpu_simd.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
@@ -204,6 +205,7 @@ class CpuBackend final : public Backend {
             score_off[i + 1] = score_off[i] + queries[i].n_keys;
         }
         std::vector<float> scores(static_cast<size_t>(score_off.back()));
+        const quant::VecDotFn dot32 = quant::vec_dot_fn(quant::Type::F32);
         pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int ith) {
             std::vector<float>& kf = per_thread_[size_t(ith)].row;
             kf.resize(size_t(dim));
@@ -218,7 +220,7 @@ class CpuBackend final : public Backend {
                     const float* k = load_row(q.keys, s, kf.data());
                     float score = 0.0f;
                     for (int64_t hh = 0; hh < n_heads; ++hh) {
-                        const float qk = kernels::dot_f32(q.q + hh * dim, k, dim);
+                        const float qk = dot32(dim, q.q + hh * dim, k);
                         score += std::max(qk, 0.0f) * q.w[hh];
                     }
                     scores[size_t(score_off[qi] + s)] = score;
@@ -237,13 +239,16 @@ class CpuBackend final : public Backend {
 
     void mla_attention(std::span<const AttentionQuery> queries, int64_t n_heads, int64_t v_width,
                        float scale) override {
+        // Few queries (decode): split each query's heads across threads;
+        // many (prefill): one task per query, all heads sharing each row read.
         const int64_t nq = int64_t(queries.size());
-        pool_.parallel_for(nq * n_heads, 1, [&](int64_t b, int64_t e, int ith) {
+        const int64_t groups = std::clamp<int64_t>((2 * pool_.size() + nq - 1) / nq, 1, n_heads);
+        pool_.parallel_for(nq * groups, 1, [&](int64_t b, int64_t e, int ith) {
             PerThread& pt = per_thread_[size_t(ith)];
             for (int64_t task = b; task < e; ++task) {
-                const AttentionQuery& q = queries[size_t(task / n_heads)];
-                const int64_t hh = task % n_heads;
-                attend_head(q, hh, v_width, scale, pt);
+                const int64_t g = task % groups;
+                attend(queries[size_t(task / groups)], g * n_heads / groups,
+                       (g + 1) * n_heads / groups, v_width, scale, pt);
             }
         });
     }
@@ -262,8 +267,8 @@ class CpuBackend final : public Backend {
     void gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n_heads, int64_t dim,
                           float scale) override;
     void hc_coefficients(const float* mix, int64_t n_tok, int64_t n_streams, const float* base,
-                         const float* scale, float eps, int64_t iterations, float* pre,
-                         float* post, float* comb) override;
+                         const float* scale, float eps, int64_t iterations, float* pre, float* post,
+                         float* comb) override;
     void hc_reduce(const float* X, const float* w, int64_t n_tok, int64_t n_streams, int64_t dim,
                    float* y) override;
     void hc_expand(const float* X, const float* f, const float* post, const float* comb,
@@ -307,49 +312,69 @@ class CpuBackend final : public Backend {
     static const float* load_row(const CacheRows& c, int64_t s, float* buf) {
         const uint8_t* p = c.data + size_t(s) * c.row_bytes();
         if (c.type == CacheType::F32) return reinterpret_cast<const float*>(p);
-        const auto* h = reinterpret_cast<const uint16_t*>(p);
-        for (int64_t i = 0; i < c.width; ++i) buf[i] = fp16_to_fp32(h[i]);
+        simd().f16_to_f32(c.width, reinterpret_cast<const uint16_t*>(p), buf);
         return buf;
     }
 
-    void attend_head(const AttentionQuery& q, int64_t hh, int64_t v_width, float scale,
-                     PerThread& pt) {
+    // MLA for heads [h0, h1) of one query. Rows are the outer loop so each
+    // cached row is read once for all the heads (MQA); every (head, row)
+    // score and every output sum runs in row order, whatever the grouping.
+    void attend(const AttentionQuery& q, int64_t h0, int64_t h1, int64_t v_width, float scale,
+                PerThread& pt) {
         const CacheRows& c = q.cache;
-        const int64_t W = c.width;
+        const int64_t W = c.width, nh = h1 - h0;
         const bool f16 = c.type == CacheType::F16;
         const int64_t n = q.visible.n_dense > 0 ? q.visible.n_dense : q.visible.n_rows;
-        auto row_index = [&](int64_t j) -> int64_t {
-            return q.visible.n_dense > 0 ? j : q.visible.rows[j];
+        const SimdOps& sv = simd();
+        const quant::VecDotFn dot32 = quant::vec_dot_fn(quant::Type::F32);
+        auto row_ptr = [&](int64_t j) {
+            const int64_t r = q.visible.n_dense > 0 ? j : q.visible.rows[j];
+            return c.data + size_t(r) * c.row_bytes();
         };
-
-        pt.q.resize(size_t(W));
-        const float* qh = q.q + hh * W;
         // An F16 K cache makes the query F16 too (the activation of an F16 product).
-        for (int64_t i = 0; i < W; ++i) pt.q[size_t(i)] = f16 ? round_fp16(qh[i]) : qh[i];
-        pt.row.resize(size_t(W));
-        pt.scores.resize(size_t(n));
-        float mx = -INFINITY;
+        pt.q.resize(size_t(nh * W));
+        for (int64_t h = 0; h < nh; ++h)
+            for (int64_t i = 0; i < W; ++i) {
+                const float v = q.q[(h0 + h) * W + i];
+                pt.q[size_t(h * W + i)] = f16 ? round_fp16(v) : v;
+            }
+        pt.scores.resize(size_t(nh * n));
         for (int64_t j = 0; j < n; ++j) {
-            const float* r = load_row(c, row_index(j), pt.row.data());
-            const float s = kernels::dot_f32(pt.q.data(), r, W) * scale;
-            pt.scores[size_t(j)] = s;
-            mx = std::max(mx, s);
+            const uint8_t* r = row_ptr(j);
+            for (int64_t h = 0; h < nh; ++h) {
+                const float* qh = pt.q.data() + h * W;
+                const float d = f16 ? sv.dot_f32_f16(W, qh, reinterpret_cast<const uint16_t*>(r))
+                                    : dot32(W, qh, r);
+                pt.scores[size_t(h * n + j)] = d * scale;
+            }
         }
-        double sum = 0.0;
+        for (int64_t h = 0; h < nh; ++h) {
+            float* sc = pt.scores.data() + h * n;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
+            double sum = 0.0;
+            for (int64_t j = 0; j < n; ++j) {
+                sc[j] = std::exp(sc[j] - mx);
+                sum += double(sc[j]);
+            }
+            const float inv = float(1.0 / sum);
+            for (int64_t j = 0; j < n; ++j) sc[j] = f16 ? round_fp16(sc[j] * inv) : sc[j] * inv;
+        }
+        pt.acc.assign(size_t(nh * v_width), 0.0f);
         for (int64_t j = 0; j < n; ++j) {
-            const float e = std::exp(pt.scores[size_t(j)] - mx);
-            pt.scores[size_t(j)] = e;
-            sum += double(e);
+            const uint8_t* r = row_ptr(j);
+            for (int64_t h = 0; h < nh; ++h) {
+                const float p = pt.scores[size_t(h * n + j)];
+                float* acc = pt.acc.data() + h * v_width;
+                if (f16)
+                    sv.axpy_f16(v_width, p, reinterpret_cast<const uint16_t*>(r), acc);
+                else
+                    sv.axpy_f32(v_width, p, reinterpret_cast<const float*>(r), acc);
+            }
         }
-        const float inv = float(1.0 / sum);
-        pt.acc.assign(size_t(v_width), 0.0f);
-        for (int64_t j = 0; j < n; ++j) {
-            float p = pt.scores[size_t(j)] * inv;
-            if (f16) p = round_fp16(p);
-            const float* r = load_row(c, row_index(j), pt.row.data());
-            for (int64_t i = 0; i < v_width; ++i) pt.acc[size_t(i)] += p * r[i];
-        }
-        std::memcpy(q.out + hh * v_width, pt.acc.data(), size_t(v_width) * sizeof(float));
+        for (int64_t h = 0; h < nh; ++h)
+            std::memcpy(q.out + (h0 + h) * v_width, pt.acc.data() + h * v_width,
+                        size_t(v_width) * sizeof(float));
     }
 
     // Rounds n rows of `cols` floats (row (s, t) at x + t*x_tok + s*x_slice)

@@ -1,0 +1,72 @@
+// AVX2 + FMA + F16C versions of the row helpers in cpu_simd.h. Intrinsics
+// only: no inline function here is shared with baseline code.
+#include <immintrin.h>
+
+#include "backend/cpu_simd.h"
+
+namespace glm5::backend::cpu::avx2 {
+
+namespace {
+inline __m256 load_h(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline float h2f(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+inline float fma1(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+}  // namespace
+
+void axpy_f32(int64_t n, float a, const float* x, float* y) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(
+            y + i + 8, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8)));
+    }
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; ++i) y[i] = fma1(a, x[i], y[i]);
+}
+
+void axpy_f16(int64_t n, float a, const uint16_t* x, float* y) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_h(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i + 8,
+                         _mm256_fmadd_ps(va, load_h(x + i + 8), _mm256_loadu_ps(y + i + 8)));
+    }
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_h(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; ++i) y[i] = fma1(a, h2f(x[i]), y[i]);
+}
+
+void f16_to_f32(int64_t n, const uint16_t* src, float* dst) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_h(src + i));
+    for (; i < n; ++i) dst[i] = h2f(src[i]);
+}
+
+float dot_f32_f16(int64_t n, const float* a, const uint16_t* b) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_h(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_h(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_h(b + i), s0);
+    s0 = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float s = _mm_cvtss_f32(h);
+    for (; i < n; ++i) s = fma1(a[i], h2f(b[i]), s);
+    return s;
+}
+
+}  // namespace glm5::backend::cpu::avx2
