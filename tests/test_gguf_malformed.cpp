@@ -265,6 +265,9 @@ TEST(GgufMalformed, BadDimensions) {
     expect_error(z, {"tensor_infos[0] 'z'.ne[1]", at(z, "ne[1]"), "multiply past int64"});
     z = one_tensor({0, 1ll << 62, 0, 1ll << 62});  // any zero: still the product of the rest
     expect_error(z, {"tensor_infos[0] 'z'.ne[3]", "multiply past int64"});
+    z = one_tensor({1ll << 62, 0});  // 2^62 F32 values in a row: 2^64 bytes
+    expect_error(z, {"tensor_infos[0] 'z'.ne[0]", at(z, "ne[0]"),
+                     "byte size of shape [4611686018427387904, 0] overflows"});
     z = one_tensor({0, 1ll << 31, 0, 1ll << 31});  // 2^62 fits: accepted, 0 bytes
     EXPECT_EQ(
         File::parse_memory(z.bytes.data(), z.bytes.size(), "ok.gguf")->tensors()[0].nelements(), 0);

@@ -411,11 +411,14 @@ void Parser::parse_tensor_infos(uint64_t n_tensors) {
             c_.fail(field + ".ne[0]", ne_at[0],
                     "row length " + std::to_string(t.ne[0]) + " is not a multiple of " + tt->name +
                         "'s block size " + std::to_string(tt->block_size));
-        uint64_t nbytes = 0;
+        // Byte sizes, of the tensor and of one row (row_bytes(), which must fit
+        // even when another dimension is 0).
+        uint64_t nbytes = 0, row = 0;
         if (__builtin_mul_overflow(uint64_t(nel / tt->block_size), uint64_t(tt->type_size),
                                    &nbytes) ||
-            nbytes > std::numeric_limits<size_t>::max())
-            c_.fail(field + ".ne", ne_at[0],
+            __builtin_mul_overflow(uint64_t(t.ne[0] / tt->block_size), uint64_t(tt->type_size),
+                                   &row))
+            c_.fail(field + ".ne[0]", ne_at[0],
                     "byte size of shape " + t.shape_string() + " overflows");
         t.nbytes = size_t(nbytes);
 
