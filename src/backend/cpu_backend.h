@@ -402,6 +402,7 @@ class CpuBackend final : public Backend {
         size_t arow = 0;
         const uint8_t* act = quantize_acts(act_buf_, w.type, w.cols, S, x, x_tok, x_slice, n, arow);
         const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
+        const quant::VecDotMultiFn multi = quant::vec_dot_multi_fn(w.type);
         const int64_t rows = w.rows;
         const int64_t grain = std::clamp<int64_t>(rows * S / (8 * pool_.size()), 1, 64);
         const int64_t chunks = (rows + grain - 1) / grain;
@@ -413,9 +414,17 @@ class CpuBackend final : public Backend {
                     const int64_t t1 = std::min(n, t0 + 8);
                     for (int64_t r = r0; r < r1; ++r) {
                         const uint8_t* wr = w.row(r, s);
-                        for (int64_t t = t0; t < t1; ++t)
-                            y[t * y_tok + s * y_slice + r] =
-                                dot(w.cols, wr, act + size_t(s * n + t) * arow);
+                        const uint8_t* a0 = act + size_t(s * n + t0) * arow;
+                        if (multi && t1 - t0 > 1) {
+                            float o[8];
+                            multi(w.cols, wr, a0, arow, t1 - t0, o);
+                            for (int64_t t = t0; t < t1; ++t)
+                                y[t * y_tok + s * y_slice + r] = o[t - t0];
+                        } else {
+                            for (int64_t t = t0; t < t1; ++t)
+                                y[t * y_tok + s * y_slice + r] =
+                                    dot(w.cols, wr, a0 + size_t(t - t0) * arow);
+                        }
                     }
                 }
             }

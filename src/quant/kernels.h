@@ -5,6 +5,7 @@
 // check cpu_has_avx2() / cpu_has_avx512() before calling them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace glm5::quant::kernels {
@@ -39,5 +40,13 @@ void act_f16_avx2(const float* x, void* dst, int64_t n);
 GLM5_QUANT_DOT_DECL(avx2)
 GLM5_QUANT_DOT_DECL(avx512)
 #undef GLM5_QUANT_DOT_DECL
+
+// One weight row against several activation rows (quant.h VecDotMultiFn).
+#define GLM5_QUANT_MULTI_DECL(type, isa)                                                    \
+    void dot_##type##_multi_##isa(int64_t n, const void* w, const void* a, size_t a_stride, \
+                                  int64_t n_act, float* out);
+GLM5_QUANT_MULTI_DECL(q4_K, avx512)
+GLM5_QUANT_MULTI_DECL(q5_K, avx512)
+#undef GLM5_QUANT_MULTI_DECL
 
 }  // namespace glm5::quant::kernels

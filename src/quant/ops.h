@@ -20,6 +20,10 @@ struct FormatOps {
     VecDotFn vec_dot_ref = nullptr;
     VecDotFn vec_dot_avx2 = nullptr;    // null when the family has none
     VecDotFn vec_dot_avx512 = nullptr;  // null when the family has none
+    // Multi-activation kernels (see quant.h), bit-identical to the vec_dot of
+    // the same ISA.
+    VecDotMultiFn vec_dot_multi_avx2 = nullptr;
+    VecDotMultiFn vec_dot_multi_avx512 = nullptr;
 };
 
 // Each returns nullptr for a type it does not handle.

@@ -34,9 +34,10 @@ bool cpu_has_avx2() {
 }
 
 bool cpu_has_avx512() {
-    static const bool v = cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+    static const bool v =
+        cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vnni");
     return v;
 }
 
@@ -65,6 +66,14 @@ void quantize_activation_row(Type act_type, const float* x, void* dst, int64_t n
 
 float vec_dot_ref(Type t, int64_t n, const void* w, const void* act) {
     return ops_for(t).vec_dot_ref(n, w, act);
+}
+
+VecDotMultiFn vec_dot_multi_fn(Type t) {
+    const FormatOps& o = ops_for(t);
+    // Only paired with the single-row kernel it must match bit for bit.
+    if (o.vec_dot_avx512 && cpu_has_avx512()) return o.vec_dot_multi_avx512;
+    if (o.vec_dot_avx2 && cpu_has_avx2()) return o.vec_dot_multi_avx2;
+    return nullptr;
 }
 
 VecDotFn vec_dot_fn(Type t) {

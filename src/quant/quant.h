@@ -32,4 +32,12 @@ float vec_dot_ref(Type t, int64_t n, const void* w, const void* act);
 using VecDotFn = float (*)(int64_t n, const void* w, const void* act);
 VecDotFn vec_dot_fn(Type t);
 
+// One weight row against n_act activation rows (act + i * act_stride bytes):
+// out[i] = vec_dot_fn(t)(n, w, act_i), bit for bit, with the row's blocks
+// decoded once for all of them (the prefill matmul's inner kernel). Null
+// when the format has no such kernel on this CPU (loop over vec_dot_fn).
+using VecDotMultiFn = void (*)(int64_t n, const void* w, const void* act, size_t act_stride,
+                               int64_t n_act, float* out);
+VecDotMultiFn vec_dot_multi_fn(Type t);
+
 }  // namespace glm5::quant

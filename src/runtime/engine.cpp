@@ -265,7 +265,9 @@ bool Engine::step() {
         const int64_t produced = int64_t(s.history.size() - p.prompt.size());
         std::function<bool(int32_t)> allowed;
         if (p.constraint) {
-            p.constraint->set_remaining(p.max_tokens - produced);
+            // What may still come: the reply budget or the context, whichever ends first.
+            p.constraint->set_remaining(
+                std::min(p.max_tokens - produced, opt_.n_ctx - s.state->n_past()));
             allowed = [&p](int32_t t) { return p.constraint->allows(t); };
         }
         int32_t tok;

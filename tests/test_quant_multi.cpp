@@ -1,0 +1,59 @@
+// The multi-activation dot kernels (the prefill matmul's inner loop) give
+// bit for bit what the single-row kernel gives for each activation row: the
+// promise that batching never changes a logit rests on it.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "quant/quant.h"
+
+using namespace glm5::quant;
+
+namespace {
+
+TEST(QuantMulti, BitIdenticalToSingleRowKernel) {
+    int checked = 0;
+    for (uint32_t raw = 0; raw < 40; ++raw) {
+        const TypeTraits* tt = find_traits(raw);
+        if (!tt || !tt->weight_format) continue;
+        const Type t = Type(raw);
+        const VecDotMultiFn multi = vec_dot_multi_fn(t);
+        if (!multi) continue;
+        const VecDotFn single = vec_dot_fn(t);
+        std::mt19937 rng(raw);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (int64_t n : {256, 512, 2048, 768}) {
+            if (n % tt->block_size) continue;
+            std::vector<float> wf(static_cast<size_t>(n));
+            for (auto& v : wf) v = nd(rng) * 0.05f;
+            std::vector<uint8_t> w(row_size(t, n));
+            quantize_rows(t, wf.data(), w.data(), 1, n, nullptr);
+            const Type at = tt->vec_dot_type;
+            const size_t arow = row_size(at, n);
+            for (int64_t n_act = 1; n_act <= 9; ++n_act) {
+                std::vector<uint8_t> acts(arow * size_t(n_act));
+                std::vector<float> x(static_cast<size_t>(n));
+                for (int64_t i = 0; i < n_act; ++i) {
+                    for (auto& v : x) v = nd(rng) * (i % 3 == 0 ? 10.0f : 0.3f);
+                    quantize_activation_row(at, x.data(), acts.data() + size_t(i) * arow, n);
+                }
+                std::vector<float> got(static_cast<size_t>(n_act));
+                multi(n, w.data(), acts.data(), arow, n_act, got.data());
+                for (int64_t i = 0; i < n_act; ++i) {
+                    const float want = single(n, w.data(), acts.data() + size_t(i) * arow);
+                    uint32_t a, b;
+                    std::memcpy(&a, &want, 4);
+                    std::memcpy(&b, &got[size_t(i)], 4);
+                    ASSERT_EQ(a, b) << name(t) << " n=" << n << " n_act=" << n_act << " row " << i
+                                    << ": " << want << " vs " << got[size_t(i)];
+                }
+            }
+        }
+        ++checked;
+    }
+    EXPECT_GT(checked, 0) << "no multi-activation kernel on this CPU";
+}
+
+}  // namespace
