@@ -1,0 +1,36 @@
+// Errors a request handler reports to the client, in OpenAI's shape:
+//   HTTP <status>  {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+// Request parsing throws them; the HTTP layer turns them into the reply.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+namespace glm5::server {
+
+class ApiError : public std::runtime_error {
+  public:
+    // type defaults to "invalid_request_error" for 4xx and "server_error" for 5xx;
+    // empty param / code become null.
+    ApiError(int status, const std::string& message, std::string param = "", std::string code = "",
+             std::string type = "");
+
+    int status() const { return status_; }
+    const std::string& type() const { return type_; }
+    const std::string& param() const { return param_; }
+    const std::string& code() const { return code_; }
+    nlohmann::ordered_json body() const;
+
+  private:
+    int status_;
+    std::string param_, code_, type_;
+};
+
+// 400 invalid_request_error.
+inline ApiError bad_request(const std::string& message, const std::string& param = "",
+                            const std::string& code = "invalid_value") {
+    return ApiError(400, message, param, code);
+}
+
+}  // namespace glm5::server

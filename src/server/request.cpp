@@ -1,0 +1,509 @@
+#include "server/request.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "runtime/json_constraint.h"
+#include "server/tool_constraint.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
+
+namespace glm5::server {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+constexpr int kMaxDepth = 128;  // JSON nesting accepted in a body
+constexpr size_t kMaxStops = 16;
+
+const char* kind_of(const ojson& v) {
+    switch (v.type()) {
+        case ojson::value_t::null:
+            return "null";
+        case ojson::value_t::boolean:
+            return "a boolean";
+        case ojson::value_t::number_integer:
+        case ojson::value_t::number_unsigned:
+            return "an integer";
+        case ojson::value_t::number_float:
+            return "a number";
+        case ojson::value_t::string:
+            return "a string";
+        case ojson::value_t::array:
+            return "an array";
+        case ojson::value_t::object:
+            return "an object";
+        default:
+            return "something else";
+    }
+}
+
+ApiError type_error(const std::string& name, const char* expected, const ojson& got) {
+    return bad_request("'" + name + "' must be " + expected + ", got " + kind_of(got), name,
+                       "invalid_type");
+}
+
+std::string num_str(double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%g", v);
+    return buf;
+}
+
+// A field, or nullptr when absent or null (clients send explicit nulls for defaults).
+const ojson* field(const ojson& body, const char* name) {
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null()) return nullptr;
+    return &*it;
+}
+
+bool opt_bool(const ojson& body, const char* name, bool dflt) {
+    const ojson* v = field(body, name);
+    if (!v) return dflt;
+    if (!v->is_boolean()) throw type_error(name, "a boolean", *v);
+    return v->get<bool>();
+}
+
+double opt_number(const ojson& body, const char* name, double dflt, double lo, double hi) {
+    const ojson* v = field(body, name);
+    if (!v) return dflt;
+    if (!v->is_number()) throw type_error(name, "a number", *v);
+    const double x = v->get<double>();
+    if (!(x >= lo && x <= hi))
+        throw bad_request("'" + std::string(name) + "' must be between " + num_str(lo) + " and " +
+                              num_str(hi) + ", got " + num_str(x),
+                          name);
+    return x;
+}
+
+// Integers; a float with an integral value is taken too (JavaScript clients send 1.0).
+int64_t as_int(const ojson& v, const std::string& name) {
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_number_unsigned()) return int64_t(std::min<uint64_t>(v.get<uint64_t>(), INT64_MAX));
+    if (v.is_number_float()) {
+        const double d = v.get<double>();
+        if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e18) return int64_t(d);
+    }
+    throw type_error(name, "an integer", v);
+}
+
+int64_t opt_int(const ojson& body, const char* name, int64_t dflt, int64_t lo, int64_t hi) {
+    const ojson* v = field(body, name);
+    if (!v) return dflt;
+    const int64_t x = as_int(*v, name);
+    if (x < lo)
+        throw bad_request("'" + std::string(name) + "' must be at least " + std::to_string(lo) +
+                              ", got " + std::to_string(x),
+                          name);
+    if (x > hi)
+        throw bad_request("'" + std::string(name) + "' must be at most " + std::to_string(hi) +
+                              ", got " + std::to_string(x),
+                          name);
+    return x;
+}
+
+ApiError unsupported(const std::string& name, const std::string& why) {
+    return bad_request("'" + name + "' is not supported by this server" + why, name,
+                       "unsupported_parameter");
+}
+
+void check_model(const ojson& body, const ModelContext& mc) {
+    const ojson* m = field(body, "model");
+    if (!m) return;  // optional: there is one model
+    if (!m->is_string()) throw type_error("model", "a string", *m);
+    const std::string name = m->get<std::string>();
+    if (std::find(mc.names.begin(), mc.names.end(), name) != mc.names.end()) return;
+    throw ApiError(404,
+                   "The model '" + name + "' does not exist; this server serves '" + mc.id + "'",
+                   "model", "model_not_found");
+}
+
+// Fields both endpoints share.
+void parse_common(const ojson& body, const ModelContext& mc, GenRequest& g) {
+    check_model(body, mc);
+    g.stream = opt_bool(body, "stream", false);
+    if (const ojson* so = field(body, "stream_options")) {
+        if (!so->is_object()) throw type_error("stream_options", "an object", *so);
+        if (!g.stream)
+            throw bad_request("'stream_options' is only allowed when 'stream' is true",
+                              "stream_options");
+        g.include_usage = opt_bool(*so, "include_usage", false);
+    }
+    g.n = int(opt_int(body, "n", 1, 1, mc.max_choices));
+
+    g.sampling = mc.sampling;
+    g.sampling.temperature = float(opt_number(body, "temperature", g.sampling.temperature, 0, 100));
+    g.sampling.top_p = float(opt_number(body, "top_p", g.sampling.top_p, 0, 1));
+    g.sampling.top_k = int32_t(opt_int(body, "top_k", g.sampling.top_k, -1, 1 << 30));
+    g.sampling.min_p = float(opt_number(body, "min_p", g.sampling.min_p, 0, 1));
+    const char* rp = field(body, "repetition_penalty") ? "repetition_penalty" : "repeat_penalty";
+    g.sampling.repeat_penalty = float(opt_number(body, rp, g.sampling.repeat_penalty, 0.01, 100));
+    if (const ojson* s = field(body, "seed")) {
+        const int64_t seed = as_int(*s, "seed");
+        if (s->is_number_unsigned()) {
+            g.sampling.seed = s->get<uint64_t>();
+            g.seed_given = true;
+        } else if (seed >= 0) {  // negative: a fresh random seed, as llama.cpp's -1
+            g.sampling.seed = uint64_t(seed);
+            g.seed_given = true;
+        }
+    }
+
+    if (const ojson* s = field(body, "stop")) {
+        if (s->is_string()) {
+            g.stop.push_back(s->get<std::string>());
+        } else if (s->is_array()) {
+            for (const auto& x : *s) {
+                if (!x.is_string()) throw type_error("stop", "a string or an array of strings", x);
+                g.stop.push_back(x.get<std::string>());
+            }
+        } else {
+            throw type_error("stop", "a string or an array of strings", *s);
+        }
+        if (g.stop.size() > kMaxStops)
+            throw bad_request("'stop' may hold at most " + std::to_string(kMaxStops) + " strings",
+                              "stop");
+        for (const auto& x : g.stop)
+            if (x.empty()) throw bad_request("'stop' strings must not be empty", "stop");
+    }
+
+    g.max_tokens = opt_int(body, "max_tokens", 0, 1, INT64_MAX / 4);
+    if (g.endpoint == Endpoint::Chat)
+        g.max_tokens = opt_int(body, "max_completion_tokens", g.max_tokens, 1, INT64_MAX / 4);
+    g.ignore_eos = opt_bool(body, "ignore_eos", false);
+    g.use_prefix_cache = opt_bool(body, "cache_prompt", true);
+
+    for (const char* pen : {"presence_penalty", "frequency_penalty"})
+        if (opt_number(body, pen, 0, -2, 2) != 0) throw unsupported(pen, " (only 0)");
+    if (const ojson* lb = field(body, "logit_bias")) {
+        if (!lb->is_object()) throw type_error("logit_bias", "an object", *lb);
+        if (!lb->empty()) throw unsupported("logit_bias", "");
+    }
+    if (const ojson* tl = field(body, "top_logprobs"))
+        if (as_int(*tl, "top_logprobs") != 0) throw unsupported("top_logprobs", "");
+}
+
+void parse_response_format(const ojson& body, GenRequest& g, const ModelContext& mc) {
+    const ojson* rf = field(body, "response_format");
+    if (!rf) return;
+    if (!rf->is_object()) throw type_error("response_format", "an object", *rf);
+    try {
+        g.grammar = runtime::grammar_from_response_format(*rf);
+    } catch (const Error& e) {
+        throw bad_request(std::string("response_format: ") + e.what(), "response_format");
+    }
+    if (g.grammar && !mc.json_vocab)
+        throw bad_request("response_format: this model's vocabulary cannot express JSON",
+                          "response_format");
+}
+
+void check_total_choices(const GenRequest& g, const ModelContext& mc) {
+    if (g.choices() > mc.max_choices)
+        throw bad_request(
+            "n times the number of prompts must be at most " + std::to_string(mc.max_choices), "n");
+}
+
+void check_context(size_t n_prompt, const ModelContext& mc, const char* param) {
+    if (n_prompt == 0) throw bad_request("the prompt is empty", param);
+    if (int64_t(n_prompt) >= mc.n_ctx)
+        throw bad_request("This model's context holds " + std::to_string(mc.n_ctx) +
+                              " tokens (prompt and reply together); the prompt has " +
+                              std::to_string(n_prompt) + " tokens",
+                          param, "context_length_exceeded");
+}
+
+// Tools in OpenAI form: [{"type": "function", "function": {"name", "description",
+// "parameters"}}]. Null when there are none.
+ojson parse_tools(const ojson& body) {
+    const ojson* t = field(body, "tools");
+    if (!t) return nullptr;
+    if (!t->is_array()) throw type_error("tools", "an array", *t);
+    if (t->empty()) return nullptr;
+    std::vector<std::string> names;
+    for (size_t i = 0; i < t->size(); ++i) {
+        const ojson& tool = (*t)[i];
+        const std::string where = "tools[" + std::to_string(i) + "]";
+        if (!tool.is_object()) throw type_error(where, "an object", tool);
+        if (const ojson* type = field(tool, "type"); type && *type != "function")
+            throw bad_request(where + ".type must be \"function\"", "tools");
+        const ojson* fn = field(tool, "function");
+        if (!fn || !fn->is_object())
+            throw bad_request(where + ".function must be an object", "tools");
+        const ojson* name = field(*fn, "name");
+        if (!name || !name->is_string() || name->get<std::string>().empty())
+            throw bad_request(where + ".function.name must be a non-empty string", "tools");
+        const std::string n = name->get<std::string>();
+        if (n.find('<') != std::string::npos)
+            throw bad_request(where + ".function.name must not contain '<'", "tools");
+        if (std::find(names.begin(), names.end(), n) != names.end())
+            throw bad_request("two tools are named '" + n + "'", "tools");
+        names.push_back(n);
+        if (const ojson* p = field(*fn, "parameters"); p && !p->is_object())
+            throw bad_request(where + ".function.parameters must be an object", "tools");
+    }
+    return *t;
+}
+
+void parse_tool_choice(const ojson& body, GenRequest& g) {
+    g.parallel_tool_calls = opt_bool(body, "parallel_tool_calls", true);
+    const ojson* tc = field(body, "tool_choice");
+    if (!tc) return;
+    if (tc->is_string()) {
+        const std::string s = tc->get<std::string>();
+        if (s == "auto")
+            g.tool_choice = ToolChoice::Auto;
+        else if (s == "none")
+            g.tool_choice = ToolChoice::None;
+        else if (s == "required")
+            g.tool_choice = ToolChoice::Required;
+        else
+            throw bad_request(
+                "'tool_choice' must be \"none\", \"auto\", \"required\" or a function",
+                "tool_choice");
+    } else if (tc->is_object()) {
+        const ojson* fn = field(*tc, "function");
+        const ojson* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+        if (!name || !name->is_string())
+            throw bad_request(
+                "'tool_choice' as an object must be {\"type\": \"function\", \"function\": "
+                "{\"name\": ...}}",
+                "tool_choice");
+        g.tool_choice = ToolChoice::Named;
+        g.tool_name = name->get<std::string>();
+    } else {
+        throw type_error("tool_choice", "a string or an object", *tc);
+    }
+    if (g.tool_choice == ToolChoice::Required || g.tool_choice == ToolChoice::Named) {
+        if (g.tools.is_null())
+            throw bad_request("'tool_choice' asks for a tool call but the request has no tools",
+                              "tool_choice");
+        if (g.tool_choice == ToolChoice::Named) {
+            bool found = false;
+            for (const auto& t : g.tools) found |= t["function"]["name"] == g.tool_name;
+            if (!found)
+                throw bad_request(
+                    "'tool_choice' names '" + g.tool_name + "', which is not in 'tools'",
+                    "tool_choice");
+        }
+    }
+}
+
+bool forced_tool(const GenRequest& g) {
+    return g.tool_choice == ToolChoice::Required || g.tool_choice == ToolChoice::Named;
+}
+
+void check_combinations(const GenRequest& g) {
+    if (g.grammar && forced_tool(g))
+        throw bad_request("'response_format' cannot be combined with a forced 'tool_choice'",
+                          "response_format");
+    if (g.ignore_eos && (g.grammar || forced_tool(g)))
+        throw bad_request(
+            "'ignore_eos' cannot be combined with 'response_format' or a forced "
+            "'tool_choice' (they end with a stop token)",
+            "ignore_eos");
+}
+
+}  // namespace
+
+ojson parse_body(std::string_view body) {
+    ojson j;
+    try {
+        // The callback caps nesting: deep documents would exhaust the stack later.
+        j = ojson::parse(body, [](int depth, ojson::parse_event_t, ojson&) {
+            if (depth > kMaxDepth)
+                throw ApiError(
+                    400,
+                    "the JSON body is nested deeper than " + std::to_string(kMaxDepth) + " levels",
+                    "", "invalid_json");
+            return true;
+        });
+    } catch (const ojson::exception& e) {
+        throw ApiError(400, std::string("the body is not valid JSON: ") + e.what(), "",
+                       "invalid_json");
+    }
+    if (!j.is_object()) throw ApiError(400, "the body must be a JSON object", "", "invalid_json");
+    return j;
+}
+
+GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
+    GenRequest g;
+    g.endpoint = Endpoint::Chat;
+    parse_common(body, mc, g);
+    if (const ojson* lp = field(body, "logprobs")) {
+        if (!lp->is_boolean()) throw type_error("logprobs", "a boolean", *lp);
+        if (lp->get<bool>()) throw unsupported("logprobs", "");
+    }
+
+    const ojson* msgs = field(body, "messages");
+    if (!msgs)
+        throw bad_request("'messages' is required", "messages", "missing_required_parameter");
+    if (!msgs->is_array()) throw type_error("messages", "an array", *msgs);
+    if (msgs->empty()) throw bad_request("'messages' must not be empty", "messages");
+    std::vector<text::ChatMessage> history;
+    try {
+        history = text::messages_from_openai(*msgs);
+    } catch (const Error& e) {
+        throw bad_request(std::string("messages: ") + e.what(), "messages");
+    }
+
+    g.tools = parse_tools(body);
+    parse_tool_choice(body, g);
+    parse_response_format(body, g, mc);
+    check_combinations(g);
+
+    // Reasoning: think (bool), chat_template_kwargs.enable_thinking, reasoning_effort.
+    text::ChatOptions opt;
+    std::optional<bool> think;
+    if (const ojson* k = field(body, "chat_template_kwargs")) {
+        if (!k->is_object()) throw type_error("chat_template_kwargs", "an object", *k);
+        if (field(*k, "enable_thinking")) think = opt_bool(*k, "enable_thinking", false);
+        if (field(*k, "clear_thinking"))
+            opt.keep_past_reasoning = !opt_bool(*k, "clear_thinking", true);
+    }
+    if (field(body, "think")) think = opt_bool(body, "think", false);
+    text::ReasoningEffort effort = text::ReasoningEffort::Default;
+    if (const ojson* e = field(body, "reasoning_effort")) {
+        if (!e->is_string()) throw type_error("reasoning_effort", "a string", *e);
+        try {
+            effort = text::parse_reasoning_effort(e->get<std::string>());
+        } catch (const Error& err) {
+            throw bad_request(std::string("reasoning_effort: ") + err.what(), "reasoning_effort");
+        }
+    }
+    if (effort == text::ReasoningEffort::None) {
+        if (think.value_or(false))
+            throw bad_request("'think' is true but 'reasoning_effort' is \"none\"",
+                              "reasoning_effort");
+        think = false;
+    }
+    opt.thinking = think;
+    opt.effort = think == false ? text::ReasoningEffort::Default : effort;
+
+    // tool_choice "none": the model is not told about the tools (and cannot call one).
+    const ojson prompt_tools = g.tool_choice == ToolChoice::None ? ojson(nullptr) : g.tools;
+    text::RenderedPrompt p;
+    try {
+        p = mc.format->render(history, prompt_tools, opt);
+    } catch (const Error& e) {
+        throw bad_request(std::string("messages: ") + e.what(), "messages");
+    }
+    g.reasoning_open = p.reasoning_open;
+    g.warnings = p.warnings;
+    PromptInput in;
+    in.tokens = text::encode_prompt(*mc.tok, p);
+    check_context(in.tokens.size(), mc, "messages");
+    g.prompts.push_back(std::move(in));
+    check_total_choices(g, mc);
+    return g;
+}
+
+GenRequest parse_completion_request(const ojson& body, const ModelContext& mc) {
+    GenRequest g;
+    g.endpoint = Endpoint::Completion;
+    parse_common(body, mc, g);
+    g.echo = opt_bool(body, "echo", false);
+    if (const ojson* s = field(body, "suffix")) {
+        if (!s->is_string()) throw type_error("suffix", "a string", *s);
+        if (!s->get<std::string>().empty()) throw unsupported("suffix", "");
+    }
+    if (const ojson* lp = field(body, "logprobs")) {
+        if (!(lp->is_boolean() && !lp->get<bool>())) throw unsupported("logprobs", "");
+    }
+    if (opt_int(body, "best_of", g.n, 1, 1 << 20) != g.n)
+        throw unsupported("best_of", " (other than equal to n)");
+    parse_response_format(body, g, mc);
+    check_combinations(g);
+
+    const ojson* p = field(body, "prompt");
+    if (!p) throw bad_request("'prompt' is required", "prompt", "missing_required_parameter");
+    const int32_t n_vocab = mc.tok->n_vocab();
+    auto token_prompt = [&](const ojson& arr) {
+        PromptInput in;
+        for (const auto& x : arr) {
+            if (!x.is_number_integer() && !x.is_number_unsigned())
+                throw bad_request("a token prompt must hold integers only", "prompt",
+                                  "invalid_type");
+            const int64_t id = x.get<int64_t>();
+            if (id < 0 || id >= n_vocab)
+                throw bad_request("token id " + std::to_string(id) +
+                                      " is outside the vocabulary (0.." +
+                                      std::to_string(n_vocab - 1) + ")",
+                                  "prompt");
+            in.tokens.push_back(int32_t(id));
+        }
+        in.text = mc.tok->decode(in.tokens);
+        return in;
+    };
+    auto text_prompt = [&](const std::string& s) {
+        PromptInput in;
+        in.tokens = mc.tok->encode(s, true);
+        in.text = s;
+        return in;
+    };
+    if (p->is_string()) {
+        g.prompts.push_back(text_prompt(p->get<std::string>()));
+    } else if (p->is_array()) {
+        if (p->empty()) throw bad_request("'prompt' must not be empty", "prompt");
+        const ojson& first = (*p)[0];
+        if (first.is_number()) {
+            g.prompts.push_back(token_prompt(*p));
+        } else {
+            for (const auto& x : *p) {
+                if (x.is_string())
+                    g.prompts.push_back(text_prompt(x.get<std::string>()));
+                else if (x.is_array())
+                    g.prompts.push_back(token_prompt(x));
+                else
+                    throw type_error("prompt",
+                                     "a string, an array of token ids, or an array of those", x);
+            }
+        }
+    } else {
+        throw type_error("prompt", "a string, an array of token ids, or an array of those", *p);
+    }
+    for (const auto& in : g.prompts) check_context(in.tokens.size(), mc, "prompt");
+    check_total_choices(g, mc);
+    return g;
+}
+
+runtime::RequestParams engine_params(const GenRequest& g, int index, const ModelContext& mc) {
+    runtime::RequestParams p;
+    const int sample = index % g.n;
+    p.prompt = g.prompts[size_t(index / g.n)].tokens;
+    p.sampling = g.sampling;
+    if (g.seed_given || mc.seed_fixed) {
+        p.sampling.seed = g.sampling.seed + uint64_t(sample);
+    } else {
+        thread_local std::mt19937_64 rng{std::random_device{}()};
+        p.sampling.seed = rng();
+    }
+    const int64_t room = mc.n_ctx - int64_t(p.prompt.size());
+    int64_t want = g.max_tokens > 0 ? g.max_tokens : mc.default_max_tokens;
+    p.max_tokens = want > 0 ? std::min(want, room) : room;
+    if (!g.ignore_eos)
+        for (int32_t s : mc.tok->stop_ids()) p.stop_ids.insert(s);
+    p.use_prefix_cache = g.use_prefix_cache;
+    try {
+        if (g.grammar) {
+            p.constraint =
+                runtime::make_json_constraint(g.grammar, mc.json_vocab, g.reasoning_open);
+        } else if (forced_tool(g)) {
+            p.constraint = std::make_unique<ToolCallConstraint>(
+                mc.tool_vocab, g.tools, g.tool_choice == ToolChoice::Named ? g.tool_name : "",
+                g.reasoning_open);
+        } else if (g.endpoint == Endpoint::Chat &&
+                   (g.tools.is_null() || g.tool_choice == ToolChoice::None) && mc.tool_vocab &&
+                   mc.tool_vocab->tool_open >= 0) {
+            // No tools to call: the marker that would start a call is never sampled.
+            p.constraint =
+                std::make_unique<BanConstraint>(std::vector<int32_t>{mc.tool_vocab->tool_open});
+        }
+    } catch (const Error& e) {
+        throw bad_request(e.what(), g.grammar ? "response_format" : "tool_choice");
+    }
+    return p;
+}
+
+}  // namespace glm5::server

@@ -1,0 +1,101 @@
+// OpenAI request bodies -> what the engine runs. Parsing validates every field it
+// reads and throws ApiError (4xx, OpenAI's error shape) naming the offending one;
+// fields it does not know are ignored, as vLLM and llama.cpp do.
+//
+// /v1/chat/completions: messages (system / user / assistant / tool), tools, tool_choice
+// ("auto" | "none" | "required" | {"type": "function", "function": {"name"}}),
+// parallel_tool_calls, think (bool), reasoning_effort ("none" | "low" | "medium" | "high";
+// low / medium / high render the format's Low / Max / High and turn reasoning on),
+// chat_template_kwargs.enable_thinking, response_format (text / json_object / json_schema).
+// /v1/completions: prompt (a string, token ids, or a list of either), echo.
+// Both: model, stream, stream_options.include_usage, n, max_tokens (chat also
+// max_completion_tokens), temperature, top_p, top_k, min_p, seed, stop,
+// repetition_penalty (or repeat_penalty), ignore_eos, cache_prompt. presence_penalty,
+// frequency_penalty, logit_bias, logprobs, suffix and best_of are refused unless they
+// ask for nothing (0 / empty / false / null).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+#include "server/api_error.h"
+
+namespace glm5::text {
+class Tokenizer;
+class ChatFormat;
+}  // namespace glm5::text
+
+namespace glm5::runtime {
+class JsonGrammar;
+class JsonVocab;
+}  // namespace glm5::runtime
+
+namespace glm5::server {
+
+class ToolVocab;
+
+// What parsing needs to know about the served model and the server's defaults.
+struct ModelContext {
+    const text::Tokenizer* tok = nullptr;
+    const text::ChatFormat* format = nullptr;
+    std::string id;                  // reported as "model"
+    std::vector<std::string> names;  // accepted in a request's "model" (id first)
+    int64_t n_ctx = 4096;
+    std::shared_ptr<const runtime::JsonVocab> json_vocab;  // response_format
+    std::shared_ptr<const ToolVocab> tool_vocab;           // tool_choice constraints
+    runtime::SamplerParams sampling;                       // defaults for absent fields
+    bool seed_fixed = false;  // sampling.seed is a default seed, else one is drawn per choice
+    int64_t default_max_tokens = 0;  // <= 0: up to the end of the context
+    int max_choices = 16;            // n times the number of prompts
+};
+
+enum class Endpoint { Chat, Completion };
+enum class ToolChoice { Auto, None, Required, Named };
+
+struct PromptInput {
+    std::vector<int32_t> tokens;
+    std::string text;  // the prompt as text (completions' echo)
+};
+
+struct GenRequest {
+    Endpoint endpoint = Endpoint::Chat;
+    bool stream = false;
+    bool include_usage = false;
+    std::vector<PromptInput> prompts;  // chat: one
+    int n = 1;                         // choices per prompt
+    runtime::SamplerParams sampling;
+    bool seed_given = false;
+    int64_t max_tokens = 0;  // as asked (0: not given); clamped to the context per prompt
+    std::vector<std::string> stop;
+    bool ignore_eos = false;
+    bool echo = false;
+    bool use_prefix_cache = true;
+    // chat
+    bool reasoning_open = false;             // the prompt leaves <think> open
+    nlohmann::ordered_json tools = nullptr;  // null when none
+    ToolChoice tool_choice = ToolChoice::Auto;
+    std::string tool_name;  // ToolChoice::Named
+    bool parallel_tool_calls = true;
+    std::shared_ptr<const runtime::JsonGrammar> grammar;  // response_format
+    std::vector<std::string> warnings;                    // options the format could not honour
+
+    int choices() const { return int(prompts.size()) * n; }
+};
+
+// The request body as JSON; 400 when it is not a JSON object.
+nlohmann::ordered_json parse_body(std::string_view body);
+
+GenRequest parse_chat_request(const nlohmann::ordered_json& body, const ModelContext& mc);
+GenRequest parse_completion_request(const nlohmann::ordered_json& body, const ModelContext& mc);
+
+// The engine parameters of choice `index` (prompt index / n): prompt, sampling with
+// its own seed, max_tokens clamped to the context, stop ids, and a fresh constraint.
+runtime::RequestParams engine_params(const GenRequest& g, int index, const ModelContext& mc);
+
+}  // namespace glm5::server

@@ -1,0 +1,713 @@
+#include "server/server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "server/client_socket.h"
+#include "server/reply_stream.h"
+#include "text/tokenizer.h"
+
+namespace glm5::server {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How often a waiting handler looks at its client's socket.
+constexpr milliseconds kPoll{50};
+
+std::string dump(const ojson& j) {
+    return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+std::string sse(const ojson& j) {
+    return "data: " + dump(j) + "\n\n";
+}
+
+void send_json(httplib::Response& res, int status, const ojson& j) {
+    res.status = status;
+    res.set_content(dump(j), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+    send_json(res, e.status(), e.body());
+}
+
+int64_t unix_now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+// One event from the engine thread: a choice's text delta, or its end.
+struct Event {
+    int index = 0;
+    Delta delta;
+    bool done = false;
+    runtime::RequestResult result;
+};
+
+class Channel {
+  public:
+    void push(Event e) {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            q_.push_back(std::move(e));
+        }
+        cv_.notify_one();
+    }
+    // Moves what is there (waiting up to `timeout` for something) into out.
+    void take(std::vector<Event>& out, milliseconds timeout) {
+        std::unique_lock<std::mutex> lk(mu_);
+        if (timeout.count() > 0) cv_.wait_for(lk, timeout, [&] { return !q_.empty(); });
+        while (!q_.empty()) {
+            out.push_back(std::move(q_.front()));
+            q_.pop_front();
+        }
+    }
+
+  private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<Event> q_;
+};
+
+// What a choice has produced so far.
+struct ChoiceState {
+    std::string reasoning, content;
+    ojson tool_calls = ojson::array();
+    bool done = false;
+    runtime::RequestResult result;
+};
+
+std::string finish_reason(const ChoiceState& c) {
+    if (c.result.finish_reason == "length") return "length";
+    return c.tool_calls.empty() ? "stop" : "tool_calls";
+}
+
+// An engine request that ended without a reply: its error for the client.
+std::optional<ApiError> failure(const runtime::RequestResult& r) {
+    if (r.finish_reason == "error")
+        return ApiError(500, "generation failed: " + r.error, "", "generation_failed");
+    if (r.finish_reason == "cancelled")
+        return ApiError(503, "the request was cancelled: the server is shutting down", "",
+                        "shutting_down");
+    return std::nullopt;
+}
+
+ojson usage_json(const GenRequest& g, const std::vector<ChoiceState>& cs) {
+    int64_t prompt = 0, cached = 0, completion = 0;
+    for (size_t p = 0; p < g.prompts.size(); ++p) {
+        prompt += int64_t(g.prompts[p].tokens.size());
+        cached += cs[p * size_t(g.n)].result.cached_tokens;
+    }
+    for (const auto& c : cs) completion += int64_t(c.result.tokens.size());
+    ojson u = ojson::object();
+    u["prompt_tokens"] = prompt;
+    u["completion_tokens"] = completion;
+    u["total_tokens"] = prompt + completion;
+    u["prompt_tokens_details"] = {{"cached_tokens", cached}};
+    return u;
+}
+
+ojson timings_json(const std::vector<ChoiceState>& cs) {
+    double queue = 0, prompt = 0, gen = 0;
+    int64_t n = 0;
+    for (const auto& c : cs) {
+        queue = std::max(queue, c.result.queue_seconds);
+        prompt = std::max(prompt, c.result.prompt_seconds);
+        gen = std::max(gen, c.result.gen_seconds);
+        n += int64_t(c.result.tokens.size());
+    }
+    ojson t = ojson::object();
+    t["queue_ms"] = queue * 1e3;
+    t["prompt_ms"] = prompt * 1e3;
+    t["generation_ms"] = gen * 1e3;
+    t["generated_per_second"] = gen > 0 ? double(n) / gen : 0.0;
+    return t;
+}
+
+void apply(ChoiceState& c, const Delta& d) {
+    c.reasoning += d.reasoning;
+    c.content += d.content;
+    for (const auto& call : d.tool_calls) c.tool_calls.push_back(text::tool_call_to_openai(call));
+}
+
+}  // namespace
+
+struct Server::Exchange {
+    std::shared_ptr<Channel> channel = std::make_shared<Channel>();
+    std::vector<std::shared_ptr<runtime::Request>> requests;
+    void cancel() {
+        for (auto& r : requests) r->cancel();
+    }
+};
+
+// Counts a generation request as in flight for as long as it lives.
+struct InFlight {
+    explicit InFlight(Server* s) : s_(s) { s_->enter(); }
+    ~InFlight() { s_->leave(); }
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+    Server* s_;
+};
+
+Server::Server(runtime::Engine& engine, ModelContext mc, ServerOptions opt)
+    : engine_(engine), mc_(std::move(mc)), opt_(std::move(opt)) {
+    created_ = unix_now();
+    if (opt_.http_threads <= 0) opt_.http_threads = std::max(32, 4 * engine_.options().n_parallel);
+    http_ = std::make_unique<httplib::Server>();
+    const size_t threads = size_t(opt_.http_threads);
+    http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http_->set_payload_max_length(opt_.max_body_bytes);
+    http_->set_keep_alive_max_count(1000);
+    // An idle keep-alive connection holds a worker until this runs out, and shutdown
+    // waits for it.
+    http_->set_keep_alive_timeout(3);
+    http_->set_read_timeout(30);
+    http_->set_write_timeout(10);
+    http_->set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+    // httplib's default is SO_REUSEPORT, which lets a second server bind the same port
+    // and silently take half the connections; SO_REUSEADDR only allows a quick restart.
+    http_->set_socket_options([](int sock) {
+        int yes = 1;
+        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    });
+    routes();
+}
+
+Server::~Server() {
+    stop();
+}
+
+void Server::enter() {
+    ++in_flight_;
+}
+
+void Server::leave() {
+    {
+        std::lock_guard<std::mutex> lk(idle_mu_);
+        --in_flight_;
+    }
+    idle_cv_.notify_all();
+}
+
+bool Server::wait_idle(milliseconds timeout) {
+    std::unique_lock<std::mutex> lk(idle_mu_);
+    return idle_cv_.wait_for(lk, timeout, [&] { return in_flight_ == 0; });
+}
+
+void Server::begin_drain() {
+    draining_ = true;
+}
+
+bool Server::running() const {
+    return http_ && http_->is_running();
+}
+
+void Server::start() {
+    if (opt_.port == 0) {
+        port_ = http_->bind_to_any_port(opt_.host);
+        if (port_ <= 0) throw Error("cannot listen on " + opt_.host + " (any port)");
+    } else {
+        if (!http_->bind_to_port(opt_.host, opt_.port))
+            throw Error("cannot listen on " + opt_.host + ":" + std::to_string(opt_.port) +
+                        " (address in use, or not an address of this machine)");
+        port_ = opt_.port;
+    }
+    listener_ = std::thread([this] { http_->listen_after_bind(); });
+    monitor_ = std::thread([this] {
+        std::unique_lock<std::mutex> lk(stats_mu_);
+        while (!stop_monitor_) {
+            lk.unlock();
+            sample_rates();
+            lk.lock();
+            monitor_cv_.wait_for(lk, std::chrono::seconds(1), [&] { return stop_monitor_; });
+        }
+    });
+}
+
+void Server::stop() {
+    if (http_) http_->stop();
+    if (listener_.joinable()) listener_.join();
+    {
+        std::lock_guard<std::mutex> lk(stats_mu_);
+        stop_monitor_ = true;
+    }
+    monitor_cv_.notify_all();
+    if (monitor_.joinable()) monitor_.join();
+}
+
+void Server::sample_rates() {
+    const runtime::EngineStats s = engine_.stats();
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    samples_.push_back({Clock::now(), s.generated_tokens, s.prompt_tokens});
+    if (samples_.size() > 11) samples_.erase(samples_.begin());
+}
+
+void Server::count_status(int status) {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    http_status_[status]++;
+}
+
+std::string Server::metrics_text() {
+    const runtime::EngineStats s = engine_.stats();
+    double gen_rate = 0, prompt_rate = 0;
+    std::map<int, uint64_t> statuses;
+    {
+        std::lock_guard<std::mutex> lk(stats_mu_);
+        if (!samples_.empty()) {
+            const RateSample& a = samples_.front();
+            const double dt = std::chrono::duration<double>(Clock::now() - a.t).count();
+            if (dt > 0.2) {
+                gen_rate = double(s.generated_tokens - a.generated) / dt;
+                prompt_rate = double(s.prompt_tokens - a.prompt) / dt;
+            }
+        }
+        statuses = http_status_;
+    }
+    std::ostringstream o;
+    auto metric = [&](const char* name, const char* type, const char* help, auto value) {
+        o << "# HELP glm5_" << name << ' ' << help << "\n# TYPE glm5_" << name << ' ' << type
+          << "\nglm5_" << name << ' ' << value << '\n';
+    };
+    metric("requests_total", "counter", "Engine requests submitted (one per choice).",
+           s.requests_total);
+    metric("requests_finished_total", "counter", "Engine requests that ended, however they ended.",
+           s.requests_done);
+    metric("requests_cancelled_total", "counter",
+           "Engine requests cancelled (client gone, shutdown).", s.requests_cancelled);
+    metric("requests_failed_total", "counter", "Engine requests that failed.", s.requests_failed);
+    metric("prompt_tokens_total", "counter", "Prompt tokens of admitted requests (tokens in).",
+           s.prompt_tokens);
+    metric("prompt_tokens_cached_total", "counter",
+           "Prompt tokens taken from the prefix cache instead of evaluated.", s.cached_tokens);
+    metric("generated_tokens_total", "counter", "Tokens generated (tokens out).",
+           s.generated_tokens);
+    metric("generated_tokens_per_second", "gauge",
+           "Tokens generated per second over the last 10 s.", gen_rate);
+    metric("prompt_tokens_per_second", "gauge",
+           "Prompt tokens admitted per second over the last 10 s.", prompt_rate);
+    metric("forwards_total", "counter", "Model forwards (one per engine step).", s.forwards);
+    metric("forward_seconds_total", "counter", "Seconds spent in model forwards.", s.busy_seconds);
+    metric("queue_depth", "gauge", "Requests waiting for a slot.", s.queue_depth);
+    metric("busy_slots", "gauge", "Slots bound to a request.", s.busy_slots);
+    metric("slots", "gauge", "Slots (--parallel).", engine_.options().n_parallel);
+    metric("retained_entries", "gauge", "Finished sequences kept for prefix reuse.",
+           s.retained_entries);
+    metric("retained_bytes", "gauge", "Memory held by retained sequences.", s.retained_bytes);
+    metric("http_in_flight", "gauge", "Generation requests being served.", in_flight_.load());
+    metric("draining", "gauge", "1 while shutting down.", draining_ ? 1 : 0);
+    o << "# HELP glm5_http_responses_total HTTP responses by status code.\n"
+         "# TYPE glm5_http_responses_total counter\n";
+    for (const auto& [code, n] : statuses)
+        o << "glm5_http_responses_total{code=\"" << code << "\"} " << n << '\n';
+    return o.str();
+}
+
+void Server::routes() {
+    using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+    auto guarded = [](Handler h) {
+        return [h](const httplib::Request& req, httplib::Response& res) {
+            try {
+                h(req, res);
+            } catch (const ApiError& e) {
+                send_error(res, e);
+            } catch (const std::exception& e) {
+                send_error(res, ApiError(500, std::string("internal error: ") + e.what()));
+            }
+        };
+    };
+
+    auto chat = guarded([this](const auto& req, auto& res) { generate(req, res, Endpoint::Chat); });
+    auto completion =
+        guarded([this](const auto& req, auto& res) { generate(req, res, Endpoint::Completion); });
+    http_->Post("/v1/chat/completions", chat);
+    http_->Post("/chat/completions", chat);
+    http_->Post("/v1/completions", completion);
+    http_->Post("/completions", completion);
+
+    auto model_json = [this] {
+        ojson m = ojson::object();
+        m["id"] = mc_.id;
+        m["object"] = "model";
+        m["created"] = created_;
+        m["owned_by"] = "glm5.cpp";
+        m["meta"] = {{"n_ctx", mc_.n_ctx}, {"n_vocab", mc_.tok->n_vocab()}};
+        return m;
+    };
+    auto models = [model_json](const httplib::Request&, httplib::Response& res) {
+        send_json(res, 200, {{"object", "list"}, {"data", ojson::array({model_json()})}});
+    };
+    http_->Get("/v1/models", models);
+    http_->Get("/models", models);
+    http_->Get(R"(/v1/models/(.+))", guarded([this, model_json](const auto& req, auto& res) {
+                   const std::string name = req.matches[1];
+                   if (std::find(mc_.names.begin(), mc_.names.end(), name) == mc_.names.end())
+                       throw ApiError(404, "The model '" + name + "' does not exist", "model",
+                                      "model_not_found");
+                   send_json(res, 200, model_json());
+               }));
+
+    auto health = [this](const httplib::Request&, httplib::Response& res) {
+        const runtime::EngineStats s = engine_.stats();
+        ojson j = ojson::object();
+        j["status"] = draining_ ? "shutting down" : "ok";
+        j["slots_busy"] = s.busy_slots;
+        j["slots_total"] = engine_.options().n_parallel;
+        j["queue_depth"] = s.queue_depth;
+        send_json(res, draining_ ? 503 : 200, j);
+    };
+    http_->Get("/health", health);
+    http_->Get("/v1/health", health);
+    http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+        res.set_content(metrics_text(), "text/plain; version=0.0.4");
+    });
+    // CORS preflight.
+    http_->Options(R"(.*)", [](const httplib::Request&, httplib::Response& res) {
+        res.status = 204;
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        res.set_header("Access-Control-Max-Age", "86400");
+    });
+
+    http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+        if (opt_.api_key.empty() || req.method == "OPTIONS" || req.path == "/health" ||
+            req.path == "/v1/health" || req.path == "/metrics")
+            return httplib::Server::HandlerResponse::Unhandled;
+        const std::string want = "Bearer " + opt_.api_key;
+        const std::string got = req.get_header_value("Authorization");
+        // Compare every byte so the time taken says nothing about the key.
+        bool ok = got.size() == want.size();
+        unsigned char diff = 0;
+        for (size_t i = 0; i < want.size(); ++i)
+            diff |= uint8_t(want[i]) ^ uint8_t(i < got.size() ? got[i] : 0);
+        if (ok && diff == 0) return httplib::Server::HandlerResponse::Unhandled;
+        send_error(res,
+                   ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                            "", "invalid_api_key"));
+        return httplib::Server::HandlerResponse::Handled;
+    });
+
+    // Replies httplib makes on its own (no route, body too large, bad HTTP) in the same
+    // JSON shape as ours; handlers' own error bodies are left alone.
+    http_->set_error_handler(httplib::Server::HandlerWithResponse(
+        [this](const httplib::Request& req, httplib::Response& res) {
+            if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+            std::string msg;
+            std::string code;
+            switch (res.status) {
+                case 404:
+                    msg = "no endpoint " + req.method + " " + req.path;
+                    code = "not_found";
+                    break;
+                case 413:
+                    msg = "the request body is larger than the limit of " +
+                          std::to_string(opt_.max_body_bytes) + " bytes";
+                    code = "body_too_large";
+                    break;
+                case 405:
+                    msg = "method " + req.method + " is not allowed on " + req.path;
+                    break;
+                default:
+                    msg = "the HTTP request could not be served (status " +
+                          std::to_string(res.status) + ")";
+            }
+            send_error(res, ApiError(res.status, msg, "", code));
+            return httplib::Server::HandlerResponse::Handled;
+        }));
+    http_->set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+            std::string what = "unknown";
+            try {
+                if (ep) std::rethrow_exception(ep);
+            } catch (const std::exception& e) {
+                what = e.what();
+            } catch (...) {
+            }
+            send_error(res, ApiError(500, "internal error: " + what));
+        });
+    http_->set_logger([this](const httplib::Request&, const httplib::Response& res) {
+        count_status(res.status);
+    });
+}
+
+void Server::generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
+    if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+    auto guard = std::make_shared<InFlight>(this);
+    const ojson body = parse_body(req.body);
+    GenRequest g =
+        ep == Endpoint::Chat ? parse_chat_request(body, mc_) : parse_completion_request(body, mc_);
+    for (const auto& w : g.warnings) log_info("glm5 serve: %s\n", w.c_str());
+
+    // Every choice's parameters first, so a refused constraint is a 400 before anything runs.
+    std::vector<runtime::RequestParams> params;
+    for (int k = 0; k < g.choices(); ++k) params.push_back(engine_params(g, k, mc_));
+
+    ReplyStreamOptions ro;
+    ro.parse = ep == Endpoint::Chat;
+    ro.reasoning_open = g.reasoning_open;
+    ro.tools = g.tools;
+    ro.stop = g.stop;
+    ro.single_tool_call = ep == Endpoint::Chat && !g.parallel_tool_calls;
+
+    auto ex = std::make_shared<Exchange>();
+    for (int k = 0; k < g.choices(); ++k) {
+        auto rs = std::make_shared<ReplyStream>(*mc_.tok, ro);
+        std::shared_ptr<Channel> ch = ex->channel;
+        auto on_token = [rs, ch, k](int32_t t) {
+            Event e;
+            e.index = k;
+            const bool more = rs->push(t, e.delta);
+            if (!e.delta.empty()) ch->push(std::move(e));
+            return more;
+        };
+        auto on_done = [rs, ch, k](const runtime::RequestResult& r) {
+            Event e;
+            e.index = k;
+            rs->finish(e.delta);
+            e.done = true;
+            e.result = r;
+            ch->push(std::move(e));
+        };
+        try {
+            ex->requests.push_back(engine_.submit(std::move(params[size_t(k)]), on_token, on_done));
+        } catch (const Error& e) {
+            ex->cancel();
+            if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+            throw bad_request(e.what());
+        }
+    }
+    if (g.stream) {
+        respond_stream(req, res, g, ex);
+        // The stream's provider holds its own InFlight; this one ends with the handler.
+    } else {
+        respond_plain(req, res, g, ex);
+    }
+    (void)guard;
+}
+
+void Server::respond_plain(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
+                           std::shared_ptr<Exchange> ex) {
+    const int fd =
+        find_client_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+    std::vector<ChoiceState> cs(size_t(g.choices()));
+    int pending = g.choices();
+    std::vector<Event> evs;
+    while (pending > 0) {
+        evs.clear();
+        ex->channel->take(evs, kPoll);
+        for (auto& e : evs) {
+            ChoiceState& c = cs[size_t(e.index)];
+            apply(c, e.delta);
+            if (e.done) {
+                c.done = true;
+                c.result = std::move(e.result);
+                --pending;
+            }
+        }
+        if (pending > 0 && client_gone(fd)) {
+            ex->cancel();
+            if (opt_.log_requests)
+                log_info("glm5 serve: %s %s: client went away, cancelled\n", req.method.c_str(),
+                         req.path.c_str());
+            res.status = 499;  // nginx's "client closed request"; nobody reads it
+            return;
+        }
+    }
+    for (const auto& c : cs)
+        if (auto err = failure(c.result)) throw *err;
+
+    const bool chat = g.endpoint == Endpoint::Chat;
+    ojson j = ojson::object();
+    j["id"] = random_id(chat ? "chatcmpl-" : "cmpl-");
+    j["object"] = chat ? "chat.completion" : "text_completion";
+    j["created"] = unix_now();
+    j["model"] = mc_.id;
+    ojson choices = ojson::array();
+    for (size_t k = 0; k < cs.size(); ++k) {
+        const ChoiceState& c = cs[k];
+        ojson ch = ojson::object();
+        ch["index"] = k;
+        if (chat) {
+            ojson m = ojson::object();
+            m["role"] = "assistant";
+            m["content"] =
+                c.content.empty() && !c.tool_calls.empty() ? ojson(nullptr) : ojson(c.content);
+            if (!c.reasoning.empty()) m["reasoning_content"] = c.reasoning;
+            if (!c.tool_calls.empty()) m["tool_calls"] = c.tool_calls;
+            ch["message"] = std::move(m);
+        } else {
+            ch["text"] = (g.echo ? g.prompts[k / size_t(g.n)].text : std::string()) + c.content;
+        }
+        ch["logprobs"] = nullptr;
+        ch["finish_reason"] = finish_reason(c);
+        choices.push_back(std::move(ch));
+    }
+    j["choices"] = std::move(choices);
+    j["usage"] = usage_json(g, cs);
+    j["timings"] = timings_json(cs);
+    if (opt_.log_requests) {
+        const ojson& u = j["usage"];
+        log_info("glm5 serve: %s %s: %lld prompt tokens (%lld cached) + %lld generated, %s\n",
+                 req.method.c_str(), req.path.c_str(), (long long)u["prompt_tokens"].get<int64_t>(),
+                 (long long)u["prompt_tokens_details"]["cached_tokens"].get<int64_t>(),
+                 (long long)u["completion_tokens"].get<int64_t>(),
+                 cs[0].result.finish_reason.c_str());
+    }
+    send_json(res, 200, j);
+}
+
+void Server::respond_stream(const httplib::Request& req, httplib::Response& res,
+                            const GenRequest& g, std::shared_ptr<Exchange> ex) {
+    struct Stream {
+        GenRequest g;
+        std::shared_ptr<Exchange> ex;
+        std::unique_ptr<InFlight> guard;
+        std::vector<ChoiceState> cs;
+        std::vector<int> tool_index;
+        int pending = 0;
+        int fd = -1;
+        bool started = false;
+        std::string id;
+        int64_t created = 0;
+        std::string path;
+    };
+    auto st = std::make_shared<Stream>();
+    st->g = g;
+    st->ex = std::move(ex);
+    st->guard = std::make_unique<InFlight>(this);
+    st->cs.resize(size_t(g.choices()));
+    st->tool_index.assign(size_t(g.choices()), 0);
+    st->pending = g.choices();
+    st->fd = find_client_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+    const bool chat = g.endpoint == Endpoint::Chat;
+    st->id = random_id(chat ? "chatcmpl-" : "cmpl-");
+    st->created = unix_now();
+    st->path = req.path;
+
+    auto chunk = [this, st, chat](int index, ojson delta_or_text, const ojson& finish) {
+        ojson j = ojson::object();
+        j["id"] = st->id;
+        j["object"] = chat ? "chat.completion.chunk" : "text_completion";
+        j["created"] = st->created;
+        j["model"] = mc_.id;
+        ojson c = ojson::object();
+        c["index"] = index;
+        if (chat)
+            c["delta"] = std::move(delta_or_text);
+        else
+            c["text"] = std::move(delta_or_text);
+        c["logprobs"] = nullptr;
+        c["finish_reason"] = finish;
+        j["choices"] = ojson::array({std::move(c)});
+        if (st->g.include_usage) j["usage"] = nullptr;
+        return sse(j);
+    };
+
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, st, chat, chunk](size_t, httplib::DataSink& sink) {
+            std::string out;
+            if (!st->started) {
+                // The first chunk goes out at once: the client sees the reply start.
+                st->started = true;
+                for (int k = 0; k < st->g.choices(); ++k) {
+                    if (chat)
+                        out += chunk(k, {{"role", "assistant"}, {"content", ""}}, nullptr);
+                    else if (st->g.echo)
+                        out += chunk(k, st->g.prompts[size_t(k / st->g.n)].text, nullptr);
+                }
+            }
+            std::vector<Event> evs;
+            st->ex->channel->take(evs, out.empty() ? kPoll : milliseconds(0));
+            for (auto& e : evs) {
+                ChoiceState& c = st->cs[size_t(e.index)];
+                const Delta& d = e.delta;
+                if (chat) {
+                    if (!d.reasoning.empty())
+                        out += chunk(e.index, {{"reasoning_content", d.reasoning}}, nullptr);
+                    if (!d.content.empty())
+                        out += chunk(e.index, {{"content", d.content}}, nullptr);
+                    if (!d.tool_calls.empty()) {
+                        ojson calls = ojson::array();
+                        for (const auto& call : d.tool_calls) {
+                            ojson tc = text::tool_call_to_openai(call);
+                            ojson indexed = ojson::object();
+                            indexed["index"] = st->tool_index[size_t(e.index)]++;
+                            for (auto& [k, v] : tc.items()) indexed[k] = v;
+                            calls.push_back(std::move(indexed));
+                        }
+                        out += chunk(e.index, {{"tool_calls", calls}}, nullptr);
+                    }
+                } else if (!d.content.empty()) {
+                    out += chunk(e.index, d.content, nullptr);
+                }
+                apply(c, d);
+                if (!e.done) continue;
+                c.done = true;
+                c.result = std::move(e.result);
+                --st->pending;
+                if (auto err = failure(c.result))
+                    out += sse(err->body());
+                else
+                    out += chunk(e.index, chat ? ojson::object() : ojson(""), finish_reason(c));
+            }
+            if (st->pending == 0) {
+                if (st->g.include_usage) {
+                    ojson j = ojson::object();
+                    j["id"] = st->id;
+                    j["object"] = chat ? "chat.completion.chunk" : "text_completion";
+                    j["created"] = st->created;
+                    j["model"] = mc_.id;
+                    j["choices"] = ojson::array();
+                    j["usage"] = usage_json(st->g, st->cs);
+                    out += sse(j);
+                }
+                out += "data: [DONE]\n\n";
+            }
+            if (!out.empty() && !sink.write(out.data(), out.size())) {
+                st->ex->cancel();
+                return false;
+            }
+            if (st->pending == 0) {
+                if (opt_.log_requests) {
+                    const ojson u = usage_json(st->g, st->cs);
+                    log_info(
+                        "glm5 serve: POST %s (stream): %lld prompt tokens (%lld cached) + %lld "
+                        "generated, %s\n",
+                        st->path.c_str(), (long long)u["prompt_tokens"].get<int64_t>(),
+                        (long long)u["prompt_tokens_details"]["cached_tokens"].get<int64_t>(),
+                        (long long)u["completion_tokens"].get<int64_t>(),
+                        st->cs[0].result.finish_reason.c_str());
+                }
+                sink.done();
+                return true;
+            }
+            if (client_gone(st->fd)) {
+                st->ex->cancel();
+                if (opt_.log_requests)
+                    log_info("glm5 serve: POST %s (stream): client went away, cancelled\n",
+                             st->path.c_str());
+                return false;
+            }
+            return true;
+        },
+        [st](bool) {
+            // However the stream ended: nothing keeps generating for it.
+            st->ex->cancel();
+            st->guard.reset();
+        });
+}
+
+}  // namespace glm5::server

@@ -1,0 +1,116 @@
+// The OpenAI-compatible HTTP server over a runtime::Engine.
+//
+//   POST /v1/chat/completions, /v1/completions   (also without the /v1 prefix)
+//   GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
+//
+// Each choice of a request is one engine request (one slot; beyond --parallel they
+// queue in the engine). Tokens come back on the engine thread, are turned into text
+// deltas there (reply_stream.h) and handed to the HTTP thread through a channel; the
+// HTTP thread writes SSE chunks or, for a plain request, waits and writes one JSON
+// reply. While it waits it watches the client's socket: a client that goes away has
+// its requests cancelled at once, streaming or not.
+//
+// Shutdown: begin_drain() refuses new generation requests (503) and lets the ones in
+// flight finish; cancel_all() cancels them (streams end with an error event, plain
+// requests get 503); stop() closes the listener once nothing is in flight.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "server/request.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace glm5::server {
+
+struct ServerOptions {
+    std::string host = "127.0.0.1";
+    int port = 8080;      // 0: any free port (see port())
+    std::string api_key;  // non-empty: /v1/* needs "Authorization: Bearer <key>"
+    size_t max_body_bytes = size_t(32) << 20;
+    int http_threads = 0;  // 0: enough for every slot and queued request (4 * parallel, >= 32)
+    bool log_requests = true;
+};
+
+class Server {
+  public:
+    Server(runtime::Engine& engine, ModelContext mc, ServerOptions opt);
+    ~Server();
+    Server(const Server&) = delete;
+    Server& operator=(const Server&) = delete;
+
+    // Binds the listening socket (throws glm5::Error when it cannot) and starts serving
+    // on a thread of its own.
+    void start();
+    int port() const { return port_; }
+    bool running() const;
+
+    void begin_drain();
+    bool draining() const { return draining_; }
+    // Generation requests being served (streams until their last byte).
+    int in_flight() const { return in_flight_; }
+    // Waits until nothing is in flight; false on timeout.
+    bool wait_idle(std::chrono::milliseconds timeout);
+    // Stops the listener and joins its thread.
+    void stop();
+
+    // Prometheus text for /metrics.
+    std::string metrics_text();
+
+    struct Exchange;  // one HTTP request's engine requests and their channel
+
+  private:
+    void routes();
+    void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
+    void respond_plain(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
+                       std::shared_ptr<Exchange> ex);
+    void respond_stream(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
+                        std::shared_ptr<Exchange> ex);
+    void count_status(int status);
+    void sample_rates();
+
+    runtime::Engine& engine_;
+    ModelContext mc_;
+    ServerOptions opt_;
+    std::unique_ptr<httplib::Server> http_;
+    std::thread listener_;
+    std::thread monitor_;
+    int port_ = 0;
+    int64_t created_ = 0;
+    std::string fingerprint_;
+
+    std::atomic<bool> draining_{false};
+    std::atomic<int> in_flight_{0};
+    std::mutex idle_mu_;
+    std::condition_variable idle_cv_;
+
+    std::mutex stats_mu_;
+    std::condition_variable monitor_cv_;
+    bool stop_monitor_ = false;
+    std::map<int, uint64_t> http_status_;
+    struct RateSample {
+        std::chrono::steady_clock::time_point t;
+        uint64_t generated = 0, prompt = 0;
+    };
+    std::vector<RateSample> samples_;  // the last ~10 s, one a second
+
+    friend struct InFlight;
+    void enter();
+    void leave();
+};
+
+}  // namespace glm5::server
