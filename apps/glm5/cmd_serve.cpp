@@ -1,0 +1,219 @@
+// glm5 serve: an OpenAI-compatible HTTP server (src/server) over the serving engine.
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "args.h"
+#include "commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "default_model.h"
+#include "model_setup.h"
+#include "runtime/engine.h"
+#include "runtime/json_constraint.h"
+#include "server/server.h"
+#include "server/tool_constraint.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
+
+namespace glm5::app {
+
+namespace {
+
+// SIGINT / SIGTERM: counted, and a byte on a pipe wakes the main thread. Only
+// async-signal-safe calls here.
+std::atomic<int> g_signals{0};
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int) {
+    g_signals.fetch_add(1);
+    const char c = 1;
+    ssize_t r = write(g_signal_pipe[1], &c, 1);
+    (void)r;
+}
+
+void install_signal_handlers() {
+    if (pipe(g_signal_pipe) != 0) throw Error("cannot create the signal pipe");
+    struct sigaction sa = {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    signal(SIGPIPE, SIG_IGN);  // a client that went away must not end the server
+}
+
+// Waits up to `ms` for a signal; true when one arrived.
+bool wait_signal(int ms) {
+    pollfd p{g_signal_pipe[0], POLLIN, 0};
+    if (poll(&p, 1, ms) > 0) {
+        char buf[16];
+        ssize_t r = read(g_signal_pipe[0], buf, sizeof(buf));
+        (void)r;
+    }
+    return g_signals.load() > 0;
+}
+
+// "512", "64K", "512M", "2G" (powers of 1024) -> bytes.
+size_t parse_size(const std::string& s, const std::string& flag) {
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(s.c_str(), &end);
+    double mult = 1;
+    std::string suffix = end ? std::string(end) : "";
+    if (suffix == "K" || suffix == "k" || suffix == "KiB")
+        mult = 1024.0;
+    else if (suffix == "M" || suffix == "m" || suffix == "MiB")
+        mult = 1024.0 * 1024;
+    else if (suffix == "G" || suffix == "g" || suffix == "GiB")
+        mult = 1024.0 * 1024 * 1024;
+    else if (!suffix.empty())
+        mult = -1;
+    if (end == s.c_str() || errno || mult < 0 || !(v >= 0) || v * mult > 1e18)
+        throw UsageError("--" + flag + " expects a size like 65536, 512K, 64M or 2G, got '" + s +
+                         "'");
+    return size_t(v * mult);
+}
+
+std::string base_name(const std::string& path) {
+    const size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+int cmd_serve(int argc, char** argv) {
+    Args a("serve",
+           "An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions "
+           "(streaming or not), GET /v1/models, /health and /metrics. Requests beyond --parallel "
+           "queue; SIGINT / SIGTERM finish the requests in flight (a second one cancels them) and "
+           "exit with code 0.");
+    add_model_flags(a, false);
+    a.option("host", "ADDR", "127.0.0.1", "address to listen on");
+    a.option("port", "N", "8080", "port to listen on (0: any free port, printed at start)");
+    a.option("parallel", "N", "4", "requests decoded at once (slots); more queue", "-np");
+    a.option("ctx-size", "N", "4096", "context per slot in tokens (prompt and reply)", "-c");
+    a.option("ubatch", "N", "512", "most prompt tokens per forward, all slots together");
+    a.flag("prefix-cache", "keep finished sequences and reuse shared prompt prefixes", true);
+    a.option("cache-budget", "SIZE", "2G",
+             "memory for retained sequences (prefix cache), e.g. 512M");
+    a.option("api-key", "KEY", "",
+             "require 'Authorization: Bearer KEY' on /v1/* (also $GLM5_API_KEY)");
+    a.option("max-body", "SIZE", "32M", "largest request body accepted");
+    a.option("alias", "NAME", "", "model id to report and accept (default: general.name)");
+    a.option("max-tokens", "N", "0",
+             "default max_tokens of a request (0: up to the context's end)");
+    a.option("max-choices", "N", "16", "most choices one request may ask for (n x prompts)");
+    a.option("http-threads", "N", "0", "HTTP worker threads (0: 4 x --parallel, at least 32)");
+    a.option("drain-timeout", "SECONDS", "30",
+             "on SIGINT / SIGTERM, how long requests in flight may take to finish");
+    a.option("temp", "T", "1.0", "default temperature (0: greedy)");
+    a.option("top-k", "K", "0", "default top-k (0: off)");
+    a.option("top-p", "P", "1.0", "default top-p (1: off)");
+    a.option("min-p", "P", "0.0", "default min-p (0: off)");
+    a.option("repeat-penalty", "R", "1.0", "default repetition penalty (1: off)");
+    a.option("seed", "N", "-1", "default seed (-1: a random one per request)");
+    a.flag("log-requests", "one line on stderr per request", true);
+    if (!a.parse(argc, argv, 2)) return 0;
+
+    server::ServerOptions so;
+    so.host = a.get("host");
+    so.port = int(a.get_int("port", 0, 65535));
+    so.api_key = a.get("api-key");
+    if (so.api_key.empty())
+        if (const char* k = std::getenv("GLM5_API_KEY")) so.api_key = k;
+    so.max_body_bytes = parse_size(a.get("max-body"), "max-body");
+    if (so.max_body_bytes < 1024) throw UsageError("--max-body must be at least 1K");
+    so.http_threads = int(a.get_int("http-threads", 0, 4096));
+    so.log_requests = a.get_flag("log-requests");
+
+    runtime::EngineOptions eo;
+    eo.n_parallel = int(a.get_int("parallel", 1, 1024));
+    eo.n_ctx = a.get_int("ctx-size", 2, int64_t(1) << 24);
+    eo.ubatch = a.get_int("ubatch", 1, 1 << 16);
+    eo.prefix_cache = a.get_flag("prefix-cache");
+    eo.cache_budget_bytes = parse_size(a.get("cache-budget"), "cache-budget");
+    const double drain = a.get_double("drain-timeout", 0, 86400);
+
+    runtime::SamplerParams sp;
+    sp.temperature = float(a.get_double("temp", 0, 100));
+    sp.top_k = int32_t(a.get_int("top-k", 0, 1 << 30));
+    sp.top_p = float(a.get_double("top-p", 0, 1));
+    sp.min_p = float(a.get_double("min-p", 0, 1));
+    sp.repeat_penalty = float(a.get_double("repeat-penalty", 0.01, 100));
+    const int64_t seed = a.get_int("seed", -1, INT64_MAX);
+
+    const std::string path = a.is_set("model") ? a.get("model") : ensure_default_model();
+    LoadedModel m = open_model(a, path);
+    std::unique_ptr<text::Tokenizer> tok = text::Tokenizer::from_gguf(*m.file);
+    text::ChatFormat format = text::ChatFormat::from_gguf(*m.file);
+    if (!format.template_warning().empty())
+        log_info("glm5: %s\n", format.template_warning().c_str());
+
+    server::ModelContext mc;
+    mc.tok = tok.get();
+    mc.format = &format;
+    mc.id = a.get("alias").empty() ? m.model->info().name : a.get("alias");
+    mc.names = {mc.id, m.model->info().name, base_name(path)};
+    if (base_name(path).size() > 5 && base_name(path).ends_with(".gguf"))
+        mc.names.push_back(base_name(path).substr(0, base_name(path).size() - 5));
+    mc.n_ctx = eo.n_ctx;
+    try {
+        mc.json_vocab = std::make_shared<const runtime::JsonVocab>(*tok);
+    } catch (const Error& e) {
+        log_info("glm5 serve: response_format is unavailable: %s\n", e.what());
+    }
+    mc.tool_vocab = std::make_shared<const server::ToolVocab>(*tok);
+    mc.sampling = sp;
+    mc.seed_fixed = seed >= 0;
+    if (seed >= 0) mc.sampling.seed = uint64_t(seed);
+    mc.default_max_tokens = a.get_int("max-tokens", 0, INT64_MAX / 4);
+    mc.max_choices = int(a.get_int("max-choices", 1, 1024));
+
+    runtime::Engine engine(*m.model, eo);
+    server::Server srv(engine, mc, so);
+    install_signal_handlers();
+    srv.start();
+    log_info(
+        "glm5 serve: listening on http://%s:%d (model '%s', %d slots, context %lld, prefix cache "
+        "%s)\n",
+        so.host.c_str(), srv.port(), mc.id.c_str(), eo.n_parallel, (long long)eo.n_ctx,
+        eo.prefix_cache ? "on" : "off");
+
+    while (!wait_signal(1000))
+        if (!srv.running()) {
+            // The listener ended by itself (its socket failed).
+            log_info("glm5 serve: the listener stopped unexpectedly\n");
+            engine.shutdown(false);
+            srv.stop();
+            return 1;
+        }
+
+    srv.begin_drain();
+    log_info(
+        "glm5 serve: shutting down: %d request(s) in flight, waiting up to %g s (signal again "
+        "to cancel them)\n",
+        srv.in_flight(), drain);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(drain);
+    while (srv.in_flight() > 0 && g_signals.load() < 2 &&
+           std::chrono::steady_clock::now() < deadline)
+        srv.wait_idle(std::chrono::milliseconds(100));
+    if (srv.in_flight() > 0) {
+        log_info("glm5 serve: cancelling %d request(s)\n", srv.in_flight());
+        engine.shutdown(false);
+        srv.wait_idle(std::chrono::seconds(10));
+    }
+    srv.stop();
+    engine.shutdown(true);
+    log_info("glm5 serve: stopped\n");
+    return 0;
+}
+
+}  // namespace glm5::app
