@@ -5,6 +5,8 @@ pkgs=(build-essential cmake clang libclang-rt-14-dev googletest libgtest-dev lib
       nlohmann-json3-dev libcpp-httplib-dev nodejs npm curl tmux expect)
 missing=()
 for p in "${pkgs[@]}"; do
+  # NodeSource's nodejs package bundles npm and conflicts with Debian's npm.
+  [[ $p == npm ]] && command -v npm >/dev/null && continue
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
@@ -13,4 +15,13 @@ if ((${#missing[@]})); then
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+# The server's end-to-end tests drive glm5 serve with the official openai client,
+# pinned in tests/server/package-lock.json; reinstalled only when the lock changes.
+server_tests="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/server"
+if [[ ! -f $server_tests/node_modules/.package-lock.json ||
+      $server_tests/package-lock.json -nt $server_tests/node_modules/.package-lock.json ]]; then
+  echo "installing the server tests' npm packages (npm ci in tests/server)" >&2
+  (cd "$server_tests" && npm ci --no-audit --no-fund --loglevel=error)
 fi

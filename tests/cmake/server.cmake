@@ -1,0 +1,27 @@
+# glm5 serve end to end: the node suites drive the real server with the official
+# openai client (tests/server/*.test.mjs), and a short load run checks every
+# response under concurrency. The HTTP-level and unit tests are the gtest binaries
+# test_server_http and test_server_unit.
+find_program(NODE_BIN node)
+if(NOT NODE_BIN)
+  message(FATAL_ERROR "node is required for the server tests (scripts/deps.sh installs it)")
+endif()
+set(GLM5_SERVER_TESTS ${CMAKE_CURRENT_SOURCE_DIR}/server)
+if(NOT EXISTS ${GLM5_SERVER_TESTS}/node_modules/openai/package.json)
+  message(WARNING "tests/server/node_modules is missing: run scripts/deps.sh (npm ci in tests/server) "
+                  "before ctest, or the server_e2e tests fail")
+endif()
+set(server_env "GLM5_BINARY=$<TARGET_FILE:glm5>"
+               "GLM5_MODEL=${CMAKE_CURRENT_SOURCE_DIR}/data/glm-dsa/tiny.gguf")
+foreach(suite chat tools json concurrency)
+  add_test(NAME server_e2e_${suite}
+           COMMAND ${NODE_BIN} --test --test-reporter=spec ${GLM5_SERVER_TESTS}/${suite}.test.mjs
+           WORKING_DIRECTORY ${GLM5_SERVER_TESTS})
+  set_tests_properties(server_e2e_${suite} PROPERTIES TIMEOUT 180 ENVIRONMENT "${server_env}")
+endforeach()
+# 8 clients for 15 s (the full run is `node tests/server/load.mjs --duration 60`).
+add_test(NAME server_load_short
+         COMMAND ${NODE_BIN} ${GLM5_SERVER_TESTS}/load.mjs --duration 15 --streams 8
+         WORKING_DIRECTORY ${GLM5_SERVER_TESTS})
+set_tests_properties(server_load_short PROPERTIES TIMEOUT 180 ENVIRONMENT "${server_env}"
+                     PASS_REGULAR_EXPRESSION "PASS")

@@ -1,0 +1,332 @@
+// glm5 serve at the HTTP level: every kind of bad input gets a 4xx JSON error in
+// OpenAI's shape and the server goes on serving; the API key; SIGINT / SIGTERM finish
+// or cancel what is in flight and exit with code 0.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "server/server_process.h"
+
+using glm5::test::http_get;
+using glm5::test::http_post;
+using glm5::test::HttpReply;
+using glm5::test::ServerProcess;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string kModel = std::string(GLM5_TEST_DATA) + "/glm-dsa/tiny.gguf";
+
+std::string chat_body(const std::string& extra) {
+    return R"({"messages":[{"role":"user","content":"Hello there"}],"temperature":0,"max_tokens":4)" +
+           (extra.empty() ? "" : "," + extra) + "}";
+}
+
+void expect_api_error(const HttpReply& r, int status, const std::string& param,
+                      const std::string& code) {
+    EXPECT_EQ(r.status, status) << r.raw.substr(0, 2000);
+    EXPECT_NE(r.headers.find("application/json"), std::string::npos) << r.headers;
+    json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+    const json& e = j["error"];
+    ASSERT_TRUE(e.is_object());
+    ASSERT_TRUE(e.contains("message") && e["message"].is_string());
+    EXPECT_FALSE(e["message"].get<std::string>().empty());
+    EXPECT_EQ(e.value("type", ""), status >= 500 ? "server_error" : "invalid_request_error");
+    ASSERT_TRUE(e.contains("param"));
+    ASSERT_TRUE(e.contains("code"));
+    if (param.empty()) {
+        EXPECT_TRUE(e["param"].is_null()) << e.dump();
+    } else {
+        EXPECT_EQ(e["param"], param) << e.dump();
+    }
+    if (!code.empty()) {
+        EXPECT_EQ(e["code"], code) << e.dump();
+    }
+}
+
+class ServerHttp : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        server_ = new ServerProcess({"-m", kModel, "--port", "0", "-t", "1", "--ctx-size", "256",
+                                     "--max-body", "64K", "--parallel", "2"});
+    }
+    static void TearDownTestSuite() {
+        delete server_;
+        server_ = nullptr;
+    }
+    void SetUp() override { ASSERT_GT(server_->port(), 0) << server_->log(); }
+    int port() const { return server_->port(); }
+
+    // A good request right after a bad one still gets its reply.
+    void expect_still_serving() {
+        const HttpReply r = http_post(port(), "/v1/chat/completions", chat_body(""));
+        ASSERT_EQ(r.status, 200) << r.raw;
+        json j = json::parse(r.body);
+        EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+        EXPECT_GE(j["usage"]["completion_tokens"].get<int>(), 1);
+    }
+
+    static ServerProcess* server_;
+};
+ServerProcess* ServerHttp::server_ = nullptr;
+
+struct BadCase {
+    const char* what;
+    const char* path;
+    std::string body;
+    int status;
+    const char* param;  // "" = null
+    const char* code;   // "" = not checked
+};
+
+TEST_F(ServerHttp, MalformedRequestsGetOpenAIErrors) {
+    const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+    const std::string long_text(4000, 'x');
+    std::string deep(5000, '[');
+    const std::vector<BadCase> cases = {
+        {"not JSON", "/v1/chat/completions", "{\"messages\": [", 400, "", "invalid_json"},
+        {"empty body", "/v1/chat/completions", "", 400, "", "invalid_json"},
+        {"JSON array body", "/v1/chat/completions", "[1,2]", 400, "", "invalid_json"},
+        {"invalid UTF-8", "/v1/chat/completions", "{\"messages\":\"\xff\xfe\"}", 400, "",
+         "invalid_json"},
+        {"nested too deep", "/v1/chat/completions", deep, 400, "", "invalid_json"},
+        {"no messages", "/v1/chat/completions", R"({"temperature":0})", 400, "messages",
+         "missing_required_parameter"},
+        {"messages not an array", "/v1/chat/completions", R"({"messages":"hi"})", 400, "messages",
+         "invalid_type"},
+        {"messages empty", "/v1/chat/completions", R"({"messages":[]})", 400, "messages", ""},
+        {"message without role", "/v1/chat/completions", R"({"messages":[{"content":"hi"}]})", 400,
+         "messages", ""},
+        {"unknown role", "/v1/chat/completions",
+         R"({"messages":[{"role":"wizard","content":"hi"}]})", 400, "messages", ""},
+        {"content a number", "/v1/chat/completions",
+         R"({"messages":[{"role":"user","content":5}]})", 400, "messages", ""},
+        {"unknown model", "/v1/chat/completions", "{\"model\":\"gpt-9\"," + msgs + "}", 404,
+         "model", "model_not_found"},
+        {"model not a string", "/v1/chat/completions", "{\"model\":7," + msgs + "}", 400, "model",
+         "invalid_type"},
+        {"temperature a string", "/v1/chat/completions", "{\"temperature\":\"hot\"," + msgs + "}",
+         400, "temperature", "invalid_type"},
+        {"temperature negative", "/v1/chat/completions", "{\"temperature\":-1," + msgs + "}", 400,
+         "temperature", ""},
+        {"top_p above 1", "/v1/chat/completions", "{\"top_p\":1.5," + msgs + "}", 400, "top_p", ""},
+        {"max_tokens 0", "/v1/chat/completions", "{\"max_tokens\":0," + msgs + "}", 400,
+         "max_tokens", ""},
+        {"max_tokens negative", "/v1/chat/completions", "{\"max_tokens\":-3," + msgs + "}", 400,
+         "max_tokens", ""},
+        {"max_tokens a string", "/v1/chat/completions", "{\"max_tokens\":\"10\"," + msgs + "}", 400,
+         "max_tokens", "invalid_type"},
+        {"max_tokens fractional", "/v1/chat/completions", "{\"max_tokens\":2.5," + msgs + "}", 400,
+         "max_tokens", "invalid_type"},
+        {"max_completion_tokens 0", "/v1/chat/completions",
+         "{\"max_completion_tokens\":0," + msgs + "}", 400, "max_completion_tokens", ""},
+        {"n 0", "/v1/chat/completions", "{\"n\":0," + msgs + "}", 400, "n", ""},
+        {"stream not a boolean", "/v1/chat/completions", "{\"stream\":\"yes\"," + msgs + "}", 400,
+         "stream", "invalid_type"},
+        {"stream_options without stream", "/v1/chat/completions",
+         "{\"stream_options\":{\"include_usage\":true}," + msgs + "}", 400, "stream_options", ""},
+        {"stop a number", "/v1/chat/completions", "{\"stop\":5," + msgs + "}", 400, "stop",
+         "invalid_type"},
+        {"stop empty string", "/v1/chat/completions", "{\"stop\":[\"\"]," + msgs + "}", 400, "stop",
+         ""},
+        {"logprobs", "/v1/chat/completions", "{\"logprobs\":true," + msgs + "}", 400, "logprobs",
+         "unsupported_parameter"},
+        {"presence_penalty", "/v1/chat/completions", "{\"presence_penalty\":0.5," + msgs + "}", 400,
+         "presence_penalty", "unsupported_parameter"},
+        {"prompt longer than the context", "/v1/chat/completions",
+         R"({"messages":[{"role":"user","content":")" + long_text + "\"}]}", 400, "messages",
+         "context_length_exceeded"},
+        {"response_format unknown type", "/v1/chat/completions",
+         "{\"response_format\":{\"type\":\"yaml\"}," + msgs + "}", 400, "response_format", ""},
+        {"response_format not an object", "/v1/chat/completions",
+         "{\"response_format\":\"json\"," + msgs + "}", 400, "response_format", "invalid_type"},
+        {"unsupported schema keyword", "/v1/chat/completions",
+         R"({"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","pattern":"^a+$"}}},)" +
+             msgs + "}",
+         400, "response_format", ""},
+        {"unsupported schema keyword (minimum)", "/v1/chat/completions",
+         R"({"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"a":{"type":"integer","minimum":3}}}}},)" +
+             msgs + "}",
+         400, "response_format", ""},
+        {"tools not an array", "/v1/chat/completions", "{\"tools\":{}," + msgs + "}", 400, "tools",
+         "invalid_type"},
+        {"tool without a name", "/v1/chat/completions",
+         "{\"tools\":[{\"type\":\"function\",\"function\":{}}]," + msgs + "}", 400, "tools", ""},
+        {"tool_choice names a missing tool", "/v1/chat/completions",
+         R"({"tools":[{"type":"function","function":{"name":"a"}}],"tool_choice":{"type":"function","function":{"name":"b"}},)" +
+             msgs + "}",
+         400, "tool_choice", ""},
+        {"tool_choice required without tools", "/v1/chat/completions",
+         "{\"tool_choice\":\"required\"," + msgs + "}", 400, "tool_choice", ""},
+        {"tool_choice unknown", "/v1/chat/completions",
+         "{\"tool_choice\":\"sometimes\"," + msgs + "}", 400, "tool_choice", ""},
+        {"reasoning_effort unknown", "/v1/chat/completions",
+         "{\"reasoning_effort\":\"extreme\"," + msgs + "}", 400, "reasoning_effort", ""},
+        {"think not a boolean", "/v1/chat/completions", "{\"think\":1," + msgs + "}", 400, "think",
+         "invalid_type"},
+        {"completion without prompt", "/v1/completions", R"({"max_tokens":3})", 400, "prompt",
+         "missing_required_parameter"},
+        {"completion prompt a number", "/v1/completions", R"({"prompt":12})", 400, "prompt",
+         "invalid_type"},
+        {"completion token outside the vocabulary", "/v1/completions", R"({"prompt":[1,2,99999]})",
+         400, "prompt", ""},
+        {"completion empty prompt", "/v1/completions", R"({"prompt":""})", 400, "prompt", ""},
+        {"completion suffix", "/v1/completions", R"({"prompt":"a","suffix":"b"})", 400, "suffix",
+         "unsupported_parameter"},
+    };
+    for (const BadCase& c : cases) {
+        SCOPED_TRACE(c.what);
+        expect_api_error(http_post(port(), c.path, c.body), c.status, c.param, c.code);
+        expect_still_serving();
+    }
+}
+
+TEST_F(ServerHttp, OversizedBodyIs413) {
+    const std::string big =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"" + std::string(70000, 'a') + "\"}]}";
+    expect_api_error(http_post(port(), "/v1/chat/completions", big), 413, "", "body_too_large");
+    expect_still_serving();
+}
+
+TEST_F(ServerHttp, UnknownEndpointsAndBrokenHttp) {
+    expect_api_error(http_get(port(), "/v1/engines"), 404, "", "not_found");
+    expect_api_error(http_get(port(), "/v1/chat/completions"), 404, "", "not_found");
+    expect_api_error(http_get(port(), "/v1/models/gpt-9"), 404, "model", "model_not_found");
+    const HttpReply r = glm5::test::http_raw(port(), "NONSENSE\r\n\r\n");
+    EXPECT_EQ(r.status, 400) << r.raw;
+    expect_still_serving();
+}
+
+TEST_F(ServerHttp, HealthModelsMetrics) {
+    const HttpReply h = http_get(port(), "/health");
+    ASSERT_EQ(h.status, 200);
+    EXPECT_EQ(json::parse(h.body)["status"], "ok");
+    const HttpReply m = http_get(port(), "/v1/models");
+    ASSERT_EQ(m.status, 200);
+    const json models = json::parse(m.body);
+    ASSERT_EQ(models["data"].size(), 1u);
+    // The model id is the GGUF's general.name; it is accepted back in requests.
+    const std::string id = models["data"][0]["id"];
+    EXPECT_EQ(id, "GLM-DSA random test fixture (tiny)");
+    EXPECT_EQ(
+        http_post(port(), "/v1/chat/completions", chat_body("\"model\":" + json(id).dump())).status,
+        200);
+    EXPECT_EQ(
+        http_post(port(), "/v1/chat/completions", chat_body("\"model\":\"tiny.gguf\"")).status,
+        200);
+    const HttpReply one = http_get(port(), "/v1/models/" + std::string("tiny.gguf"));
+    EXPECT_EQ(one.status, 200);
+    const std::string metrics = http_get(port(), "/metrics").body;
+    for (const char* name :
+         {"glm5_requests_total", "glm5_prompt_tokens_total", "glm5_generated_tokens_total",
+          "glm5_generated_tokens_per_second", "glm5_queue_depth", "glm5_busy_slots"})
+        EXPECT_GE(glm5::test::metric_value(metrics, name), 0) << name << "\n" << metrics;
+    EXPECT_EQ(glm5::test::metric_value(metrics, "glm5_slots"), 2);
+    EXPECT_GT(glm5::test::metric_value(metrics, "glm5_generated_tokens_total"), 0);
+    EXPECT_NE(metrics.find("glm5_http_responses_total{code=\"200\"}"), std::string::npos);
+}
+
+TEST(ServerAuth, ApiKeyGuardsTheApi) {
+    ServerProcess s({"-m", kModel, "--port", "0", "-t", "1", "--api-key", "sekrit"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    expect_api_error(http_post(s.port(), "/v1/chat/completions", chat_body("")), 401, "",
+                     "invalid_api_key");
+    expect_api_error(http_post(s.port(), "/v1/chat/completions", chat_body(""),
+                               "Authorization: Bearer wrong\r\n"),
+                     401, "", "invalid_api_key");
+    expect_api_error(http_get(s.port(), "/v1/models"), 401, "", "invalid_api_key");
+    EXPECT_EQ(http_post(s.port(), "/v1/chat/completions", chat_body(""),
+                        "Authorization: Bearer sekrit\r\n")
+                  .status,
+              200);
+    EXPECT_EQ(http_get(s.port(), "/health").status, 200);  // probes need no key
+}
+
+// Streams a long reply on its own connection; the raw bytes come back when the
+// server closes it.
+struct BackgroundStream {
+    explicit BackgroundStream(int port, int max_tokens) {
+        sock = glm5::test::connect_loopback(port);
+        const std::string body =
+            R"({"messages":[{"role":"user","content":"Tell me a long story"}],"temperature":0,"ignore_eos":true,"stream":true,"max_tokens":)" +
+            std::to_string(max_tokens) + "}";
+        glm5::test::send_all(sock, glm5::test::http_request("POST", "/v1/chat/completions", body));
+        // Wait for the first chunk: the request is being generated.
+        char buf[4096];
+        const ssize_t n = ::recv(sock, buf, sizeof(buf), 0);
+        if (n > 0) raw.append(buf, size_t(n));
+        reader = std::thread([this] {
+            char b[65536];
+            for (;;) {
+                const ssize_t k = ::recv(sock, b, sizeof(b), 0);
+                if (k <= 0) break;
+                raw.append(b, size_t(k));
+            }
+        });
+    }
+    std::string finish() {
+        reader.join();
+        ::close(sock);
+        return glm5::test::parse_reply(raw).body;
+    }
+    int sock = -1;
+    std::string raw;
+    std::thread reader;
+};
+
+TEST(ServerShutdown, SigtermFinishesInFlightStreamsAndExitsZero) {
+    ServerProcess s({"-m", kModel, "--port", "0", "-t", "1"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    BackgroundStream stream(s.port(), 2500);
+    ASSERT_FALSE(stream.raw.empty());
+    s.signal(SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    // Draining: new work is refused, the stream goes on.
+    const HttpReply refused = http_post(s.port(), "/v1/chat/completions", chat_body(""));
+    if (refused.status != 0) expect_api_error(refused, 503, "", "shutting_down");
+    const std::string body = stream.finish();
+    EXPECT_NE(body.find("\"finish_reason\":\"length\""), std::string::npos)
+        << body.substr(body.size() - 500);
+    EXPECT_NE(body.find("data: [DONE]"), std::string::npos);
+    EXPECT_EQ(s.wait_exit(std::chrono::seconds(30)), 0) << s.log();
+    EXPECT_NE(s.log().find("stopped"), std::string::npos);
+}
+
+TEST(ServerShutdown, SecondSigintCancelsAndExitsZero) {
+    ServerProcess s({"-m", kModel, "--port", "0", "-t", "1", "--ctx-size", "100000"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    BackgroundStream stream(s.port(), 90000);  // minutes of work
+    s.signal(SIGINT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    s.signal(SIGINT);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string body = stream.finish();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+    // The stream ends with an error event saying why, then [DONE].
+    EXPECT_NE(body.find("shutting_down"), std::string::npos)
+        << body.substr(body.size() > 500 ? body.size() - 500 : 0);
+    EXPECT_NE(body.find("data: [DONE]"), std::string::npos);
+    EXPECT_EQ(s.wait_exit(std::chrono::seconds(20)), 0) << s.log();
+}
+
+TEST(ServerShutdown, IdleSigintExitsZeroQuickly) {
+    ServerProcess s({"-m", kModel, "--port", "0", "-t", "1"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    EXPECT_EQ(http_post(s.port(), "/v1/chat/completions", chat_body("")).status, 200);
+    s.signal(SIGINT);
+    EXPECT_EQ(s.wait_exit(std::chrono::seconds(15)), 0) << s.log();
+}
+
+TEST(ServerStartup, RefusesABusyPort) {
+    ServerProcess a({"-m", kModel, "--port", "0", "-t", "1"});
+    ASSERT_GT(a.port(), 0);
+    ServerProcess b({"-m", kModel, "--port", std::to_string(a.port()), "-t", "1"});
+    EXPECT_EQ(b.port(), 0);
+    EXPECT_EQ(b.wait_exit(std::chrono::seconds(10)), 2) << b.log();
+    EXPECT_NE(b.log().find("cannot listen"), std::string::npos) << b.log();
+}
+
+}  // namespace

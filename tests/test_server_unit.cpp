@@ -1,0 +1,439 @@
+// The server's pieces without HTTP: stop strings, the token -> text pipeline, the
+// tool-call and ban constraints, and request parsing into engine parameters.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "core/error.h"
+#include "gguf/gguf.h"
+#include "runtime/json_constraint.h"
+#include "server/reply_stream.h"
+#include "server/request.h"
+#include "server/tool_constraint.h"
+#include "text/chat.h"
+#include "text/reply_parser.h"
+#include "text/tokenizer.h"
+
+using namespace glm5;
+using namespace glm5::server;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+struct Fixture {
+    std::unique_ptr<gguf::File> file;
+    std::unique_ptr<text::Tokenizer> tok;
+    std::unique_ptr<text::ChatFormat> format;
+    std::shared_ptr<const ToolVocab> tools;
+    ModelContext mc;
+};
+
+const Fixture& fx() {
+    static Fixture* f = [] {
+        auto* x = new Fixture;
+        x->file = gguf::File::open(std::string(GLM5_TEST_DATA) + "/glm-dsa/tiny.gguf");
+        x->tok = text::Tokenizer::from_gguf(*x->file);
+        x->format = std::make_unique<text::ChatFormat>(text::ChatFormat::from_gguf(*x->file));
+        x->tools = std::make_shared<const ToolVocab>(*x->tok);
+        x->mc.tok = x->tok.get();
+        x->mc.format = x->format.get();
+        x->mc.id = "tiny";
+        x->mc.names = {"tiny", "tiny.gguf"};
+        x->mc.n_ctx = 2048;
+        x->mc.json_vocab = std::make_shared<const runtime::JsonVocab>(*x->tok);
+        x->mc.tool_vocab = x->tools;
+        return x;
+    }();
+    return *f;
+}
+
+// Feeds `text` to a StopMatcher in pieces of `step` bytes.
+std::string stop_run(const std::vector<std::string>& stops, const std::string& text, size_t step,
+                     bool* matched = nullptr) {
+    StopMatcher m(stops);
+    std::string out;
+    for (size_t i = 0; i < text.size(); i += step) out += m.feed(text.substr(i, step));
+    if (!m.matched()) out += m.flush();
+    if (matched) *matched = m.matched();
+    return out;
+}
+
+TEST(StopMatcher, CutsAtTheFirstStopStringHoweverTheTextIsSplit) {
+    const std::string text = "Hello world. The END is near; END again";
+    for (size_t step = 1; step <= text.size(); ++step) {
+        bool matched = false;
+        EXPECT_EQ(stop_run({"END"}, text, step, &matched), "Hello world. The ") << step;
+        EXPECT_TRUE(matched);
+        // The earliest of several stop strings wins.
+        EXPECT_EQ(stop_run({"near", "world"}, text, step), "Hello ") << step;
+        // A prefix that never completes is released.
+        EXPECT_EQ(stop_run({"ENDLESS"}, text, step, &matched), text) << step;
+        EXPECT_FALSE(matched);
+        EXPECT_EQ(stop_run({}, text, step), text);
+    }
+    // Multi-byte text stays whole.
+    EXPECT_EQ(stop_run({"é!"}, "caféé!x", 1), "café");
+}
+
+TEST(StopMatcher, NothingHeldBackThatCannotStartAStop) {
+    StopMatcher m({"STOP"});
+    EXPECT_EQ(m.feed("abc S"), "abc ");
+    EXPECT_EQ(m.feed("T"), "");
+    EXPECT_EQ(m.feed("x"), "STx");
+    EXPECT_EQ(m.feed("ST"), "");
+    EXPECT_EQ(m.flush(), "ST");
+}
+
+std::vector<int32_t> ids(const std::string& s) {
+    return fx().tok->encode(s, true);
+}
+
+// Pushes the tokens of `text` one at a time; the deltas' sum.
+Delta stream_all(const ReplyStreamOptions& o, const std::string& text,
+                 bool* ended_early = nullptr) {
+    ReplyStream rs(*fx().tok, o);
+    Delta sum;
+    auto add = [&](const Delta& d) {
+        sum.reasoning += d.reasoning;
+        sum.content += d.content;
+        sum.tool_calls.insert(sum.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+    };
+    bool early = false;
+    for (int32_t t : ids(text)) {
+        Delta d;
+        const bool more = rs.push(t, d);
+        add(d);
+        if (!more) {
+            early = true;
+            break;
+        }
+    }
+    Delta d;
+    rs.finish(d);
+    add(d);
+    if (ended_early) *ended_early = early;
+    return sum;
+}
+
+TEST(ReplyStream, SplitsReasoningContentAndToolCalls) {
+    ReplyStreamOptions o;
+    o.reasoning_open = true;
+    const Delta d = stream_all(
+        o,
+        "I should look it up.</think>Let me check.<tool_call>get_weather<arg_key>city</arg_key>"
+        "<arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call>");
+    EXPECT_EQ(d.reasoning, "I should look it up.");
+    EXPECT_EQ(d.content, "Let me check.");
+    ASSERT_EQ(d.tool_calls.size(), 1u);
+    EXPECT_EQ(d.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(d.tool_calls[0].arguments.dump(), R"({"city":"Paris","days":3})");
+    EXPECT_EQ(d.tool_calls[0].id.rfind("call_", 0), 0u);
+    EXPECT_EQ(d.tool_calls[0].id.size(), 29u);
+}
+
+TEST(ReplyStream, StopStringsApplyToContentNotReasoning) {
+    ReplyStreamOptions o;
+    o.reasoning_open = true;
+    o.stop = {"STOP"};
+    bool early = false;
+    const Delta d = stream_all(o, "think STOP here</think>Answer: 42 STOP and more", &early);
+    EXPECT_EQ(d.reasoning, "think STOP here");
+    EXPECT_EQ(d.content, "Answer: 42 ");
+    EXPECT_TRUE(early);  // the generation is told to stop right there
+}
+
+TEST(ReplyStream, CompletionsAreRawTextWithStops) {
+    ReplyStreamOptions o;
+    o.parse = false;
+    o.stop = {"\n\n"};
+    bool early = false;
+    const Delta d = stream_all(o, "<think>not parsed</think> line one\n\nline two", &early);
+    EXPECT_EQ(d.content, "<think>not parsed</think> line one");
+    EXPECT_TRUE(early);
+    EXPECT_TRUE(d.reasoning.empty());
+}
+
+TEST(ReplyStream, SingleToolCallEndsTheReply) {
+    ReplyStreamOptions o;
+    o.single_tool_call = true;
+    bool early = false;
+    const Delta d =
+        stream_all(o,
+                   "<tool_call>a<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>"
+                   "<tool_call>b</tool_call>",
+                   &early);
+    EXPECT_TRUE(early);
+    ASSERT_EQ(d.tool_calls.size(), 1u);
+    EXPECT_EQ(d.tool_calls[0].name, "a");
+}
+
+const ojson kTools = ojson::parse(R"([
+  {"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+    "properties":{"city":{"type":"string"},"days":{"type":"integer"},"scale":{"type":"number"},
+                  "unit":{"type":"string","enum":["celsius","fahrenheit"]},"detailed":{"type":"boolean"}},
+    "required":["city","unit","days"]}}},
+  {"type":"function","function":{"name":"get_time","parameters":{"type":"object",
+    "properties":{"tz":{"type":"string"}}}}},
+  {"type":"function","function":{"name":"ping"}}
+])");
+
+// Samples uniformly among the allowed tokens until a stop token; the reply's text.
+// Fails the test when the budget runs out first.
+std::string sample_constrained(runtime::TokenConstraint& c, int64_t max_tokens, uint64_t seed,
+                               bool* stopped) {
+    const ToolVocab& v = *fx().tools;
+    std::mt19937_64 rng(seed);
+    text::StreamDecoder dec(*fx().tok);
+    std::string out;
+    *stopped = false;
+    for (int64_t produced = 0; produced < max_tokens; ++produced) {
+        c.set_remaining(max_tokens - produced);
+        std::vector<int32_t> allowed;
+        for (int32_t t = 0; t < v.n_vocab(); ++t)
+            if (c.allows(t)) allowed.push_back(t);
+        if (allowed.empty()) {
+            ADD_FAILURE() << "no token allowed after: " << out;
+            return out;
+        }
+        const int32_t t = allowed[rng() % allowed.size()];
+        if (v.is_stop(t)) {
+            *stopped = true;
+            break;
+        }
+        c.accept(t);
+        out += dec.push(t);
+    }
+    return out + dec.flush();
+}
+
+TEST(ToolCallConstraint, RandomSamplingAlwaysGivesAValidCallWithinBudget) {
+    for (bool think : {false, true}) {
+        for (const std::string name : {"", "get_weather", "get_time", "ping"}) {
+            for (int64_t budget : {60, 90, 400}) {
+                for (uint64_t seed = 0; seed < 6; ++seed) {
+                    SCOPED_TRACE("think " + std::to_string(think) + " tool '" + name + "' budget " +
+                                 std::to_string(budget) + " seed " + std::to_string(seed));
+                    ToolCallConstraint c(fx().tools, kTools, name, think);
+                    ASSERT_LE(c.min_completion(), budget);
+                    bool stopped = false;
+                    const std::string text =
+                        sample_constrained(c, budget, seed * 7919 + budget, &stopped);
+                    EXPECT_TRUE(stopped) << text;
+                    EXPECT_TRUE(c.complete());
+                    text::ReplyParser p({think, kTools});
+                    p.feed(text);
+                    p.finish();
+                    const text::ParsedReply& r = p.result();
+                    ASSERT_EQ(r.tool_calls.size(), 1u) << text;
+                    EXPECT_TRUE(r.content.empty()) << text;
+                    const text::ToolCall& call = r.tool_calls[0];
+                    if (!name.empty()) {
+                        EXPECT_EQ(call.name, name);
+                    }
+                    const ojson& a = call.arguments;
+                    ASSERT_TRUE(a.is_object()) << text;
+                    if (call.name == "get_weather") {
+                        ASSERT_TRUE(a.contains("city") && a.contains("unit") && a.contains("days"))
+                            << text;
+                        EXPECT_TRUE(a["city"].is_string());
+                        EXPECT_TRUE(a["unit"] == "celsius" || a["unit"] == "fahrenheit")
+                            << a.dump();
+                        EXPECT_TRUE(a["days"].is_number_integer()) << a.dump();
+                        if (a.contains("scale")) {
+                            EXPECT_TRUE(a["scale"].is_number_float() ||
+                                        a["scale"].is_number_integer())
+                                << a.dump();
+                            if (a["scale"].is_number_float()) {
+                                EXPECT_TRUE(std::isfinite(a["scale"].get<double>())) << a.dump();
+                            }
+                        }
+                        if (a.contains("detailed")) {
+                            EXPECT_TRUE(a["detailed"].is_boolean()) << a.dump();
+                        }
+                    } else if (call.name == "get_time") {
+                        if (a.contains("tz")) {
+                            EXPECT_TRUE(a["tz"].is_string());
+                        }
+                    } else {
+                        EXPECT_EQ(call.name, "ping");
+                        EXPECT_TRUE(a.empty());
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST(ToolCallConstraint, TooSmallABudgetStillHeadsForTheEnd) {
+    ToolCallConstraint c(fx().tools, kTools, "get_weather", false);
+    int64_t need = c.min_completion();
+    ASSERT_GT(need, 8);
+    // Five tokens left where about `need` are wanted: every token gets strictly closer.
+    for (int64_t left = 5; left > 0; --left) {
+        c.set_remaining(left);
+        int32_t pick = -1;
+        for (int32_t t = 0; t < fx().tools->n_vocab() && pick < 0; ++t)
+            if (c.allows(t)) pick = t;
+        ASSERT_GE(pick, 0);
+        c.accept(pick);
+        EXPECT_LT(c.min_completion(), need);
+        need = c.min_completion();
+    }
+}
+
+TEST(ToolCallConstraint, RefusesWhatCannotBeForced) {
+    EXPECT_THROW(ToolCallConstraint(fx().tools, kTools, "nope", false), Error);
+}
+
+TEST(BanConstraint, BansOnlyItsTokens) {
+    BanConstraint b({fx().tools->tool_open});
+    EXPECT_FALSE(b.allows(fx().tools->tool_open));
+    EXPECT_TRUE(b.allows(fx().tools->tool_close));
+    EXPECT_TRUE(b.allows(ids("hello")[0]));
+}
+
+ojson chat(const std::string& extra) {
+    return ojson::parse(R"({"messages":[{"role":"user","content":"Hi"}])" +
+                        (extra.empty() ? "" : "," + extra) + "}");
+}
+
+TEST(RequestParsing, ChatOptionsBecomeEngineParameters) {
+    const ModelContext& mc = fx().mc;
+    GenRequest g = parse_chat_request(
+        chat(
+            R"("temperature":0.5,"top_k":7,"top_p":0.9,"min_p":0.1,"seed":11,"n":3,"max_tokens":9,"stop":["x","yy"],"stream":true,"stream_options":{"include_usage":true})"),
+        mc);
+    EXPECT_TRUE(g.stream);
+    EXPECT_TRUE(g.include_usage);
+    EXPECT_EQ(g.choices(), 3);
+    EXPECT_EQ(g.stop, (std::vector<std::string>{"x", "yy"}));
+    EXPECT_FALSE(g.reasoning_open);
+    for (int k = 0; k < 3; ++k) {
+        runtime::RequestParams p = engine_params(g, k, mc);
+        EXPECT_FLOAT_EQ(p.sampling.temperature, 0.5f);
+        EXPECT_EQ(p.sampling.top_k, 7);
+        EXPECT_EQ(p.sampling.seed, 11u + uint64_t(k));  // each choice its own seed
+        EXPECT_EQ(p.max_tokens, 9);
+        EXPECT_EQ(p.prompt, g.prompts[0].tokens);
+        for (int32_t s : fx().tok->stop_ids()) EXPECT_TRUE(p.stop_ids.count(s));
+        // No tools: the tool-call marker is banned.
+        ASSERT_TRUE(p.constraint);
+        EXPECT_FALSE(p.constraint->allows(fx().tools->tool_open));
+    }
+    // The prompt is the chat format's rendering of the messages.
+    text::RenderedPrompt rp = fx().format->render({{"user", "Hi", {}, {}, {}}}, nullptr, {});
+    EXPECT_EQ(g.prompts[0].tokens, text::encode_prompt(*fx().tok, rp));
+}
+
+TEST(RequestParsing, MaxTokensIsClampedToTheContext) {
+    const ModelContext& mc = fx().mc;
+    GenRequest g = parse_chat_request(chat(R"("max_tokens":100000)"), mc);
+    EXPECT_EQ(engine_params(g, 0, mc).max_tokens, mc.n_ctx - int64_t(g.prompts[0].tokens.size()));
+    GenRequest d = parse_chat_request(chat(""), mc);
+    EXPECT_EQ(engine_params(d, 0, mc).max_tokens, mc.n_ctx - int64_t(d.prompts[0].tokens.size()));
+    GenRequest e = parse_chat_request(chat(R"("ignore_eos":true)"), mc);
+    EXPECT_TRUE(engine_params(e, 0, mc).stop_ids.empty());
+}
+
+TEST(RequestParsing, ReasoningSwitches) {
+    const ModelContext& mc = fx().mc;
+    EXPECT_FALSE(parse_chat_request(chat(""), mc).reasoning_open);
+    EXPECT_TRUE(parse_chat_request(chat(R"("think":true)"), mc).reasoning_open);
+    EXPECT_TRUE(parse_chat_request(chat(R"("reasoning_effort":"low")"), mc).reasoning_open);
+    EXPECT_TRUE(parse_chat_request(chat(R"("chat_template_kwargs":{"enable_thinking":true})"), mc)
+                    .reasoning_open);
+    EXPECT_FALSE(parse_chat_request(chat(R"("reasoning_effort":"none")"), mc).reasoning_open);
+    EXPECT_FALSE(
+        parse_chat_request(chat(R"("think":false,"reasoning_effort":"high")"), mc).reasoning_open);
+    // low / medium / high render the format's Low / Max / High.
+    auto prompt_text = [&](const char* effort) {
+        GenRequest g =
+            parse_chat_request(chat(std::string("\"reasoning_effort\":\"") + effort + "\""), mc);
+        return fx().tok->decode(g.prompts[0].tokens);
+    };
+    EXPECT_NE(prompt_text("low").find("Reasoning Effort: Low"), std::string::npos);
+    EXPECT_NE(prompt_text("medium").find("Reasoning Effort: Max"), std::string::npos);
+    EXPECT_NE(prompt_text("high").find("Reasoning Effort: High"), std::string::npos);
+}
+
+TEST(RequestParsing, ToolChoiceAndResponseFormatPickTheConstraint) {
+    const ModelContext& mc = fx().mc;
+    const std::string tools = "\"tools\":" + kTools.dump();
+    GenRequest named = parse_chat_request(
+        chat(tools + R"(,"tool_choice":{"type":"function","function":{"name":"get_time"}})"), mc);
+    EXPECT_NE(dynamic_cast<ToolCallConstraint*>(engine_params(named, 0, mc).constraint.get()),
+              nullptr);
+    GenRequest req = parse_chat_request(chat(tools + R"(,"tool_choice":"required")"), mc);
+    EXPECT_NE(dynamic_cast<ToolCallConstraint*>(engine_params(req, 0, mc).constraint.get()),
+              nullptr);
+    GenRequest aut = parse_chat_request(chat(tools), mc);
+    EXPECT_EQ(engine_params(aut, 0, mc).constraint, nullptr);  // auto: the model decides
+    GenRequest none = parse_chat_request(chat(tools + R"(,"tool_choice":"none")"), mc);
+    EXPECT_NE(dynamic_cast<BanConstraint*>(engine_params(none, 0, mc).constraint.get()), nullptr);
+    // tool_choice none: the tools are not rendered into the prompt.
+    EXPECT_LT(none.prompts[0].tokens.size(), aut.prompts[0].tokens.size());
+    GenRequest js = parse_chat_request(chat(R"("response_format":{"type":"json_object"})"), mc);
+    EXPECT_NE(dynamic_cast<runtime::JsonConstraint*>(engine_params(js, 0, mc).constraint.get()),
+              nullptr);
+    EXPECT_THROW(
+        parse_chat_request(
+            chat(tools + R"(,"tool_choice":"required","response_format":{"type":"json_object"})"),
+            mc),
+        ApiError);
+}
+
+TEST(RequestParsing, CompletionPromptForms) {
+    const ModelContext& mc = fx().mc;
+    GenRequest s =
+        parse_completion_request(ojson::parse(R"({"prompt":"Once upon","echo":true})"), mc);
+    ASSERT_EQ(s.prompts.size(), 1u);
+    EXPECT_EQ(s.prompts[0].tokens, ids("Once upon"));
+    EXPECT_EQ(s.prompts[0].text, "Once upon");
+    EXPECT_TRUE(s.echo);
+    GenRequest t = parse_completion_request(ojson::parse(R"({"prompt":[5,6,7]})"), mc);
+    EXPECT_EQ(t.prompts[0].tokens, (std::vector<int32_t>{5, 6, 7}));
+    GenRequest many =
+        parse_completion_request(ojson::parse(R"({"prompt":["a b",[1,2],"c"],"n":2})"), mc);
+    EXPECT_EQ(many.prompts.size(), 3u);
+    EXPECT_EQ(many.choices(), 6);
+    EXPECT_EQ(engine_params(many, 3, mc).prompt, (std::vector<int32_t>{1, 2}));
+    EXPECT_EQ(engine_params(many, 0, mc).constraint, nullptr);  // raw completions ban nothing
+    try {
+        parse_completion_request(ojson::parse(R"({"prompt":"x","n":9,"model":"tiny"})"), mc);
+        parse_completion_request(ojson::parse(R"({"prompt":["a","b"],"n":9})"), mc);
+        FAIL() << "18 choices accepted";
+    } catch (const ApiError& e) {
+        EXPECT_EQ(e.status(), 400);
+        EXPECT_EQ(e.param(), "n");
+    }
+}
+
+TEST(RequestParsing, ErrorsNameTheField) {
+    const ModelContext& mc = fx().mc;
+    auto err = [&](const std::string& body) -> ApiError {
+        try {
+            parse_chat_request(parse_body(body), mc);
+        } catch (const ApiError& e) {
+            return e;
+        }
+        return ApiError(0, "accepted");
+    };
+    EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"model":"other"})").status(), 404);
+    EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"top_k":"5"})").param(), "top_k");
+    EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"n":99})").param(), "n");
+    EXPECT_EQ(
+        err(R"({"messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})")
+            .param(),
+        "stop");
+    const ApiError body = err("{");
+    EXPECT_EQ(body.status(), 400);
+    EXPECT_EQ(body.code(), "invalid_json");
+    const ojson shape = body.body();
+    EXPECT_EQ(shape["error"]["type"], "invalid_request_error");
+    EXPECT_TRUE(shape["error"]["param"].is_null());
+}
+
+}  // namespace
