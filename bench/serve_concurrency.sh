@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# glm5 serve under concurrency: N streams at once (default 4) against 1, on the bench
+# model. Prints the aggregate generated tokens/s of each and their ratio (the engine
+# decodes all slots in one forward, reading the weights once, so N streams should get
+# well over 1x; the target for 4 is >= 2x). Prints numbers, never passes or fails.
+#
+# usage: bench/serve_concurrency.sh [MODEL] [GLM5_BINARY]
+#   MODEL        default bench/out/bench-q4_k_m.gguf (bench/make_bench_models.sh bench/out)
+#   GLM5_BINARY  default $GLM5, then build/glm5
+# env: STREAMS (4), TOKENS per request (64), THREADS (all cores), ROUNDS (3, best kept)
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+model=${1:-$repo/bench/out/bench-q4_k_m.gguf}
+glm5=${2:-${GLM5:-$repo/build/glm5}}
+streams=${STREAMS:-4}
+tokens=${TOKENS:-64}
+threads=${THREADS:-$(nproc)}
+rounds=${ROUNDS:-3}
+for f in "$model" "$glm5"; do
+    if [[ ! -e $f ]]; then
+        echo "$0: $f does not exist (bench/make_bench_models.sh makes the model; build glm5)" >&2
+        exit 2
+    fi
+done
+command -v curl >/dev/null || { echo "$0: curl is required" >&2; exit 2; }
+
+work=$(mktemp -d)
+server_pid=
+cleanup() {
+    if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
+        kill -TERM "$server_pid" 2>/dev/null || true
+        wait "$server_pid" 2>/dev/null || true
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$glm5" serve -m "$model" --port 0 --threads "$threads" --parallel "$streams" --ctx-size 1024 \
+    --no-log-requests 2>"$work/server.log" &
+server_pid=$!
+port=
+for _ in $(seq 1 600); do
+    port=$(grep -o 'listening on http://[^ ]*' "$work/server.log" | sed 's/.*://' || true)
+    [[ -n $port ]] && break
+    kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.log" >&2; exit 1; }
+    sleep 0.2
+done
+[[ -n $port ]] || { echo "$0: the server did not start" >&2; cat "$work/server.log" >&2; exit 1; }
+url=http://127.0.0.1:$port/v1/completions
+
+# One request: a distinct short prompt, greedy, exactly $tokens tokens.
+request() {
+    curl -sf "$url" -H 'Content-Type: application/json' \
+        -d "{\"prompt\":\"Story number $1 begins:\",\"max_tokens\":$tokens,\"temperature\":0,\"ignore_eos\":true}" \
+        >"$work/reply.$1"
+}
+
+# $1 requests at once; prints "tokens seconds".
+run() {
+    local n=$1 t0 t1 total=0 pids=()
+    t0=$(date +%s.%N)
+    for i in $(seq 1 "$n"); do
+        request "$i" &
+        pids+=($!)
+    done
+    wait "${pids[@]}" || true
+    t1=$(date +%s.%N)
+    for i in $(seq 1 "$n"); do
+        local c
+        c=$(grep -o '"completion_tokens":[0-9]*' "$work/reply.$i" | cut -d: -f2 || true)
+        total=$((total + ${c:-0}))
+    done
+    awk -v a="$t0" -v b="$t1" -v t="$total" 'BEGIN { printf "%d %.3f\n", t, b - a }'
+}
+
+best() {  # best tokens/s over $rounds runs of $1 streams
+    local n=$1 best_rate=0 line
+    for _ in $(seq 1 "$rounds"); do
+        line=$(run "$n")
+        best_rate=$(echo "$line" | awk -v b="$best_rate" '{ r = $2 > 0 ? $1 / $2 : 0; print (r > b ? r : b) }')
+        echo "  $n stream(s): $(echo "$line" | awk '{ printf "%d tokens in %.2f s = %.1f tokens/s", $1, $2, ($2 > 0 ? $1 / $2 : 0) }')" >&2
+    done
+    echo "$best_rate"
+}
+
+echo "model $(basename "$model"), $threads threads, $tokens tokens per request, best of $rounds" >&2
+request 0  # warm-up: pages in the weights
+one=$(best 1)
+many=$(best "$streams")
+awk -v a="$one" -v b="$many" -v n="$streams" 'BEGIN {
+    printf "1 stream:   %8.1f tokens/s\n", a
+    printf "%d streams: %8.1f tokens/s aggregate\n", n, b
+    printf "ratio:      %8.2fx (target >= 2x for 4 streams)\n", (a > 0 ? b / a : 0)
+}'
