@@ -328,6 +328,19 @@ TEST(RequestParsing, ChatOptionsBecomeEngineParameters) {
     EXPECT_EQ(g.prompts[0].tokens, text::encode_prompt(*fx().tok, rp));
 }
 
+TEST(RequestParsing, DeveloperMessagesAreSystemMessages) {
+    const ModelContext& mc = fx().mc;
+    const GenRequest dev = parse_chat_request(
+        ojson::parse(
+            R"({"messages":[{"role":"developer","content":"Be brief."},{"role":"user","content":"Hi"}]})"),
+        mc);
+    const GenRequest sys = parse_chat_request(
+        ojson::parse(
+            R"({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]})"),
+        mc);
+    EXPECT_EQ(dev.prompts[0].tokens, sys.prompts[0].tokens);
+}
+
 TEST(RequestParsing, MaxTokensIsClampedToTheContext) {
     const ModelContext& mc = fx().mc;
     GenRequest g = parse_chat_request(chat(R"("max_tokens":100000)"), mc);

@@ -107,7 +107,8 @@ int cmd_serve(int argc, char** argv) {
     a.option("api-key", "KEY", "",
              "require 'Authorization: Bearer KEY' on /v1/* (also $GLM5_API_KEY)");
     a.option("max-body", "SIZE", "32M", "largest request body accepted");
-    a.option("alias", "NAME", "", "model id to report and accept (default: general.name)");
+    a.option("alias", "NAME", "",
+             "model id to report and accept, instead of the GGUF's general.name");
     a.option("max-tokens", "N", "0",
              "default max_tokens of a request (0: up to the context's end)");
     a.option("max-choices", "N", "16", "most choices one request may ask for (n x prompts)");

@@ -343,7 +343,11 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     if (msgs->empty()) throw bad_request("'messages' must not be empty", "messages");
     std::vector<text::ChatMessage> history;
     try {
-        history = text::messages_from_openai(*msgs);
+        // OpenAI's newer "developer" role is the system role under another name.
+        ojson roles = *msgs;
+        for (auto& m : roles)
+            if (m.is_object() && m.value("role", ojson()) == "developer") m["role"] = "system";
+        history = text::messages_from_openai(roles);
     } catch (const Error& e) {
         throw bad_request(std::string("messages: ") + e.what(), "messages");
     }

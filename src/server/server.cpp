@@ -224,6 +224,9 @@ void Server::start() {
         port_ = opt_.port;
     }
     listener_ = std::thread([this] { http_->listen_after_bind(); });
+    // running() is what callers watch from now on: wait until the listener says so.
+    for (int i = 0; i < 5000 && !http_->is_running(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     monitor_ = std::thread([this] {
         std::unique_lock<std::mutex> lk(stats_mu_);
         while (!stop_monitor_) {
