@@ -444,8 +444,10 @@ void Server::routes() {
 }
 
 void Server::generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
-    if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+    // Counted before the check: a drain that starts now sees this request (and
+    // waits for it) or this request sees the drain.
     auto guard = std::make_shared<InFlight>(this);
+    if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
     const ojson body = parse_body(req.body);
     GenRequest g =
         ep == Endpoint::Chat ? parse_chat_request(body, mc_) : parse_completion_request(body, mc_);
