@@ -84,10 +84,24 @@ best() {  # best tokens/s over $rounds runs of $1 streams
     echo "$best_rate"
 }
 
+# The engine's own account of a phase (from /metrics): forwards, time per forward,
+# tokens per forward. Tells the model's batch scaling apart from HTTP overhead.
+metric() { curl -sf "http://127.0.0.1:$port/metrics" | awk -v n="$1" '$1 == n { print $2 }'; }
+snapshot() { echo "$(metric glm5_forwards_total) $(metric glm5_forward_seconds_total) $(metric glm5_generated_tokens_total)"; }
+engine_report() {  # $1 $2: snapshots before and after
+    echo "$1 $2" | awk '{ f = $4 - $1; s = $5 - $2; t = $6 - $3;
+        if (f > 0) printf "  engine: %d forwards, %.1f ms per forward, %.2f tokens per forward\n", f, 1000 * s / f, t / f }' >&2
+}
+
 echo "model $(basename "$model"), $threads threads, $tokens tokens per request, best of $rounds" >&2
 request 0  # warm-up: pages in the weights
+s0=$(snapshot)
 one=$(best 1)
+s1=$(snapshot)
+engine_report "$s0" "$s1"
 many=$(best "$streams")
+s2=$(snapshot)
+engine_report "$s1" "$s2"
 awk -v a="$one" -v b="$many" -v n="$streams" 'BEGIN {
     printf "1 stream:   %8.1f tokens/s\n", a
     printf "%d streams: %8.1f tokens/s aggregate\n", n, b
