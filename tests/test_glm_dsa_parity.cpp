@@ -214,6 +214,24 @@ TEST(GlmDsaBatch, ThreadCountDoesNotChangeLogits) {
     EXPECT_TRUE(bitwise_equal(one.batch_logits(tokens), two.batch_logits(tokens)));
 }
 
+// --no-mmap copies the weights into memory; the logits are the same bits.
+TEST(GlmDsaWeights, InMemoryCopyGivesTheSameLogits) {
+    const std::string path = data_path("glm-dsa/small-q4_k_m.gguf");
+    const auto g = load_json(data_path("glm-dsa/small-q4_k_m.golden.json"));
+    const auto tokens = to_ids(g["prompts"][3]["tokens"]);
+    TestModel mapped(path, backend::CacheType::F16);
+    auto file = gguf::File::open(path);
+    auto be = backend::make_cpu_backend({});
+    model::LoadOptions lo;
+    lo.in_memory = true;
+    auto copied = model::load_model(*file, *be, lo);
+    auto st = copied->new_state(64);
+    std::vector<float> lg;
+    model::SeqInput in{st.get(), tokens, true};
+    copied->forward({&in, 1}, lg);
+    EXPECT_TRUE(bitwise_equal(lg, mapped.batch_logits(tokens, true)));
+}
+
 TEST(GlmDsaState, RewindThenReforwardEqualsPlainDecode) {
     TestModel m(data_path("glm-dsa/tiny.gguf"));
     const auto g = load_json(data_path("glm-dsa/tiny.golden.json"));

@@ -52,6 +52,9 @@ void add_model_flags(Args& a, bool model_required) {
     a.option("cache-type", "TYPE", "f16",
              "attention cache type: f16 or f32 (MLA latent and indexer keys)");
     a.flag("spec", "load the NextN/MTP draft block (speculative decoding)");
+    a.flag("no-mmap",
+           "copy the weights into memory instead of serving them from the file mapping "
+           "(faster where file-backed pages are slow; needs RAM for the whole model)");
 }
 
 LoadedModel open_model(const Args& a, const std::string& path_override) {
@@ -66,6 +69,7 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     else
         throw UsageError("--cache-type must be f16 or f32, got '" + ct + "'");
     lo.load_nextn = a.get_flag("spec");
+    lo.in_memory = a.get_flag("no-mmap");
     backend::BackendOptions bo;
     bo.n_threads = int(a.get_int("threads", 1, 1024));
 

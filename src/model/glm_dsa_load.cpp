@@ -132,7 +132,7 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
       hp_(GlmDsaHParams::from_gguf(f)),
       cache_type_(opt.cache_type),
       dense_attention_(opt.dense_attention),
-      tensors_(f) {
+      tensors_(f, opt.in_memory) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V});
     output_norm_ = tensors_.vector("output_norm.weight", E);

@@ -73,6 +73,9 @@ struct SeqInput {
 struct LoadOptions {
     backend::CacheType cache_type = backend::CacheType::F16;
     bool load_nextn = false;  // --spec
+    // --no-mmap: copy the weights into anonymous memory instead of serving
+    // them from the read-only file mapping (the default).
+    bool in_memory = false;
     // Diagnostic: attend to every cached token, ignoring the sparse selection
     // (used to show that the selection really drops tokens).
     bool dense_attention = false;

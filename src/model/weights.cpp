@@ -1,6 +1,10 @@
 #include "model/weights.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstring>
+#include <fstream>
 
 #include "core/error.h"
 #include "gguf/gguf.h"
@@ -22,6 +26,55 @@ std::string shape_str(std::initializer_list<int64_t> ne) {
 }
 
 }  // namespace
+
+namespace {
+
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+uint64_t available_memory() {
+    std::ifstream f("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kb = 0;
+    while (f >> key >> kb >> unit)
+        if (key == "MemAvailable:") return kb * 1024;
+    return 0;
+}
+
+std::string gib(uint64_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", double(b) / double(uint64_t(1) << 30));
+    return buf;
+}
+
+}  // namespace
+
+TensorSource::TensorSource(const gguf::File& f, bool in_memory) : file_(f), in_memory_(in_memory) {
+    if (!in_memory_) return;
+    uint64_t total = 0;
+    for (const auto& t : f.tensors()) total += t.nbytes;
+    const uint64_t avail = available_memory();
+    // Reading the file fills the page cache too, but the kernel can drop
+    // that; the copies themselves must fit.
+    if (avail > 0 && total > avail)
+        throw ResourceError(
+            f.path() + ": --no-mmap needs " + gib(total) + " of memory for the weights, but only " +
+            gib(avail) + " is available; run without --no-mmap to serve the weights from the file");
+}
+
+TensorSource::~TensorSource() {
+    for (auto& [p, n] : copies_) ::munmap(p, n);
+}
+
+const uint8_t* TensorSource::place(const gguf::TensorInfo& t) {
+    if (!in_memory_ || t.nbytes == 0) return t.data;
+    const size_t n = (t.nbytes + 4095) / 4096 * 4096;
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw ResourceError("cannot allocate " + gib(n) + " for tensor " + t.name);
+    ::madvise(p, n, MADV_HUGEPAGE);  // fewer TLB misses on big matrices, where available
+    std::memcpy(p, t.data, t.nbytes);
+    ::mprotect(p, n, PROT_READ);
+    copies_.emplace_back(p, n);
+    return static_cast<const uint8_t*>(p);
+}
 
 std::string TensorSource::where() const {
     return file_.path();
@@ -60,7 +113,7 @@ backend::Weight TensorSource::matrix(const std::string& name, std::initializer_l
     w.slices = t.ne[2];
     w.row_bytes = quant::row_size(t.type, t.ne[0]);
     w.slice_bytes = w.row_bytes * size_t(t.ne[1]);
-    w.data = t.data;
+    w.data = place(t);
     bytes_used_ += t.nbytes;
     return w;
 }
@@ -71,7 +124,7 @@ const float* TensorSource::vector_any_shape(const std::string& name, int64_t n) 
         throw Error(where() + ": tensor " + name + " has shape " + t.shape_string() +
                     ", expected " + std::to_string(n) + " values");
     bytes_used_ += t.nbytes;
-    if (t.type == quant::Type::F32) return reinterpret_cast<const float*>(t.data);
+    if (t.type == quant::Type::F32) return reinterpret_cast<const float*>(place(t));
     if (t.type != quant::Type::F16 && t.type != quant::Type::BF16)
         throw Error(where() + ": tensor " + name + " has type " + quant::name(t.type) +
                     ", expected F32, F16 or BF16");

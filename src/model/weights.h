@@ -21,7 +21,13 @@ namespace glm5::model {
 
 class TensorSource {
   public:
-    explicit TensorSource(const gguf::File& f) : file_(f) {}
+    // in_memory: copy every tensor handed out into anonymous memory (the
+    // explicit --no-mmap mode) instead of serving it from the file mapping.
+    // Refuses (ResourceError, with the numbers) when the copies cannot fit.
+    explicit TensorSource(const gguf::File& f, bool in_memory = false);
+    ~TensorSource();
+    TensorSource(const TensorSource&) = delete;
+    TensorSource& operator=(const TensorSource&) = delete;
 
     bool has(const std::string& name) const;
 
@@ -38,11 +44,15 @@ class TensorSource {
 
   private:
     const gguf::TensorInfo& find(const std::string& name) const;
+    // Where the model reads a tensor's bytes: the mapping, or its copy.
+    const uint8_t* place(const gguf::TensorInfo& t);
     std::string where() const;
 
     const gguf::File& file_;
     std::deque<std::vector<float>> converted_;
     uint64_t bytes_used_ = 0;
+    bool in_memory_ = false;
+    std::vector<std::pair<void*, size_t>> copies_;  // anonymous mappings we own
 };
 
 }  // namespace glm5::model
