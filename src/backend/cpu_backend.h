@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 #include "backend/backend.h"
 #include "backend/cpu_kernels.h"
@@ -54,6 +57,41 @@ inline float sigmoid(float x) {
 inline float silu(float x) {
     return x / (1.0f + std::exp(-x));
 }
+
+// GLM5_PROFILE=1 in the environment: wall time per op, printed to stderr
+// when the backend is destroyed (a development aid for performance work).
+class OpProfile {
+  public:
+    OpProfile() : on_(std::getenv("GLM5_PROFILE") != nullptr) {}
+    ~OpProfile();
+    bool on() const { return on_; }
+    void add(const char* op, double s) {
+        auto& e = ops_[op];
+        e.first += s;
+        e.second += 1;
+    }
+
+  private:
+    bool on_;
+    std::map<std::string, std::pair<double, uint64_t>> ops_;
+};
+
+class OpTimer {
+  public:
+    OpTimer(OpProfile& p, const char* op) : p_(p), op_(op) {
+        if (p_.on()) t0_ = std::chrono::steady_clock::now();
+    }
+    ~OpTimer() {
+        if (p_.on())
+            p_.add(op_,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+    }
+
+  private:
+    OpProfile& p_;
+    const char* op_;
+    std::chrono::steady_clock::time_point t0_;
+};
 
 class CpuBackend final : public Backend {
   public:
@@ -103,6 +141,7 @@ class CpuBackend final : public Backend {
 
     // ---- elementwise ---------------------------------------------------------
     void embed(const Weight& table, std::span<const int32_t> ids, float* out) override {
+        OpTimer timer_(profile_, "embed");
         const int64_t E = table.cols;
         pool_.parallel_for(int64_t(ids.size()), 16, [&](int64_t b, int64_t e, int) {
             for (int64_t t = b; t < e; ++t)
@@ -112,6 +151,7 @@ class CpuBackend final : public Backend {
 
     void rms_norm(const float* x, int64_t xs, const float* w, int64_t n_rows, int64_t dim,
                   float eps, float* y, int64_t ys) override {
+        OpTimer timer_(profile_, "rms_norm");
         pool_.parallel_for(n_rows, 8, [&](int64_t b, int64_t e, int) {
             for (int64_t r = b; r < e; ++r)
                 kernels::rms_norm_row(x + r * xs, w, dim, eps, y + r * ys);
@@ -120,6 +160,7 @@ class CpuBackend final : public Backend {
 
     void layer_norm(const float* x, const float* w, const float* bias, int64_t n_rows, int64_t dim,
                     float eps, float* y) override {
+        OpTimer timer_(profile_, "layer_norm");
         pool_.parallel_for(n_rows, 8, [&](int64_t b, int64_t e, int) {
             for (int64_t r = b; r < e; ++r)
                 kernels::layer_norm_row(x + r * dim, w, bias, dim, eps, y + r * dim);
@@ -128,6 +169,7 @@ class CpuBackend final : public Backend {
 
     void rope(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads, int64_t head_stride,
               int64_t n_rot, const int32_t* pos, float freq_base) override {
+        OpTimer timer_(profile_, "rope");
         pool_.parallel_for(n_tok, 4, [&](int64_t b, int64_t e, int ith) {
             std::vector<float>& cs = per_thread_[size_t(ith)].rope;
             cs.resize(size_t(n_rot));
@@ -140,6 +182,7 @@ class CpuBackend final : public Backend {
     }
 
     void hadamard(float* x, int64_t n_vec, int64_t dim) override {
+        OpTimer timer_(profile_, "hadamard");
         pool_.parallel_for(n_vec, 16, [&](int64_t b, int64_t e, int) {
             for (int64_t v = b; v < e; ++v) kernels::hadamard_row(x + v * dim, dim);
         });
@@ -162,6 +205,7 @@ class CpuBackend final : public Backend {
 
     void swiglu(const float* g, const float* u, int64_t n_rows, int64_t n, int64_t in_stride,
                 float clamp, float* out) override {
+        OpTimer timer_(profile_, "swiglu");
         pool_.parallel_for(n_rows, 16, [&](int64_t b, int64_t e, int) {
             for (int64_t r = b; r < e; ++r)
                 swiglu_row(g + r * in_stride, u + r * in_stride, n, clamp, out + r * n);
@@ -171,17 +215,20 @@ class CpuBackend final : public Backend {
     // ---- matrix products -------------------------------------------------------
     void matmul(const Weight& w, const float* x, int64_t xs, int64_t n_tok, float* y,
                 int64_t ys) override {
+        OpTimer timer_(profile_, "matmul");
         products(w, 1, x, xs, 0, n_tok, y, ys, 0);
     }
 
     void matmul_slices(const Weight& w, const float* x, int64_t x_tok, int64_t x_slice,
                        int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice) override {
+        OpTimer timer_(profile_, "matmul_slices");
         products(w, w.slices, x, x_tok, x_slice, n_tok, y, y_tok, y_slice);
     }
 
     // ---- caches and attention ----------------------------------------------------
     void cache_store(const CacheRows& c, const float* x, int64_t xs, int64_t n_tok,
                      const int32_t* pos) override {
+        OpTimer timer_(profile_, "cache_store");
         for (int64_t t = 0; t < n_tok; ++t) {
             uint8_t* dst = c.data + size_t(pos[t]) * c.row_bytes();
             const float* src = x + t * xs;
@@ -196,6 +243,7 @@ class CpuBackend final : public Backend {
 
     void indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
                         int64_t top_k) override {
+        OpTimer timer_(profile_, "indexer_select");
         // Scores for every (query, key chunk), then a top-k per query.
         constexpr int64_t kChunk = 256;
         std::vector<int64_t> first_task(queries.size() + 1, 0);
@@ -239,6 +287,7 @@ class CpuBackend final : public Backend {
 
     void mla_attention(std::span<const AttentionQuery> queries, int64_t n_heads, int64_t v_width,
                        float scale) override {
+        OpTimer timer_(profile_, "mla_attention");
         // Few queries (decode): split each query's heads across threads;
         // many (prefill): one task per query, all heads sharing each row read.
         const int64_t nq = int64_t(queries.size());
@@ -433,11 +482,12 @@ class CpuBackend final : public Backend {
         matmul_calls_ += 1;
     }
 
+    OpProfile profile_;  // first member destroyed last: reports after the pool stops
     ThreadPool pool_;
     std::vector<PerThread> per_thread_;
     std::vector<Block> blocks_;
     size_t cur_ = 0;
-    ByteBuffer act_buf_, act_buf2_;
+    ByteBuffer act_buf_, act_buf2_, moe_gate_buf_, moe_up_buf_;
     std::atomic<uint64_t> weight_bytes_{0}, matmul_calls_{0};
 };
 

@@ -2,9 +2,12 @@
 // expert so each expert's weights are read once per batch, then combine.
 #include "backend/cpu_backend.h"
 
+#include <functional>
+
 namespace glm5::backend::cpu {
 
 void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out) {
+    OpTimer timer_(profile_, "moe");
     const int64_t E = m.router.cols, X = m.router.rows, K = m.n_used, F = m.gate.rows;
 
     // Route: sigmoid probabilities; the bias only decides which experts run.
@@ -35,68 +38,83 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
         }
     }
 
-    // Group the (token, slot) pairs by expert so each expert's weights are
-    // read once for all the tokens routed to it.
-    std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(X));
-    for (int64_t i = 0; i < T * K; ++i) by_expert[size_t(ids[size_t(i)])].push_back(int32_t(i));
+    // Sort the (token, k) pairs by expert: expert e's pairs take the slots
+    // [first[e], first[e+1]), so its activations are contiguous rows and each
+    // weight row is read once and applied to all of them (the multi kernels).
+    std::vector<int64_t> first(static_cast<size_t>(X + 1), 0);
+    for (int64_t i = 0; i < T * K; ++i) ++first[size_t(ids[size_t(i)] + 1)];
+    for (int64_t e = 0; e < X; ++e) first[size_t(e + 1)] += first[size_t(e)];
+    std::vector<int64_t> slot_of(static_cast<size_t>(T * K)),
+        cursor(first.begin(), first.end() - 1);
+    for (int64_t i = 0; i < T * K; ++i) slot_of[size_t(i)] = cursor[size_t(ids[size_t(i)])]++;
     std::vector<int32_t> active;
     for (int64_t e = 0; e < X; ++e)
-        if (!by_expert[size_t(e)].empty()) active.push_back(int32_t(e));
+        if (first[size_t(e + 1)] > first[size_t(e)]) active.push_back(int32_t(e));
+    const int64_t P = T * K;
 
-    // Gate and up projections for every pair.
-    size_t arow_x = 0, arow_xu = 0;
-    const uint8_t* ax = quantize_acts(act_buf_, m.gate.type, E, 1, x, E, 0, T, arow_x);
-    const uint8_t* axu = ax;
+    // Activations of every slot, in slot order, for the gate and up types.
+    auto gather = [&](ByteBuffer& buf, quant::Type type, size_t& arow) {
+        const uint8_t* a = quantize_acts(act_buf_, type, E, 1, x, E, 0, T, arow);
+        uint8_t* g = buf.get(arow * size_t(P));
+        for (int64_t i = 0; i < P; ++i)
+            std::memcpy(g + size_t(slot_of[size_t(i)]) * arow, a + size_t(i / K) * arow, arow);
+        return static_cast<const uint8_t*>(g);
+    };
+    size_t arow_g = 0, arow_u = 0;
+    const uint8_t* xg = gather(moe_gate_buf_, m.gate.type, arow_g);
+    const uint8_t* xu = xg;
     if (quant::traits(m.up.type).vec_dot_type != quant::traits(m.gate.type).vec_dot_type)
-        axu = quantize_acts(act_buf2_, m.up.type, E, 1, x, E, 0, T, arow_xu);
+        xu = gather(moe_up_buf_, m.up.type, arow_u);
     else
-        arow_xu = arow_x;
-    std::vector<float> g(static_cast<size_t>(T * K * F)), u(static_cast<size_t>(T * K * F));
-    {
-        const quant::VecDotFn dg = quant::vec_dot_fn(m.gate.type),
-                              du = quant::vec_dot_fn(m.up.type);
-        const int64_t grain =
-            std::clamp<int64_t>(F * int64_t(active.size()) / (8 * pool_.size()), 1, 64);
-        const int64_t chunks = (F + grain - 1) / grain;
-        pool_.parallel_for(int64_t(active.size()) * chunks, 1, [&](int64_t b, int64_t e_, int) {
-            for (int64_t task = b; task < e_; ++task) {
-                const int32_t e = active[size_t(task / chunks)];
-                const int64_t r0 = (task % chunks) * grain, r1 = std::min(F, r0 + grain);
-                for (int64_t r = r0; r < r1; ++r) {
-                    const uint8_t* wg = m.gate.row(r, e);
-                    const uint8_t* wu = m.up.row(r, e);
-                    for (int32_t pair : by_expert[size_t(e)]) {
-                        const int64_t t = pair / K;
-                        g[size_t(pair * F + r)] = dg(E, wg, ax + size_t(t) * arow_x);
-                        u[size_t(pair * F + r)] = du(E, wu, axu + size_t(t) * arow_xu);
-                    }
-                }
-            }
-        });
-    }
-    swiglu(g.data(), u.data(), T * K, F, F, m.clamp_routed, g.data());
+        arow_u = arow_g;
 
-    // Down projections.
-    size_t arow_h = 0;
-    const uint8_t* ah = quantize_acts(act_buf_, m.down.type, F, 1, g.data(), F, 0, T * K, arow_h);
-    std::vector<float> eo(static_cast<size_t>(T * K * E));
-    {
-        const quant::VecDotFn dd = quant::vec_dot_fn(m.down.type);
+    // out[(slot)][r] = W_e row r . act[slot] for the slots of expert e.
+    auto expert_rows = [&](const Weight& w, const uint8_t* act, size_t arow, float* out_rows,
+                           int64_t ld, int64_t i0, int64_t i1, int64_t e, std::vector<float>& tmp) {
+        const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
+        const quant::VecDotMultiFn multi = quant::vec_dot_multi_fn(w.type);
+        const int64_t s0 = first[size_t(e)], n = first[size_t(e + 1)] - s0;
+        tmp.resize(size_t(n));
+        for (int64_t r = i0; r < i1; ++r) {
+            const uint8_t* wr = w.row(r, e);
+            const uint8_t* a0 = act + size_t(s0) * arow;
+            if (multi && n > 1)
+                multi(w.cols, wr, a0, arow, n, tmp.data());
+            else
+                for (int64_t j = 0; j < n; ++j)
+                    tmp[size_t(j)] = dot(w.cols, wr, a0 + size_t(j) * arow);
+            for (int64_t j = 0; j < n; ++j) out_rows[(s0 + j) * ld + r] = tmp[size_t(j)];
+        }
+    };
+    auto for_expert_rows = [&](int64_t rows,
+                               const std::function<void(int64_t, int64_t, int64_t, int)>& fn) {
         const int64_t grain =
-            std::clamp<int64_t>(E * int64_t(active.size()) / (8 * pool_.size()), 1, 64);
-        const int64_t chunks = (E + grain - 1) / grain;
-        pool_.parallel_for(int64_t(active.size()) * chunks, 1, [&](int64_t b, int64_t e_, int) {
+            std::clamp<int64_t>(rows * int64_t(active.size()) / (8 * pool_.size()), 1, 64);
+        const int64_t chunks = (rows + grain - 1) / grain;
+        pool_.parallel_for(int64_t(active.size()) * chunks, 1, [&](int64_t b, int64_t e_, int ith) {
             for (int64_t task = b; task < e_; ++task) {
-                const int32_t e = active[size_t(task / chunks)];
-                const int64_t r0 = (task % chunks) * grain, r1 = std::min(E, r0 + grain);
-                for (int64_t r = r0; r < r1; ++r) {
-                    const uint8_t* wd = m.down.row(r, e);
-                    for (int32_t pair : by_expert[size_t(e)])
-                        eo[size_t(pair * E + r)] = dd(F, wd, ah + size_t(pair) * arow_h);
-                }
+                const int64_t r0 = (task % chunks) * grain;
+                fn(active[size_t(task / chunks)], r0, std::min(rows, r0 + grain), ith);
             }
         });
-    }
+    };
+
+    // Gate and up projections, SwiGLU.
+    std::vector<float> g(static_cast<size_t>(P * F)), u(static_cast<size_t>(P * F));
+    for_expert_rows(F, [&](int64_t e, int64_t r0, int64_t r1, int ith) {
+        std::vector<float>& tmp = per_thread_[size_t(ith)].row;
+        expert_rows(m.gate, xg, arow_g, g.data(), F, r0, r1, e, tmp);
+        expert_rows(m.up, xu, arow_u, u.data(), F, r0, r1, e, tmp);
+    });
+    swiglu(g.data(), u.data(), P, F, F, m.clamp_routed, g.data());
+
+    // Down projections (the hidden rows are already in slot order).
+    size_t arow_h = 0;
+    const uint8_t* ah = quantize_acts(act_buf_, m.down.type, F, 1, g.data(), F, 0, P, arow_h);
+    std::vector<float> eo(static_cast<size_t>(P * E));
+    for_expert_rows(E, [&](int64_t e, int64_t r0, int64_t r1, int ith) {
+        expert_rows(m.down, ah, arow_h, eo.data(), E, r0, r1, e, per_thread_[size_t(ith)].row);
+    });
     weight_bytes_ += active.size() * (m.gate.slice_bytes + m.up.slice_bytes + m.down.slice_bytes);
 
     // Weighted sum in selection order.
@@ -104,7 +122,7 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
         float* o = out + t * E;
         for (int64_t k = 0; k < K; ++k) {
             const float wk = wts[size_t(t * K + k)];
-            const float* src = eo.data() + (t * K + k) * E;
+            const float* src = eo.data() + slot_of[size_t(t * K + k)] * E;
             if (k == 0)
                 for (int64_t i = 0; i < E; ++i) o[i] = src[i] * wk;
             else
