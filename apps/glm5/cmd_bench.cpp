@@ -62,6 +62,8 @@ int cmd_bench(int argc, char** argv) {
     a.option("n-gen", "N", "64", "generated tokens of the tg test (0: skip)", "-n");
     a.option("repetitions", "N", "3", "repetitions of each test", "-r");
     a.option("ubatch", "N", "512", "prompt micro-batch size");
+    a.option("parallel", "N", "1",
+             "sequences decoded together in the tg test (one forward per step)");
     a.flag("roofline", "measure the read bandwidth and report the decode roofline", true);
     a.option("bandwidth-bytes", "BYTES", "1073741824", "buffer size of the bandwidth measurement");
     if (!a.parse(argc, argv, 2)) return 0;
@@ -70,6 +72,7 @@ int cmd_bench(int argc, char** argv) {
     const int64_t reps = a.get_int("repetitions", 1, 1000);
     const int64_t ubatch = a.get_int("ubatch", 1, 1 << 16);
     const int64_t bw_bytes = a.get_int("bandwidth-bytes", 1 << 20, int64_t(1) << 40);
+    const int64_t n_par = a.get_int("parallel", 1, 1024);
     LoadedModel m = open_model(a);
     model::Model& model = *m.model;
     backend::Backend& be = model.backend();
@@ -89,22 +92,30 @@ int cmd_bench(int argc, char** argv) {
         }
         return double(n_prompt) / seconds_since(t0);
     };
+    // n_par sequences, one token each per forward; returns aggregate tokens/s.
     auto run_tg = [&](uint64_t seed, double* bytes_per_token) {
-        const auto toks = random_tokens(n_gen, V, seed);
-        auto st = model.new_state(n_ctx);
+        std::vector<std::vector<int32_t>> toks;
+        std::vector<std::unique_ptr<model::SequenceState>> st;
+        for (int64_t s = 0; s < n_par; ++s) {
+            toks.push_back(random_tokens(n_gen, V, seed * 131 + uint64_t(s)));
+            st.push_back(model.new_state(n_ctx));
+        }
         std::vector<float> lg;
+        std::vector<model::SeqInput> in(static_cast<size_t>(n_par));
         be.reset_counters();
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < n_gen; ++i) {
-            model::SeqInput in{st.get(), std::span<const int32_t>(&toks[size_t(i)], 1), false,
-                               true};
-            model.forward({&in, 1}, lg);
+            for (int64_t s = 0; s < n_par; ++s)
+                in[size_t(s)] = {st[size_t(s)].get(),
+                                 std::span<const int32_t>(&toks[size_t(s)][size_t(i)], 1), false,
+                                 true};
+            model.forward(in, lg);
         }
-        const double tps = double(n_gen) / seconds_since(t0);
-        if (bytes_per_token) *bytes_per_token = double(be.counters().weight_bytes) / double(n_gen);
+        const double tps = double(n_gen * n_par) / seconds_since(t0);
+        if (bytes_per_token)
+            *bytes_per_token = double(be.counters().weight_bytes) / double(n_gen * n_par);
         return tps;
     };
-
     // Warm-up: touch every code path and page once.
     if (n_prompt > 0) run_pp(99);
     if (n_gen > 0) run_tg(99, nullptr);
@@ -132,7 +143,10 @@ int cmd_bench(int argc, char** argv) {
         out += buf;
     };
     if (!pp.empty()) row("pp" + std::to_string(n_prompt), stats(pp));
-    if (!tg.empty()) row("tg" + std::to_string(n_gen), stats(tg));
+    if (!tg.empty())
+        row("tg" + std::to_string(n_gen) +
+                (n_par > 1 ? " x" + std::to_string(n_par) + " seqs" : ""),
+            stats(tg));
 
     if (!tg.empty() && a.get_flag("roofline")) {
         ThreadPool pool(be.n_threads());
