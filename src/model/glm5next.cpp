@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "gguf/gguf.h"
+#include "model/batch.h"
 
 namespace glm5::model {
 
@@ -405,29 +406,11 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
 
     // Flatten the batch: tokens, positions, and per-sequence segments.
     Batch b;
-    std::vector<int32_t> tokens, out_rows;
-    std::unordered_set<const SequenceState*> seen;
-    for (const SeqInput& in : inputs) {
-        auto* st = dynamic_cast<NextState*>(in.state);
-        if (!st) throw Error("glm5next: sequence state of another model");
-        if (in.tokens.empty()) continue;
-        if (!seen.insert(st).second) throw Error("glm5next: a sequence appears twice in one batch");
-        const int64_t n = int64_t(in.tokens.size());
-        if (st->n_past() + n > st->n_ctx())
-            throw Error("context full: " + std::to_string(st->n_past() + n) +
-                        " tokens exceed the context size " + std::to_string(st->n_ctx()));
-        for (int32_t t : in.tokens)
-            if (t < 0 || t >= h.n_vocab)
-                throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" +
-                            std::to_string(h.n_vocab) + ")");
-        b.segs.push_back({st, int64_t(tokens.size()), n, st->n_past()});
-        for (int64_t i = 0; i < n; ++i) {
-            if (in.logits && (in.all_logits || i == n - 1))
-                out_rows.push_back(int32_t(tokens.size()));
-            tokens.push_back(in.tokens[size_t(i)]);
-            b.pos.push_back(int32_t(st->n_past() + i));
-        }
-    }
+    FlatBatch<NextState> flat = flatten_batch<NextState>(inputs, h.n_vocab, "glm5next");
+    const std::vector<int32_t>& tokens = flat.tokens;
+    const std::vector<int32_t>& out_rows = flat.out_rows;
+    b.pos = std::move(flat.pos);
+    for (const auto& s : flat.segs) b.segs.push_back({s.state, s.first, s.n, s.n_past});
     logits.clear();
     const int64_t T = b.T = int64_t(tokens.size());
     if (T == 0) return;

@@ -333,18 +333,7 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
         return;
     }
     backend::MoeWeights& m = L.moe;
-    const int64_t X = h.n_expert, F = h.n_ff_exp;
-    m.router = ts.matrix(p + "ffn_gate_inp.weight", {E, X});
-    m.bias = ts.vector(p + "exp_probs_b.bias", X);
-    m.gate = ts.matrix(p + "ffn_gate_exps.weight", {E, F, X});
-    m.up = ts.matrix(p + "ffn_up_exps.weight", {E, F, X});
-    m.down = ts.matrix(p + "ffn_down_exps.weight", {F, E, X});
-    if (h.n_expert_shared > 0) {
-        const int64_t Fs = F * h.n_expert_shared;
-        m.shared_gate = ts.matrix(p + "ffn_gate_shexp.weight", {E, Fs});
-        m.shared_up = ts.matrix(p + "ffn_up_shexp.weight", {E, Fs});
-        m.shared_down = ts.matrix(p + "ffn_down_shexp.weight", {Fs, E});
-    }
+    m = load_moe(ts, p, E, h.n_ff_exp, h.n_expert, h.n_expert_shared, true);
     m.n_used = int(h.n_expert_used);
     m.norm_weights = h.expert_norm;
     m.weights_scale = h.expert_scale;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "gguf/gguf.h"
+#include "model/batch.h"
 
 namespace glm5::model {
 
@@ -103,13 +104,6 @@ class DsaState final : public SequenceState {
     std::vector<CacheRows> latent_, keys_;
 };
 
-// One contiguous run of the batch belonging to one sequence.
-struct Segment {
-    DsaState* state;
-    int64_t first;  // index of its first token in the batch
-    int64_t n;
-};
-
 }  // namespace
 
 std::unique_ptr<SequenceState> GlmDsaModel::new_state(int64_t n_ctx) {
@@ -125,32 +119,16 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     const int64_t Di = h.idx_dim, Hi = h.idx_heads;
 
     // Flatten the batch: tokens, positions, and per-sequence segments.
-    std::vector<int32_t> tokens, pos, out_rows;
-    std::vector<Segment> segs;
-    for (const SeqInput& in : inputs) {
-        auto* st = dynamic_cast<DsaState*>(in.state);
-        if (!st) throw Error("glm-dsa: sequence state of another model");
-        if (in.tokens.empty()) continue;
-        const int64_t n = int64_t(in.tokens.size());
-        if (st->n_past() + n > st->n_ctx())
-            throw Error("context full: " + std::to_string(st->n_past() + n) +
-                        " tokens exceed the context size " + std::to_string(st->n_ctx()));
-        for (int32_t t : in.tokens)
-            if (t < 0 || t >= h.n_vocab)
-                throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" +
-                            std::to_string(h.n_vocab) + ")");
-        segs.push_back({st, int64_t(tokens.size()), n});
-        for (int64_t i = 0; i < n; ++i) {
-            if (in.logits && (in.all_logits || i == n - 1))
-                out_rows.push_back(int32_t(tokens.size()));
-            tokens.push_back(in.tokens[size_t(i)]);
-            pos.push_back(int32_t(st->n_past() + i));
-        }
-    }
+    FlatBatch<DsaState> b = flatten_batch<DsaState>(inputs, h.n_vocab, "glm-dsa");
+    const std::vector<int32_t>& tokens = b.tokens;
+    const std::vector<int32_t>& pos = b.pos;
+    const std::vector<int32_t>& out_rows = b.out_rows;
+    const auto& segs = b.segs;
+    using Segment = FlatBatch<DsaState>::Segment;
     logits.clear();
-    const int64_t T = int64_t(tokens.size());
+    const int64_t T = b.size();
     if (T == 0) return;
-    for (const Segment& s : segs) s.state->reserve(s.state->n_past() + s.n);
+    for (const Segment& s : segs) s.state->reserve(s.n_past + s.n);
 
     be.reset_scratch();
     float* x = be.scratch(size_t(T * E));

@@ -55,4 +55,11 @@ class TensorSource {
     std::vector<std::pair<void*, size_t>> copies_;  // anonymous mappings we own
 };
 
+// The MoE tensors of one block (p = "blk.N."): router, selection bias,
+// expert stacks and, when n_shared > 0, the shared expert. The routing
+// parameters (experts used, normalisation, scale, clamps) are the caller's.
+backend::MoeWeights load_moe(TensorSource& ts, const std::string& p, int64_t n_embd,
+                             int64_t n_ff_exp, int64_t n_expert, int64_t n_shared,
+                             bool bias_required);
+
 }  // namespace glm5::model

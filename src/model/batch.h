@@ -1,0 +1,63 @@
+// The flattened form of a forward's inputs, shared by every architecture: the
+// tokens of all sequences in one row-major batch, each token's position, the
+// rows that want logits, and one segment per sequence.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "core/error.h"
+#include "model/model.h"
+
+namespace glm5::model {
+
+template <class State>
+struct FlatBatch {
+    struct Segment {
+        State* state;
+        int64_t first;   // index of its first token in the batch
+        int64_t n;       // its tokens in this forward
+        int64_t n_past;  // its position before this forward
+    };
+    std::vector<int32_t> tokens;    // every token, sequence after sequence
+    std::vector<int32_t> pos;       // every token's position
+    std::vector<int32_t> out_rows;  // the tokens whose logits are wanted, in order
+    std::vector<Segment> segs;
+    int64_t size() const { return int64_t(tokens.size()); }
+};
+
+// Validates and flattens `inputs`: every state must be a State of this model,
+// appear once, have room for its tokens, and every id be in the vocabulary.
+template <class State>
+FlatBatch<State> flatten_batch(std::span<const SeqInput> inputs, int64_t n_vocab,
+                               const char* arch) {
+    FlatBatch<State> b;
+    std::unordered_set<const SequenceState*> seen;
+    for (const SeqInput& in : inputs) {
+        auto* st = dynamic_cast<State*>(in.state);
+        if (!st) throw Error(std::string(arch) + ": sequence state of another model");
+        if (in.tokens.empty()) continue;
+        if (!seen.insert(st).second)
+            throw Error(std::string(arch) + ": a sequence appears twice in one batch");
+        const int64_t n = int64_t(in.tokens.size());
+        if (st->n_past() + n > st->n_ctx())
+            throw Error("context full: " + std::to_string(st->n_past() + n) +
+                        " tokens exceed the context size " + std::to_string(st->n_ctx()));
+        for (int32_t t : in.tokens)
+            if (t < 0 || t >= n_vocab)
+                throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" +
+                            std::to_string(n_vocab) + ")");
+        b.segs.push_back({st, b.size(), n, st->n_past()});
+        for (int64_t i = 0; i < n; ++i) {
+            if (in.logits && (in.all_logits || i == n - 1)) b.out_rows.push_back(int32_t(b.size()));
+            b.tokens.push_back(in.tokens[size_t(i)]);
+            b.pos.push_back(int32_t(st->n_past() + i));
+        }
+    }
+    return b;
+}
+
+}  // namespace glm5::model
