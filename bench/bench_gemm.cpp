@@ -1,0 +1,154 @@
+// Matrix-product kernels, one thread, as GMAC/s (weight values x tokens per
+// second): the ceiling each prefill/decode kernel can reach on this core.
+//
+//   gemm/<TYPE>/repack16/t<N>  : the repacked 16-row GEMM (repack.h), N tokens,
+//                                a cache-resident matrix (N = 1 is decode's GEMV)
+//   gemm/<TYPE>/multi/t<N>     : vec_dot_multi_fn (one row decoded once for up to
+//                                8 tokens at a time, as the matmul calls it)
+//   gemm/<TYPE>/single/t<N>    : vec_dot_fn per (row, token): the baseline
+//   gemm/<TYPE>/repack16/stream/t1 : the GEMV over a 256 MiB matrix (memory bound)
+//
+// Shapes: rows of 2048 values (Q5_0 and IQ4_NL: 192, the attn_k_b rows), a
+// 256-row matrix. Prints throughput only; there is no pass/fail.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "quant/ops.h"
+#include "quant/quant.h"
+#include "quant/repack.h"
+
+namespace {
+
+using namespace glm5::quant;
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float sigma = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.f, sigma);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+int64_t cols_of(Type t) {
+    return (t == Type::Q5_0 || t == Type::IQ4_NL) ? 192 : 2048;
+}
+
+// rows x cols weights: a few quantized rows repeated (quantizing large
+// matrices would dominate setup; the kernels do not care).
+std::vector<uint8_t> weights(Type t, int64_t cols, int64_t rows) {
+    const int64_t distinct = std::min<int64_t>(rows, 64);
+    const size_t rb = row_size(t, cols);
+    std::vector<uint8_t> w(rb * size_t(rows));
+    quantize_rows(t, random_floats(size_t(cols * distinct), 1, 0.05f).data(), w.data(), distinct,
+                  cols, nullptr);
+    for (int64_t r = distinct; r < rows; ++r)
+        std::memcpy(w.data() + rb * size_t(r), w.data() + rb * size_t(r % distinct), rb);
+    return w;
+}
+
+std::vector<uint8_t> acts(Type t, int64_t cols, int64_t n_tok) {
+    const Type at = traits(t).vec_dot_type;
+    const size_t arow = row_size(at, cols);
+    std::vector<uint8_t> a(arow * size_t(n_tok));
+    for (int64_t i = 0; i < n_tok; ++i)
+        quantize_activation_row(at, random_floats(size_t(cols), 7 + uint32_t(i)).data(),
+                                a.data() + arow * size_t(i), cols);
+    return a;
+}
+
+void set_rate(benchmark::State& state, int64_t macs_per_iter) {
+    state.counters["GMAC/s"] = benchmark::Counter(double(macs_per_iter) * 1e-9,
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+
+enum class Kernel { Repack, Multi, Single };
+
+void BM_Gemm(benchmark::State& state, Type t, Kernel k, int64_t n_tok, int64_t rows) {
+    const int64_t cols = cols_of(t);
+    if (k == Kernel::Repack && !repack_supported(t, cols)) {
+        state.SkipWithError("no repacked kernel on this CPU");
+        return;
+    }
+    const VecDotMultiFn multi = vec_dot_multi_fn(t);
+    if (k == Kernel::Multi && !multi) {
+        state.SkipWithError("no multi-activation kernel on this CPU");
+        return;
+    }
+    const VecDotFn dot = vec_dot_fn(t);
+    const auto w = weights(t, cols, rows);
+    const auto a = acts(t, cols, n_tok);
+    const size_t rb = row_size(t, cols), arow = row_size(traits(t).vec_dot_type, cols);
+    std::vector<uint8_t> packed;
+    if (k == Kernel::Repack) {
+        packed.resize(repacked_bytes(t, cols, rows));
+        repack(t, w.data(), packed.data(), cols, rows);
+    }
+    std::vector<float> y(size_t(rows * n_tok));
+    for (auto _ : state) {
+        switch (k) {
+            case Kernel::Repack:
+                gemm_repacked(t, cols, packed.data(), rows / 16, a.data(), arow, n_tok, y.data(),
+                              size_t(rows));
+                break;
+            case Kernel::Multi:
+                for (int64_t t0 = 0; t0 < n_tok; t0 += 8) {
+                    const int64_t nt = std::min<int64_t>(8, n_tok - t0);
+                    float o[8];
+                    for (int64_t r = 0; r < rows; ++r) {
+                        multi(cols, w.data() + rb * size_t(r), a.data() + arow * size_t(t0), arow,
+                              nt, o);
+                        for (int64_t i = 0; i < nt; ++i) y[size_t((t0 + i) * rows + r)] = o[i];
+                    }
+                }
+                break;
+            case Kernel::Single:
+                for (int64_t i = 0; i < n_tok; ++i)
+                    for (int64_t r = 0; r < rows; ++r)
+                        y[size_t(i * rows + r)] =
+                            dot(cols, w.data() + rb * size_t(r), a.data() + arow * size_t(i));
+                break;
+        }
+        benchmark::DoNotOptimize(y.data());
+        benchmark::ClobberMemory();
+    }
+    set_rate(state, rows * cols * n_tok);
+}
+
+int register_all() {
+    const char* kname[] = {"repack16", "multi", "single"};
+    for (Type t : {Type::Q4_K, Type::Q6_K}) {
+        for (int64_t n : {1, 4, 8, 16, 32, 64})
+            for (Kernel k : {Kernel::Repack, Kernel::Multi, Kernel::Single}) {
+                if (k == Kernel::Multi && n == 1) continue;
+                const std::string nm =
+                    std::string("gemm/") + name(t) + "/" + kname[int(k)] + "/t" + std::to_string(n);
+                benchmark::RegisterBenchmark(nm.c_str(), BM_Gemm, t, k, n, int64_t(256));
+            }
+        // Decode's GEMV against a matrix far larger than the caches.
+        const int64_t big = (int64_t(256) << 20) / int64_t(row_size(t, 2048)) / 16 * 16;
+        for (Kernel k : {Kernel::Repack, Kernel::Single})
+            benchmark::RegisterBenchmark(
+                (std::string("gemm/") + name(t) + "/" + kname[int(k)] + "/stream/t1").c_str(),
+                BM_Gemm, t, k, int64_t(1), big);
+    }
+    for (Type t : {Type::Q5_0, Type::Q8_0, Type::IQ4_NL, Type::IQ2_XXS})
+        for (int64_t n : {1, 4, 8, 64})
+            for (Kernel k : {Kernel::Multi, Kernel::Single}) {
+                if (k == Kernel::Multi && n == 1) continue;
+                const std::string nm =
+                    std::string("gemm/") + name(t) + "/" + kname[int(k)] + "/t" + std::to_string(n);
+                benchmark::RegisterBenchmark(nm.c_str(), BM_Gemm, t, k, n, int64_t(256));
+            }
+    return 0;
+}
+
+const int registered = register_all();
+
+}  // namespace
+
+BENCHMARK_MAIN();

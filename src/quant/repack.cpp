@@ -1,0 +1,200 @@
+// Repacking of Q4_K / Q6_K matrices into 16-row interleaved groups (see
+// repack.h and the layouts in repack_kernels.h), and the dispatch to the
+// AVX-512 GEMM kernels. The byte shuffling here is plain C++ for any CPU.
+#include "quant/repack.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "quant/common.h"
+#include "quant/ops.h"
+#include "quant/repack_kernels.h"
+
+namespace glm5::quant {
+
+namespace {
+
+using repacked::kRows;
+using repacked::Q4KGroupBlock;
+using repacked::Q6KGroupBlock;
+
+bool is_repackable(Type t) {
+    return t == Type::Q4_K || t == Type::Q6_K;
+}
+
+size_t group_block_bytes(Type t) {
+    return t == Type::Q4_K ? sizeof(Q4KGroupBlock) : sizeof(Q6KGroupBlock);
+}
+
+void check(Type t, int64_t cols) {
+    if (!is_repackable(t) || cols <= 0 || cols % QK_K != 0)
+        throw Error(std::string("repack: ") + name(t) + " rows of " + std::to_string(cols) +
+                    " values have no repacked layout");
+}
+
+// Row r (< 16) of `rows`: block b <-> group block position. `to_group` picks
+// the direction, so packing and unpacking share one description of the layout.
+template <bool to_group>
+void move_q4_K(BlockQ4_K& x, Q4KGroupBlock& g, int r) {
+    auto mv = [](auto& plain, auto& packed) {
+        if constexpr (to_group)
+            packed = plain;
+        else
+            plain = packed;
+    };
+    mv(x.d, g.d[r]);
+    mv(x.dmin, g.dmin[r]);
+    // The 12 packed scale bytes are unpacked to 8 scales and 8 mins; packing
+    // them back is exact (each is 6 bits).
+    if constexpr (to_group) {
+        uint8_t sc[8], mn[8];
+        unpack_k4_scales(x.scales, sc, mn);
+        for (int j = 0; j < 8; ++j) {
+            g.scales[j][r] = sc[j];
+            g.mins[j / 2][r][j % 2] = mn[j];
+        }
+    } else {
+        uint8_t* q = x.scales;
+        for (int j = 0; j < 4; ++j) {
+            q[j] = uint8_t((g.scales[j][r] & 63) | ((g.scales[j + 4][r] >> 4) << 6));
+            q[j + 4] = uint8_t((g.mins[j / 2][r][j % 2] & 63) |
+                               ((g.mins[(j + 4) / 2][r][j % 2] >> 4) << 6));
+            q[j + 8] =
+                uint8_t((g.scales[j + 4][r] & 0xF) | ((g.mins[(j + 4) / 2][r][j % 2] & 0xF) << 4));
+        }
+    }
+    for (int k = 0; k < 4; ++k)
+        for (int c = 0; c < 8; ++c)
+            for (int b = 0; b < 4; ++b) mv(x.qs[32 * k + 4 * c + b], g.qs[k][c][r][b]);
+}
+
+template <bool to_group>
+void move_q6_K(BlockQ6_K& x, Q6KGroupBlock& g, int r) {
+    auto mv = [](auto& plain, auto& packed) {
+        if constexpr (to_group)
+            packed = plain;
+        else
+            plain = packed;
+    };
+    mv(x.d, g.d[r]);
+    for (int j = 0; j < 16; ++j) mv(x.scales[j], g.scales[j / 2][r][j % 2]);
+    for (int h = 0; h < 2; ++h)
+        for (int c = 0; c < 8; ++c)
+            for (int b = 0; b < 4; ++b) {
+                for (int p = 0; p < 2; ++p)
+                    mv(x.ql[64 * h + 32 * p + 4 * c + b], g.ql[h][p][c][r][b]);
+                mv(x.qh[32 * h + 4 * c + b], g.qh[h][c][r][b]);
+            }
+}
+
+// Moves rows r0..r1-1 of one group between plain rows (the first at `plain`)
+// and the group's blocks.
+template <bool to_group>
+void move_group(Type t, uint8_t* plain, size_t row_bytes, uint8_t* group, int64_t nb, int r0,
+                int r1) {
+    for (int r = r0; r < r1; ++r) {
+        uint8_t* row = plain + size_t(r - r0) * row_bytes;
+        for (int64_t b = 0; b < nb; ++b) {
+            if (t == Type::Q4_K) {
+                auto* x = reinterpret_cast<BlockQ4_K*>(row) + b;
+                move_q4_K<to_group>(*x, reinterpret_cast<Q4KGroupBlock*>(group)[b], r);
+            } else {
+                auto* x = reinterpret_cast<BlockQ6_K*>(row) + b;
+                move_q6_K<to_group>(*x, reinterpret_cast<Q6KGroupBlock*>(group)[b], r);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+int repack_rows(Type t) {
+    return is_repackable(t) && cpu_has_avx512() ? kRows : 0;
+}
+
+bool repack_supported(Type t, int64_t cols) {
+    return repack_rows(t) != 0 && cols > 0 && cols % QK_K == 0;
+}
+
+size_t repacked_group_bytes(Type t, int64_t cols) {
+    check(t, cols);
+    return size_t(cols / QK_K) * group_block_bytes(t);
+}
+
+size_t repacked_bytes(Type t, int64_t cols, int64_t rows) {
+    return size_t(rows / kRows) * repacked_group_bytes(t, cols) +
+           size_t(rows % kRows) * row_size(t, cols);
+}
+
+const void* repacked_tail(Type t, const void* packed, int64_t cols, int64_t rows) {
+    return static_cast<const uint8_t*>(packed) +
+           size_t(rows / kRows) * repacked_group_bytes(t, cols);
+}
+
+void repack(Type t, const void* src_rows, void* dst, int64_t cols, int64_t rows) {
+    const size_t gb = repacked_group_bytes(t, cols), rb = row_size(t, cols);
+    const int64_t nb = cols / QK_K, n_groups = rows / kRows;
+    // Plain blocks are read through non-const pointers by the shared mover;
+    // they are never written when packing.
+    auto* src = static_cast<uint8_t*>(const_cast<void*>(src_rows));
+    auto* out = static_cast<uint8_t*>(dst);
+    for (int64_t g = 0; g < n_groups; ++g)
+        move_group<true>(t, src + size_t(g * kRows) * rb, rb, out + size_t(g) * gb, nb, 0, kRows);
+    std::memcpy(out + size_t(n_groups) * gb, src + size_t(n_groups * kRows) * rb,
+                size_t(rows % kRows) * rb);
+}
+
+void repacked_row(Type t, const void* packed, int64_t cols, int64_t rows, int64_t r, void* out) {
+    const size_t gb = repacked_group_bytes(t, cols), rb = row_size(t, cols);
+    const int64_t n_groups = rows / kRows;
+    auto* p = static_cast<uint8_t*>(const_cast<void*>(packed));
+    if (r >= n_groups * kRows) {
+        std::memcpy(out, p + size_t(n_groups) * gb + size_t(r - n_groups * kRows) * rb, rb);
+        return;
+    }
+    const int lane = int(r % kRows);
+    // Unpacking only writes `out`; the group blocks are read.
+    move_group<false>(t, static_cast<uint8_t*>(out), rb, p + size_t(r / kRows) * gb, cols / QK_K,
+                      lane, lane + 1);
+}
+
+void unrepack(Type t, const void* packed, void* dst_rows, int64_t cols, int64_t rows) {
+    const size_t rb = row_size(t, cols);
+    for (int64_t r = 0; r < rows; ++r)
+        repacked_row(t, packed, cols, rows, r, static_cast<uint8_t*>(dst_rows) + size_t(r) * rb);
+}
+
+void gemm_repacked_rows(Type t, int64_t cols, const void* groups, int64_t n_groups,
+                        const void* const* act_rows, int64_t n_tok, float* const* y_rows) {
+    if (!repack_supported(t, cols))
+        throw Error(std::string("gemm_repacked: no repacked kernel for ") + name(t) + " x " +
+                    std::to_string(cols) + " on this CPU");
+    if (n_groups <= 0 || n_tok <= 0) return;
+    const auto* const* acts = reinterpret_cast<const BlockQ8_K* const*>(act_rows);
+    if (t == Type::Q4_K)
+        repacked::gemm_q4_K_avx512(cols / QK_K, static_cast<const Q4KGroupBlock*>(groups), n_groups,
+                                   acts, n_tok, y_rows);
+    else
+        repacked::gemm_q6_K_avx512(cols / QK_K, static_cast<const Q6KGroupBlock*>(groups), n_groups,
+                                   acts, n_tok, y_rows);
+}
+
+void gemm_repacked(Type t, int64_t cols, const void* groups, int64_t n_groups, const void* act,
+                   size_t act_stride, int64_t n_tok, float* y, size_t y_tok_stride) {
+    // Pointers per token tile, so long token ranges need no allocation.
+    constexpr int64_t kChunk = 64;
+    const void* a[kChunk];
+    float* o[kChunk];
+    for (int64_t t0 = 0; t0 < n_tok; t0 += kChunk) {
+        const int64_t nt = std::min(kChunk, n_tok - t0);
+        for (int64_t i = 0; i < nt; ++i) {
+            a[i] = static_cast<const uint8_t*>(act) + size_t(t0 + i) * act_stride;
+            o[i] = y + size_t(t0 + i) * y_tok_stride;
+        }
+        gemm_repacked_rows(t, cols, groups, n_groups, a, nt, o);
+    }
+}
+
+}  // namespace glm5::quant
