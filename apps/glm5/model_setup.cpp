@@ -55,6 +55,9 @@ void add_model_flags(Args& a, bool model_required) {
     a.flag("no-mmap",
            "copy the weights into memory instead of serving them from the file mapping "
            "(faster where file-backed pages are slow; needs RAM for the whole model)");
+    a.flag("repack",
+           "repack Q4_K/Q6_K matrices at load into an interleaved layout for the AVX-512 GEMM "
+           "(same results, faster; needs RAM for those weights)");
 }
 
 LoadedModel open_model(const Args& a, const std::string& path_override) {
@@ -70,6 +73,7 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
         throw UsageError("--cache-type must be f16 or f32, got '" + ct + "'");
     lo.load_nextn = a.get_flag("spec");
     lo.in_memory = a.get_flag("no-mmap");
+    lo.repack = a.get_flag("repack");
     backend::BackendOptions bo;
     bo.n_threads = int(a.get_int("threads", 1, 1024));
 
@@ -87,6 +91,10 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
              info.name.c_str(), info.arch.c_str(), blocks.c_str(),
              human_bytes(double(info.weight_bytes)).c_str(), (long long)info.n_vocab, ct.c_str(),
              m.backend->n_threads());
+    if (lo.repack)
+        log_info("glm5: --repack: %s of weights repacked for the interleaved GEMM%s\n",
+                 human_bytes(double(info.repacked_bytes)).c_str(),
+                 info.repacked_bytes ? "" : " (none: no Q4_K/Q6_K matrix, or no AVX-512 VNNI)");
     return m;
 }
 

@@ -30,6 +30,10 @@ struct Weight {
     size_t row_bytes = 0;
     size_t slice_bytes = 0;
     const uint8_t* data = nullptr;
+    // Each slice in quant::repack's interleaved layout (groups of 16 rows,
+    // slice_bytes = quant::repacked_bytes): only the matrix products read it,
+    // and row() does not apply. Made by the loader's --repack option.
+    bool repacked = false;
 
     explicit operator bool() const { return data != nullptr; }
     const uint8_t* row(int64_t r, int64_t s = 0) const {
@@ -208,9 +212,8 @@ class Backend {
 
     // Per-channel log-decay bounded to (lower, 0):
     //   g[t][h*dim + i] = lower * sigmoid(rate[h] * (z[t][h*dim + i] + bias[h*dim + i])).
-    virtual void bounded_decay(const float* z, const float* bias, const float* rate,
-                               int64_t n_tok, int64_t n_heads, int64_t dim, float lower,
-                               float* g) = 0;
+    virtual void bounded_decay(const float* z, const float* bias, const float* rate, int64_t n_tok,
+                               int64_t n_heads, int64_t dim, float lower, float* g) = 0;
 
     // Gated delta rule, token by token in order, per head h with state
     // S [dim(key i)][dim(value j)]:
@@ -224,8 +227,8 @@ class Backend {
         float* out = nullptr;
         int64_t n_tok = 0;
     };
-    virtual void gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n_heads,
-                                  int64_t dim, float scale) = 0;
+    virtual void gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n_heads, int64_t dim,
+                                  float scale) = 0;
 
     // Sinkhorn hyper-connection coefficients for S streams from the mixing
     // logits mix [n_tok][(2+S)*S] (fn . RMSNorm(streams)):
@@ -254,9 +257,8 @@ class Backend {
     // (a width-1 gate gives one weight per slot for every channel), stored as
     // row j of `pools` for j in [first_pool, first_pool + n_pools).
     virtual void pool_compress(const CacheRows& cells, int64_t key_width, int64_t gate_width,
-                               int64_t pool_size, const float* ape, const float* norm_w,
-                               float eps, const CacheRows& pools, int64_t first_pool,
-                               int64_t n_pools) = 0;
+                               int64_t pool_size, const float* ape, const float* norm_w, float eps,
+                               const CacheRows& pools, int64_t first_pool, int64_t n_pools) = 0;
     // ==== end of glm5next ops ===================================================
 };
 

@@ -19,6 +19,7 @@
 #include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "quant/quant.h"
+#include "quant/repack.h"
 
 namespace glm5::backend::cpu {
 
@@ -142,6 +143,7 @@ class CpuBackend final : public Backend {
     // ---- elementwise ---------------------------------------------------------
     void embed(const Weight& table, std::span<const int32_t> ids, float* out) override {
         OpTimer timer_(profile_, "embed");
+        if (table.repacked) throw Error("embed: a repacked table has no plain rows");
         const int64_t E = table.cols;
         pool_.parallel_for(int64_t(ids.size()), 16, [&](int64_t b, int64_t e, int) {
             for (int64_t t = b; t < e; ++t)
@@ -453,12 +455,17 @@ class CpuBackend final : public Backend {
         const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
         const quant::VecDotMultiFn multi = quant::vec_dot_multi_fn(w.type);
         const int64_t rows = w.rows;
-        const int64_t grain = std::clamp<int64_t>(rows * S / (8 * pool_.size()), 1, 64);
+        const int64_t grain = row_grain(w, rows * S / (8 * pool_.size()));
         const int64_t chunks = (rows + grain - 1) / grain;
         pool_.parallel_for(S * chunks, 1, [&](int64_t b, int64_t e, int) {
             for (int64_t task = b; task < e; ++task) {
                 const int64_t s = task / chunks;
                 const int64_t r0 = (task % chunks) * grain, r1 = std::min(rows, r0 + grain);
+                if (w.repacked) {
+                    repacked_rows(w, s, r0, r1, act + size_t(s * n) * arow, arow, n,
+                                  y + s * y_slice, y_tok);
+                    continue;
+                }
                 for (int64_t t0 = 0; t0 < n; t0 += 8) {
                     const int64_t t1 = std::min(n, t0 + 8);
                     for (int64_t r = r0; r < r1; ++r) {
@@ -478,8 +485,41 @@ class CpuBackend final : public Backend {
                 }
             }
         });
-        weight_bytes_ += uint64_t(S) * uint64_t(rows) * w.row_bytes;
+        weight_bytes_ += uint64_t(S) * w.slice_bytes;
         matmul_calls_ += 1;
+    }
+
+    // Rows per task for a split of a weight's rows: `want` clamped to [1, 64],
+    // whole groups for a repacked weight.
+    static int64_t row_grain(const Weight& w, int64_t want) {
+        int64_t g = std::clamp<int64_t>(want, 1, 64);
+        if (w.repacked) {
+            const int64_t R = quant::repack_rows(w.type);
+            g = (g + R - 1) / R * R;
+        }
+        return g;
+    }
+
+    // y[t * y_tok + r] = row r of slice s . activation row t (act + t*arow),
+    // for rows [r0, r1) of a repacked weight, r0 on a group boundary and r1 on
+    // one or at the end; the tail rows after the last group are plain.
+    static void repacked_rows(const Weight& w, int64_t s, int64_t r0, int64_t r1,
+                              const uint8_t* act, size_t arow, int64_t n, float* y, int64_t y_tok) {
+        const int64_t R = quant::repack_rows(w.type), G = w.rows / R;
+        const uint8_t* base = w.data + size_t(s) * w.slice_bytes;
+        const int64_t g0 = r0 / R, g1 = std::min(r1, G * R) / R;
+        if (g1 > g0)
+            quant::gemm_repacked(w.type, w.cols,
+                                 base + size_t(g0) * quant::repacked_group_bytes(w.type, w.cols),
+                                 g1 - g0, act, arow, n, y + g0 * R, size_t(y_tok));
+        if (r1 <= G * R) return;
+        const auto* tail =
+            static_cast<const uint8_t*>(quant::repacked_tail(w.type, base, w.cols, w.rows));
+        const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
+        for (int64_t r = std::max(r0, G * R); r < r1; ++r)
+            for (int64_t t = 0; t < n; ++t)
+                y[t * y_tok + r] =
+                    dot(w.cols, tail + size_t(r - G * R) * w.row_bytes, act + size_t(t) * arow);
     }
 
     OpProfile profile_;  // first member destroyed last: reports after the pool stops
@@ -487,7 +527,11 @@ class CpuBackend final : public Backend {
     std::vector<PerThread> per_thread_;
     std::vector<Block> blocks_;
     size_t cur_ = 0;
-    ByteBuffer act_buf_, act_buf2_, moe_gate_buf_, moe_up_buf_;
+    static float* moe_floats(ByteBuffer& b, size_t n) {
+        return reinterpret_cast<float*>(b.get(n * sizeof(float)));
+    }
+
+    ByteBuffer act_buf_, act_buf2_, moe_gate_buf_, moe_up_buf_, moe_g_, moe_u_, moe_eo_;
     std::atomic<uint64_t> weight_bytes_{0}, matmul_calls_{0};
 };
 

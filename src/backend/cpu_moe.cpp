@@ -74,6 +74,10 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
         const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
         const quant::VecDotMultiFn multi = quant::vec_dot_multi_fn(w.type);
         const int64_t s0 = first[size_t(e)], n = first[size_t(e + 1)] - s0;
+        if (w.repacked) {
+            repacked_rows(w, e, i0, i1, act + size_t(s0) * arow, arow, n, out_rows + s0 * ld, ld);
+            return;
+        }
         tmp.resize(size_t(n));
         for (int64_t r = i0; r < i1; ++r) {
             const uint8_t* wr = w.row(r, e);
@@ -86,10 +90,11 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
             for (int64_t j = 0; j < n; ++j) out_rows[(s0 + j) * ld + r] = tmp[size_t(j)];
         }
     };
-    auto for_expert_rows = [&](int64_t rows,
+    // Row chunks are whole groups when either weight of the pass is repacked.
+    auto for_expert_rows = [&](const Weight& w1, const Weight& w2, int64_t rows,
                                const std::function<void(int64_t, int64_t, int64_t, int)>& fn) {
-        const int64_t grain =
-            std::clamp<int64_t>(rows * int64_t(active.size()) / (8 * pool_.size()), 1, 64);
+        const int64_t want = rows * int64_t(active.size()) / (8 * pool_.size());
+        const int64_t grain = std::max(row_grain(w1, want), row_grain(w2, want));
         const int64_t chunks = (rows + grain - 1) / grain;
         pool_.parallel_for(int64_t(active.size()) * chunks, 1, [&](int64_t b, int64_t e_, int ith) {
             for (int64_t task = b; task < e_; ++task) {
@@ -100,20 +105,23 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     };
 
     // Gate and up projections, SwiGLU.
-    std::vector<float> g(static_cast<size_t>(P * F)), u(static_cast<size_t>(P * F));
-    for_expert_rows(F, [&](int64_t e, int64_t r0, int64_t r1, int ith) {
+    // Persistent, uninitialised buffers: these are tens of MB in prefill, and
+    // fresh zeroed allocations cost page faults on every layer.
+    float* g = moe_floats(moe_g_, size_t(P * F));
+    float* u = moe_floats(moe_u_, size_t(P * F));
+    for_expert_rows(m.gate, m.up, F, [&](int64_t e, int64_t r0, int64_t r1, int ith) {
         std::vector<float>& tmp = per_thread_[size_t(ith)].row;
-        expert_rows(m.gate, xg, arow_g, g.data(), F, r0, r1, e, tmp);
-        expert_rows(m.up, xu, arow_u, u.data(), F, r0, r1, e, tmp);
+        expert_rows(m.gate, xg, arow_g, g, F, r0, r1, e, tmp);
+        expert_rows(m.up, xu, arow_u, u, F, r0, r1, e, tmp);
     });
-    swiglu(g.data(), u.data(), P, F, F, m.clamp_routed, g.data());
+    swiglu(g, u, P, F, F, m.clamp_routed, g);
 
     // Down projections (the hidden rows are already in slot order).
     size_t arow_h = 0;
-    const uint8_t* ah = quantize_acts(act_buf_, m.down.type, F, 1, g.data(), F, 0, P, arow_h);
-    std::vector<float> eo(static_cast<size_t>(P * E));
-    for_expert_rows(E, [&](int64_t e, int64_t r0, int64_t r1, int ith) {
-        expert_rows(m.down, ah, arow_h, eo.data(), E, r0, r1, e, per_thread_[size_t(ith)].row);
+    const uint8_t* ah = quantize_acts(act_buf_, m.down.type, F, 1, g, F, 0, P, arow_h);
+    float* eo = moe_floats(moe_eo_, size_t(P * E));
+    for_expert_rows(m.down, m.down, E, [&](int64_t e, int64_t r0, int64_t r1, int ith) {
+        expert_rows(m.down, ah, arow_h, eo, E, r0, r1, e, per_thread_[size_t(ith)].row);
     });
     weight_bytes_ += active.size() * (m.gate.slice_bytes + m.up.slice_bytes + m.down.slice_bytes);
 
@@ -122,7 +130,7 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
         float* o = out + t * E;
         for (int64_t k = 0; k < K; ++k) {
             const float wk = wts[size_t(t * K + k)];
-            const float* src = eo.data() + slot_of[size_t(t * K + k)] * E;
+            const float* src = eo + slot_of[size_t(t * K + k)] * E;
             if (k == 0)
                 for (int64_t i = 0; i < E; ++i) o[i] = src[i] * wk;
             else
@@ -133,13 +141,14 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     // The shared expert sees every token, unweighted.
     if (m.shared_gate) {
         const int64_t S = m.shared_gate.rows;
-        std::vector<float> sg(static_cast<size_t>(T * S)), su(static_cast<size_t>(T * S)),
-            so(static_cast<size_t>(T * E));
-        products(m.shared_gate, 1, x, E, 0, T, sg.data(), S, 0);
-        products(m.shared_up, 1, x, E, 0, T, su.data(), S, 0);
-        swiglu(sg.data(), su.data(), T, S, S, m.clamp_shared, sg.data());
-        products(m.shared_down, 1, sg.data(), S, 0, T, so.data(), E, 0);
-        for (int64_t i = 0; i < T * E; ++i) out[i] += so[size_t(i)];
+        float* sg = moe_floats(moe_g_, size_t(T * S));
+        float* su = moe_floats(moe_u_, size_t(T * S));
+        float* so = moe_floats(moe_eo_, size_t(T * E));
+        products(m.shared_gate, 1, x, E, 0, T, sg, S, 0);
+        products(m.shared_up, 1, x, E, 0, T, su, S, 0);
+        swiglu(sg, su, T, S, S, m.clamp_shared, sg);
+        products(m.shared_down, 1, sg, S, 0, T, so, E, 0);
+        for (int64_t i = 0; i < T * E; ++i) out[i] += so[i];
     }
 }
 

@@ -194,9 +194,9 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
       cache_type_(opt.cache_type),
       dense_attention_(opt.dense_attention),
       file_(f),
-      tensors_(f, opt.in_memory) {
+      tensors_(f, opt.in_memory, opt.repack) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
-    tok_embd_ = tensors_.matrix("token_embd.weight", {E, V});
+    tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);
     output_norm_ = tensors_.vector("output_norm.weight", E);
     output_ = tensors_.has("output.weight") ? tensors_.matrix("output.weight", {E, V}) : tok_embd_;
 
@@ -237,11 +237,12 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
         info_.nextn_loaded = true;
     }
     info_.weight_bytes = tensors_.bytes_used();
+    info_.repacked_bytes = tensors_.bytes_repacked();
 }
 
 const float* Glm5NextModel::load_floats(const std::string& name,
                                         std::initializer_list<int64_t> ne) {
-    const backend::Weight w = tensors_.matrix(name, ne);
+    const backend::Weight w = tensors_.matrix(name, ne, TensorSource::Layout::Plain);
     if (w.type == quant::Type::F32) return reinterpret_cast<const float*>(w.data);
     std::vector<float>& out = converted_.emplace_back(size_t(w.cols * w.rows * w.slices));
     for (int64_t s = 0; s < w.slices; ++s)

@@ -132,9 +132,9 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
       hp_(GlmDsaHParams::from_gguf(f)),
       cache_type_(opt.cache_type),
       dense_attention_(opt.dense_attention),
-      tensors_(f, opt.in_memory) {
+      tensors_(f, opt.in_memory, opt.repack) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
-    tok_embd_ = tensors_.matrix("token_embd.weight", {E, V});
+    tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);
     output_norm_ = tensors_.vector("output_norm.weight", E);
     output_ = tensors_.has("output.weight") ? tensors_.matrix("output.weight", {E, V}) : tok_embd_;
 
@@ -155,6 +155,7 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
     info_.n_ctx_train = hp_.n_ctx_train;
     info_.has_nextn = hp_.n_nextn > 0;
     info_.weight_bytes = tensors_.bytes_used();
+    info_.repacked_bytes = tensors_.bytes_repacked();
 
     if (opt.load_nextn && hp_.n_nextn > 0) {
         // The NextN/MTP block: a full decoder block (its indexer tensors are

@@ -24,9 +24,10 @@ struct ModelInfo {
     int64_t n_embd = 0;
     int64_t n_layer = 0;  // trunk layers
     int64_t n_ctx_train = 0;
-    bool has_nextn = false;     // the file describes a NextN/MTP block
-    bool nextn_loaded = false;  // ... and its weights were loaded (--spec)
-    uint64_t weight_bytes = 0;  // bytes of weights the trunk uses
+    bool has_nextn = false;       // the file describes a NextN/MTP block
+    bool nextn_loaded = false;    // ... and its weights were loaded (--spec)
+    uint64_t weight_bytes = 0;    // bytes of weights the trunk uses
+    uint64_t repacked_bytes = 0;  // of which repacked at load (--repack)
 };
 
 // An opaque copy of the part of a sequence's state that a rewind cannot
@@ -76,6 +77,10 @@ struct LoadOptions {
     // --no-mmap: copy the weights into anonymous memory instead of serving
     // them from the read-only file mapping (the default).
     bool in_memory = false;
+    // --repack: the matrices the CPU has an interleaved GEMM for (Q4_K, Q6_K
+    // with AVX-512 VNNI) are repacked into memory at load; results are
+    // bit-identical, only faster.
+    bool repack = false;
     // Diagnostic: attend to every cached token, ignoring the sparse selection
     // (used to show that the selection really drops tokens).
     bool dense_attention = false;

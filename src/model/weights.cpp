@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "quant/quant.h"
+#include "quant/repack.h"
 
 namespace glm5::model {
 
@@ -47,33 +48,40 @@ std::string gib(uint64_t b) {
 
 }  // namespace
 
-TensorSource::TensorSource(const gguf::File& f, bool in_memory) : file_(f), in_memory_(in_memory) {
-    if (!in_memory_) return;
+TensorSource::TensorSource(const gguf::File& f, bool in_memory, bool repack)
+    : file_(f), in_memory_(in_memory), repack_(repack) {
+    if (!in_memory_ && !repack_) return;
     uint64_t total = 0;
-    for (const auto& t : f.tensors()) total += t.nbytes;
+    for (const auto& t : f.tensors())
+        if (in_memory_ || quant::repack_supported(t.type, t.ne[0])) total += t.nbytes;
     const uint64_t avail = available_memory();
     // Reading the file fills the page cache too, but the kernel can drop
     // that; the copies themselves must fit.
     if (avail > 0 && total > avail)
-        throw ResourceError(
-            f.path() + ": --no-mmap needs " + gib(total) + " of memory for the weights, but only " +
-            gib(avail) + " is available; run without --no-mmap to serve the weights from the file");
+        throw ResourceError(f.path() + ": " + (in_memory_ ? "--no-mmap" : "--repack") + " needs " +
+                            gib(total) + " of memory for the weights, but only " + gib(avail) +
+                            " is available; run without it to serve the weights from the file");
 }
 
 TensorSource::~TensorSource() {
     for (auto& [p, n] : copies_) ::munmap(p, n);
 }
 
-const uint8_t* TensorSource::place(const gguf::TensorInfo& t) {
-    if (!in_memory_ || t.nbytes == 0) return t.data;
-    const size_t n = (t.nbytes + 4095) / 4096 * 4096;
+const uint8_t* TensorSource::own(size_t bytes, const std::string& what,
+                                 const std::function<void(uint8_t*)>& fill) {
+    const size_t n = (bytes + 4095) / 4096 * 4096;
     void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw ResourceError("cannot allocate " + gib(n) + " for tensor " + t.name);
+    if (p == MAP_FAILED) throw ResourceError("cannot allocate " + gib(n) + " for tensor " + what);
     ::madvise(p, n, MADV_HUGEPAGE);  // fewer TLB misses on big matrices, where available
-    std::memcpy(p, t.data, t.nbytes);
+    fill(static_cast<uint8_t*>(p));
     ::mprotect(p, n, PROT_READ);
     copies_.emplace_back(p, n);
     return static_cast<const uint8_t*>(p);
+}
+
+const uint8_t* TensorSource::place(const gguf::TensorInfo& t) {
+    if (!in_memory_ || t.nbytes == 0) return t.data;
+    return own(t.nbytes, t.name, [&](uint8_t* p) { std::memcpy(p, t.data, t.nbytes); });
 }
 
 std::string TensorSource::where() const {
@@ -90,7 +98,8 @@ const gguf::TensorInfo& TensorSource::find(const std::string& name) const {
     return *t;
 }
 
-backend::Weight TensorSource::matrix(const std::string& name, std::initializer_list<int64_t> ne) {
+backend::Weight TensorSource::matrix(const std::string& name, std::initializer_list<int64_t> ne,
+                                     Layout layout) {
     const gguf::TensorInfo& t = find(name);
     const size_t nd = ne.size();
     bool ok = nd >= 2 && nd <= 3;
@@ -113,8 +122,21 @@ backend::Weight TensorSource::matrix(const std::string& name, std::initializer_l
     w.slices = t.ne[2];
     w.row_bytes = quant::row_size(t.type, t.ne[0]);
     w.slice_bytes = w.row_bytes * size_t(t.ne[1]);
-    w.data = place(t);
     bytes_used_ += t.nbytes;
+    if (repack_ && layout == Layout::Products && quant::repack_supported(w.type, w.cols) &&
+        w.rows >= quant::repack_rows(w.type)) {
+        const size_t packed = quant::repacked_bytes(w.type, w.cols, w.rows);
+        w.data = own(packed * size_t(w.slices), name, [&](uint8_t* p) {
+            for (int64_t s = 0; s < w.slices; ++s)
+                quant::repack(w.type, t.data + size_t(s) * w.slice_bytes, p + size_t(s) * packed,
+                              w.cols, w.rows);
+        });
+        w.slice_bytes = packed;
+        w.repacked = true;
+        bytes_repacked_ += t.nbytes;
+        return w;
+    }
+    w.data = place(t);
     return w;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -24,16 +25,23 @@ class TensorSource {
     // in_memory: copy every tensor handed out into anonymous memory (the
     // explicit --no-mmap mode) instead of serving it from the file mapping.
     // Refuses (ResourceError, with the numbers) when the copies cannot fit.
-    explicit TensorSource(const gguf::File& f, bool in_memory = false);
+    // repack: matrices the CPU has an interleaved GEMM for (quant/repack.h)
+    // are repacked into anonymous memory unless asked for as Layout::Plain.
+    explicit TensorSource(const gguf::File& f, bool in_memory = false, bool repack = false);
     ~TensorSource();
     TensorSource(const TensorSource&) = delete;
     TensorSource& operator=(const TensorSource&) = delete;
 
     bool has(const std::string& name) const;
 
+    // Plain: the GGUF row layout, for tensors read row by row (embeddings,
+    // weights converted at load). Products: any layout the matmuls accept.
+    enum class Layout { Products, Plain };
+
     // A 2-D matrix {cols, rows} or a 3-D stack {cols, rows, slices} in any
     // weight format the engine computes with.
-    backend::Weight matrix(const std::string& name, std::initializer_list<int64_t> ne);
+    backend::Weight matrix(const std::string& name, std::initializer_list<int64_t> ne,
+                           Layout layout = Layout::Products);
     // A vector of n values as F32 (converted when stored as F16/BF16).
     const float* vector(const std::string& name, int64_t n);
     // As vector(), but any shape with n elements (e.g. {1, H}).
@@ -41,17 +49,24 @@ class TensorSource {
 
     // Bytes of the tensors handed out so far.
     uint64_t bytes_used() const { return bytes_used_; }
+    // Bytes (in the file) of the matrices repacked so far.
+    uint64_t bytes_repacked() const { return bytes_repacked_; }
 
   private:
     const gguf::TensorInfo& find(const std::string& name) const;
     // Where the model reads a tensor's bytes: the mapping, or its copy.
     const uint8_t* place(const gguf::TensorInfo& t);
+    // Anonymous read-only memory of n bytes filled by fill(p).
+    const uint8_t* own(size_t n, const std::string& what,
+                       const std::function<void(uint8_t*)>& fill);
     std::string where() const;
 
     const gguf::File& file_;
     std::deque<std::vector<float>> converted_;
     uint64_t bytes_used_ = 0;
+    uint64_t bytes_repacked_ = 0;
     bool in_memory_ = false;
+    bool repack_ = false;
     std::vector<std::pair<void*, size_t>> copies_;  // anonymous mappings we own
 };
 

@@ -1,0 +1,152 @@
+// Repacked weights through the CPU backend: matmul, matmul_slices and the MoE
+// give exactly the bits of the same weights in the plain layout, including
+// matrices whose row count leaves a plain tail after the last 16-row group,
+// decode-sized (1 token) and prefill-sized batches; and a whole model loaded
+// with --repack gives the plain model's logits.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "quant/quant.h"
+#include "quant/repack.h"
+#include "quant_test_util.h"
+#include "util_model.h"
+
+using namespace glm5;
+using backend::Weight;
+
+namespace {
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A weight stack (slices x rows x cols of type t) held plain and repacked.
+struct TwoLayouts {
+    std::vector<uint8_t> plain, packed;
+    Weight p, r;
+
+    TwoLayouts(quant::Type t, int64_t cols, int64_t rows, int64_t slices, uint32_t seed) {
+        plain = test::quantize(t, test::varied_floats(size_t(cols * rows * slices), seed),
+                               rows * slices);
+        p.type = r.type = t;
+        p.cols = r.cols = cols;
+        p.rows = r.rows = rows;
+        p.slices = r.slices = slices;
+        p.row_bytes = r.row_bytes = quant::row_size(t, cols);
+        p.slice_bytes = p.row_bytes * size_t(rows);
+        p.data = plain.data();
+        r.slice_bytes = quant::repacked_bytes(t, cols, rows);
+        packed.resize(r.slice_bytes * size_t(slices));
+        for (int64_t s = 0; s < slices; ++s)
+            quant::repack(t, plain.data() + size_t(s) * p.slice_bytes,
+                          packed.data() + size_t(s) * r.slice_bytes, cols, rows);
+        r.data = packed.data();
+        r.repacked = true;
+    }
+};
+
+bool repack_here() {
+    return quant::repack_supported(quant::Type::Q4_K, 256);
+}
+
+class BackendRepack : public ::testing::TestWithParam<quant::Type> {};
+
+TEST_P(BackendRepack, MatmulEqualsPlainLayoutBitwise) {
+    if (!repack_here()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: no repacked GEMM";
+    auto be = backend::make_cpu_backend({2});
+    // 40 rows: two groups and a plain tail of 8.
+    for (int64_t rows : {16, 40, 256}) {
+        TwoLayouts w(GetParam(), 512, rows, 1, uint32_t(rows));
+        for (int64_t n : {1, 3, 37}) {
+            const auto x = test::normal_floats(size_t(n * 512), uint32_t(n));
+            std::vector<float> yp(size_t(n * rows)), yr(size_t(n * rows), -1.0f);
+            be->matmul(w.p, x.data(), 512, n, yp.data(), rows);
+            be->matmul(w.r, x.data(), 512, n, yr.data(), rows);
+            EXPECT_TRUE(bitwise_equal(yp, yr)) << "rows " << rows << " tokens " << n;
+        }
+    }
+}
+
+TEST_P(BackendRepack, SlicesEqualPlainLayoutBitwise) {
+    if (!repack_here()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: no repacked GEMM";
+    auto be = backend::make_cpu_backend({2});
+    const int64_t cols = 256, rows = 48, S = 4, n = 5;
+    TwoLayouts w(GetParam(), cols, rows, S, 7);
+    const auto x = test::normal_floats(size_t(n * S * cols), 3);
+    std::vector<float> yp(size_t(n * S * rows)), yr(size_t(n * S * rows), -1.0f);
+    be->matmul_slices(w.p, x.data(), S * cols, cols, n, yp.data(), S * rows, rows);
+    be->matmul_slices(w.r, x.data(), S * cols, cols, n, yr.data(), S * rows, rows);
+    EXPECT_TRUE(bitwise_equal(yp, yr));
+}
+
+TEST_P(BackendRepack, MoeEqualsPlainLayoutBitwise) {
+    if (!repack_here()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: no repacked GEMM";
+    auto be = backend::make_cpu_backend({2});
+    const int64_t E = 512, F = 256, X = 8;
+    const auto router = test::normal_floats(size_t(E * X), 11);
+    TwoLayouts gate(GetParam(), E, F, X, 1), up(GetParam(), E, F, X, 2),
+        down(GetParam(), F, E, X, 3);
+    auto moe = [&](bool packed) {
+        backend::MoeWeights m;
+        m.router.type = quant::Type::F32;
+        m.router.cols = E;
+        m.router.rows = X;
+        m.router.row_bytes = size_t(E) * 4;
+        m.router.slice_bytes = m.router.row_bytes * size_t(X);
+        m.router.data = reinterpret_cast<const uint8_t*>(router.data());
+        m.gate = packed ? gate.r : gate.p;
+        m.up = packed ? up.r : up.p;
+        m.down = packed ? down.r : down.p;
+        m.n_used = 2;
+        m.weights_scale = 2.5f;
+        return m;
+    };
+    for (int64_t T : {1, 19}) {
+        const auto x = test::normal_floats(size_t(T * E), uint32_t(T));
+        std::vector<float> op(size_t(T * E)), orp(size_t(T * E), -1.0f);
+        be->moe(moe(false), x.data(), T, op.data());
+        be->moe(moe(true), x.data(), T, orp.data());
+        EXPECT_TRUE(bitwise_equal(op, orp)) << "tokens " << T;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, BackendRepack,
+                         ::testing::Values(quant::Type::Q4_K, quant::Type::Q6_K),
+                         [](const auto& info) { return std::string(quant::name(info.param)); });
+
+// --repack on a Q4_K_M model: same logits bits for a prefill batch and for
+// decode steps after it, and the load says how much it repacked.
+TEST(ModelRepack, RepackedModelGivesThePlainLogits) {
+    if (!repack_here()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: no repacked GEMM";
+    const std::string path = test::data_path("glm-dsa/small-q4_k_m.gguf");
+    const auto g = test::load_json(test::data_path("glm-dsa/small-q4_k_m.golden.json"));
+    std::vector<int32_t> tokens;
+    for (const auto& v : g["prompts"][3]["tokens"]) tokens.push_back(v.get<int32_t>());
+    test::TestModel plain(path, backend::CacheType::F16);
+
+    auto file = gguf::File::open(path);
+    auto be = backend::make_cpu_backend({2});
+    model::LoadOptions lo;
+    lo.repack = true;
+    auto packed = model::load_model(*file, *be, lo);
+    EXPECT_GT(packed->info().repacked_bytes, 0u);
+    EXPECT_LE(packed->info().repacked_bytes, packed->info().weight_bytes);
+
+    auto st = packed->new_state(int64_t(tokens.size()) + 8);
+    std::vector<float> lg;
+    const std::vector<int32_t> head(tokens.begin(), tokens.end() - 2);
+    model::SeqInput in{st.get(), head, true};
+    packed->forward({&in, 1}, lg);
+    std::vector<float> all = lg;
+    for (size_t i = tokens.size() - 2; i < tokens.size(); ++i) {
+        model::SeqInput step{st.get(), {&tokens[i], 1}, true};
+        packed->forward({&step, 1}, lg);
+        all.insert(all.end(), lg.begin(), lg.end());
+    }
+    EXPECT_TRUE(bitwise_equal(all, plain.batch_logits(tokens, true)));
+}
+
+}  // namespace
