@@ -3,6 +3,7 @@
 #include "backend/cpu_backend.h"
 
 #include <functional>
+#include <optional>
 
 namespace glm5::backend::cpu {
 
@@ -38,6 +39,9 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
         }
     }
 
+    // Phases timed apart under GLM5_PROFILE.
+    std::optional<OpTimer> phase;
+    phase.emplace(profile_, "moe.route");
     // Sort the (token, k) pairs by expert: expert e's pairs take the slots
     // [first[e], first[e+1]), so its activations are contiguous rows and each
     // weight row is read once and applied to all of them (the multi kernels).
@@ -104,6 +108,8 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
         });
     };
 
+    phase.reset();
+    phase.emplace(profile_, "moe.gate_up");
     // Gate and up projections, SwiGLU.
     // Persistent, uninitialised buffers: these are tens of MB in prefill, and
     // fresh zeroed allocations cost page faults on every layer.
@@ -116,6 +122,8 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     });
     swiglu(g, u, P, F, F, m.clamp_routed, g);
 
+    phase.reset();
+    phase.emplace(profile_, "moe.down");
     // Down projections (the hidden rows are already in slot order).
     size_t arow_h = 0;
     const uint8_t* ah = quantize_acts(act_buf_, m.down.type, F, 1, g, F, 0, P, arow_h);
@@ -138,6 +146,8 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
         }
     }
 
+    phase.reset();
+    phase.emplace(profile_, "moe.shared");
     // The shared expert sees every token, unweighted.
     if (m.shared_gate) {
         const int64_t S = m.shared_gate.rows;
