@@ -6,10 +6,11 @@
 //   gemm/<TYPE>/multi/t<N>     : vec_dot_multi_fn (one row decoded once for up to
 //                                8 tokens at a time, as the matmul calls it)
 //   gemm/<TYPE>/single/t<N>    : vec_dot_fn per (row, token): the baseline
-//   gemm/<TYPE>/repack16/stream/t1 : the GEMV over a 256 MiB matrix (memory bound)
+//   gemm/<TYPE>/<kernel>/stream/t1 : the GEMV over a 256 MiB matrix (memory bound)
 //
 // Shapes: rows of 2048 values (Q5_0 and IQ4_NL: 192, the attn_k_b rows), a
-// 256-row matrix. Prints throughput only; there is no pass/fail.
+// 256-row matrix (Q5_0 t512: 512 rows, one attn_k_b head in prefill).
+// Prints throughput only; there is no pass/fail.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -121,29 +122,35 @@ void BM_Gemm(benchmark::State& state, Type t, Kernel k, int64_t n_tok, int64_t r
 
 int register_all() {
     const char* kname[] = {"repack16", "multi", "single"};
+    auto add = [&](Type t, Kernel k, int64_t n, int64_t rows, const char* suffix = "") {
+        const std::string nm = std::string("gemm/") + name(t) + "/" + kname[int(k)] + suffix +
+                               "/t" + std::to_string(n);
+        benchmark::RegisterBenchmark(nm.c_str(), BM_Gemm, t, k, n, rows);
+    };
     for (Type t : {Type::Q4_K, Type::Q6_K}) {
         for (int64_t n : {1, 4, 8, 16, 32, 64})
             for (Kernel k : {Kernel::Repack, Kernel::Multi, Kernel::Single}) {
                 if (k == Kernel::Multi && n == 1) continue;
-                const std::string nm =
-                    std::string("gemm/") + name(t) + "/" + kname[int(k)] + "/t" + std::to_string(n);
-                benchmark::RegisterBenchmark(nm.c_str(), BM_Gemm, t, k, n, int64_t(256));
+                add(t, k, n, 256);
             }
-        // Decode's GEMV against a matrix far larger than the caches.
-        const int64_t big = (int64_t(256) << 20) / int64_t(row_size(t, 2048)) / 16 * 16;
-        for (Kernel k : {Kernel::Repack, Kernel::Single})
-            benchmark::RegisterBenchmark(
-                (std::string("gemm/") + name(t) + "/" + kname[int(k)] + "/stream/t1").c_str(),
-                BM_Gemm, t, k, int64_t(1), big);
     }
-    for (Type t : {Type::Q5_0, Type::Q8_0, Type::IQ4_NL, Type::IQ2_XXS})
-        for (int64_t n : {1, 4, 8, 64})
-            for (Kernel k : {Kernel::Multi, Kernel::Single}) {
-                if (k == Kernel::Multi && n == 1) continue;
-                const std::string nm =
-                    std::string("gemm/") + name(t) + "/" + kname[int(k)] + "/t" + std::to_string(n);
-                benchmark::RegisterBenchmark(nm.c_str(), BM_Gemm, t, k, n, int64_t(256));
+    for (Type t : {Type::Q5_0, Type::Q8_0, Type::IQ4_NL, Type::IQ2_XXS}) {
+        const bool rp = t == Type::Q5_0 || t == Type::Q8_0;
+        for (int64_t n : {1, 4, 8, 16, 64})
+            for (Kernel k : {Kernel::Repack, Kernel::Multi, Kernel::Single}) {
+                if ((k == Kernel::Multi && n == 1) || (k == Kernel::Repack && !rp)) continue;
+                if (n == 16 && !rp) continue;
+                add(t, k, n, 256);
             }
+        // attn_k_b's prefill: one head's 512 x 192 slice against 512 tokens.
+        if (t == Type::Q5_0)
+            for (Kernel k : {Kernel::Repack, Kernel::Single}) add(t, k, 512, 512);
+    }
+    // Decode's GEMV against a matrix far larger than the caches.
+    for (Type t : {Type::Q4_K, Type::Q6_K, Type::Q8_0, Type::Q5_0}) {
+        const int64_t big = (int64_t(256) << 20) / int64_t(row_size(t, cols_of(t))) / 16 * 16;
+        for (Kernel k : {Kernel::Repack, Kernel::Single}) add(t, k, 1, big, "/stream");
+    }
     return 0;
 }
 

@@ -1,8 +1,10 @@
 // Repacked weights through the CPU backend: matmul, matmul_slices and the MoE
 // give exactly the bits of the same weights in the plain layout, including
 // matrices whose row count leaves a plain tail after the last 16-row group,
-// decode-sized (1 token) and prefill-sized batches; and a whole model loaded
-// with --repack gives the plain model's logits.
+// decode-sized (1 token) and prefill-sized batches, for Q4_K / Q6_K and for
+// Q5_0 / Q8_0 (rows of 192 values as GLM-DSA's per-head attn_k_b, and of an
+// odd block count); and a whole model loaded with --repack gives the plain
+// model's logits.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -52,34 +54,58 @@ bool repack_here() {
     return quant::repack_supported(quant::Type::Q4_K, 256);
 }
 
+bool is_legacy(quant::Type t) {
+    return t == quant::Type::Q5_0 || t == quant::Type::Q8_0;
+}
+
 class BackendRepack : public ::testing::TestWithParam<quant::Type> {};
 
 TEST_P(BackendRepack, MatmulEqualsPlainLayoutBitwise) {
     if (!repack_here()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: no repacked GEMM";
     auto be = backend::make_cpu_backend({2});
-    // 40 rows: two groups and a plain tail of 8.
-    for (int64_t rows : {16, 40, 256}) {
-        TwoLayouts w(GetParam(), 512, rows, 1, uint32_t(rows));
-        for (int64_t n : {1, 3, 37}) {
-            const auto x = test::normal_floats(size_t(n * 512), uint32_t(n));
-            std::vector<float> yp(size_t(n * rows)), yr(size_t(n * rows), -1.0f);
-            be->matmul(w.p, x.data(), 512, n, yp.data(), rows);
-            be->matmul(w.r, x.data(), 512, n, yr.data(), rows);
-            EXPECT_TRUE(bitwise_equal(yp, yr)) << "rows " << rows << " tokens " << n;
+    // Legacy rows: 6 blocks (attn_k_b's 192) and 7 (an odd count).
+    const std::vector<int64_t> cols_list =
+        is_legacy(GetParam()) ? std::vector<int64_t>{192, 224} : std::vector<int64_t>{512};
+    for (int64_t cols : cols_list)
+        // 40 rows: two groups and a plain tail of 8.
+        for (int64_t rows : {16, 40, 256}) {
+            TwoLayouts w(GetParam(), cols, rows, 1, uint32_t(rows));
+            ASSERT_TRUE(quant::repack_supported(GetParam(), cols));
+            for (int64_t n : {1, 3, 37}) {
+                const auto x = test::normal_floats(size_t(n * cols), uint32_t(n));
+                std::vector<float> yp(size_t(n * rows)), yr(size_t(n * rows), -1.0f);
+                be->matmul(w.p, x.data(), cols, n, yp.data(), rows);
+                be->matmul(w.r, x.data(), cols, n, yr.data(), rows);
+                EXPECT_TRUE(bitwise_equal(yp, yr))
+                    << "cols " << cols << " rows " << rows << " tokens " << n;
+            }
         }
-    }
 }
 
 TEST_P(BackendRepack, SlicesEqualPlainLayoutBitwise) {
     if (!repack_here()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: no repacked GEMM";
     auto be = backend::make_cpu_backend({2});
-    const int64_t cols = 256, rows = 48, S = 4, n = 5;
-    TwoLayouts w(GetParam(), cols, rows, S, 7);
-    const auto x = test::normal_floats(size_t(n * S * cols), 3);
-    std::vector<float> yp(size_t(n * S * rows)), yr(size_t(n * S * rows), -1.0f);
-    be->matmul_slices(w.p, x.data(), S * cols, cols, n, yp.data(), S * rows, rows);
-    be->matmul_slices(w.r, x.data(), S * cols, cols, n, yr.data(), S * rows, rows);
-    EXPECT_TRUE(bitwise_equal(yp, yr));
+    struct Shape {
+        int64_t cols, rows, S, n;
+    };
+    std::vector<Shape> shapes = {{is_legacy(GetParam()) ? 192 : 256, 48, 4, 5}};
+    if (is_legacy(GetParam())) {
+        // attn_k_b of GLM-DSA: 16 heads of 512 x 192, decode and a prefill batch.
+        shapes.push_back({192, 512, 16, 1});
+        shapes.push_back({192, 512, 16, 40});
+    }
+    for (const Shape& sh : shapes) {
+        TwoLayouts w(GetParam(), sh.cols, sh.rows, sh.S, 7);
+        const auto x = test::normal_floats(size_t(sh.n * sh.S * sh.cols), 3);
+        std::vector<float> yp(size_t(sh.n * sh.S * sh.rows)),
+            yr(size_t(sh.n * sh.S * sh.rows), -1.0f);
+        be->matmul_slices(w.p, x.data(), sh.S * sh.cols, sh.cols, sh.n, yp.data(), sh.S * sh.rows,
+                          sh.rows);
+        be->matmul_slices(w.r, x.data(), sh.S * sh.cols, sh.cols, sh.n, yr.data(), sh.S * sh.rows,
+                          sh.rows);
+        EXPECT_TRUE(bitwise_equal(yp, yr)) << "cols " << sh.cols << " rows " << sh.rows
+                                           << " slices " << sh.S << " tokens " << sh.n;
+    }
 }
 
 TEST_P(BackendRepack, MoeEqualsPlainLayoutBitwise) {
@@ -114,7 +140,8 @@ TEST_P(BackendRepack, MoeEqualsPlainLayoutBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, BackendRepack,
-                         ::testing::Values(quant::Type::Q4_K, quant::Type::Q6_K),
+                         ::testing::Values(quant::Type::Q4_K, quant::Type::Q6_K, quant::Type::Q5_0,
+                                           quant::Type::Q8_0),
                          [](const auto& info) { return std::string(quant::name(info.param)); });
 
 // --repack on a Q4_K_M model: same logits bits for a prefill batch and for

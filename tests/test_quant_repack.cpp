@@ -1,8 +1,10 @@
-// The repacked (16-row interleaved) Q4_K / Q6_K layouts and their GEMM: the
-// layout is a lossless permutation of the bytes, and every (row, token)
-// output of the GEMM has exactly the bits of the single-row kernel
+// The repacked (16-row interleaved) Q4_K / Q6_K / Q5_0 / Q8_0 layouts and their
+// GEMM: the layout is a lossless rearrangement of the bytes, and every (row,
+// token) output of the GEMM has exactly the bits of the single-row kernel
 // (vec_dot_fn), for whole groups, group sub-ranges, gathered tokens, token
-// counts that are not a multiple of the tile, and extreme block contents.
+// counts that are not a multiple of the tile, rows of an odd number of
+// 32-value blocks (Q5_0 / Q8_0: 192 values as attn_k_b, 224, 32), and extreme
+// block contents.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -20,7 +22,16 @@ using namespace glm5::quant;
 
 namespace {
 
-const Type kTypes[] = {Type::Q4_K, Type::Q6_K};
+const Type kTypes[] = {Type::Q4_K, Type::Q6_K, Type::Q5_0, Type::Q8_0};
+
+bool is_legacy(Type t) {
+    return t == Type::Q5_0 || t == Type::Q8_0;
+}
+
+// Values per block: row lengths are multiples of it.
+int64_t unit(Type t) {
+    return is_legacy(t) ? 32 : 256;
+}
 
 uint32_t bits(float f) {
     uint32_t u;
@@ -35,18 +46,20 @@ std::vector<uint8_t> make_weights(Type t, int64_t cols, int64_t rows, uint32_t s
     return test::quantize(t, test::varied_floats(size_t(cols * rows), seed), rows);
 }
 
-// Q8_K activation rows: rounded normal data at several magnitudes, one all
-// zero row (d = 0), and one of saturated levels (+-127) with exact bsums.
-std::vector<uint8_t> make_acts(int64_t cols, int64_t n_tok, uint32_t seed) {
-    const size_t arow = row_size(Type::Q8_K, cols);
+// Activation rows in t's vec_dot_type (Q8_K or Q8_0): rounded normal data at
+// several magnitudes, one all zero row (d = 0), and one of saturated levels
+// (+-127, with exact bsums for Q8_K).
+std::vector<uint8_t> make_acts(Type t, int64_t cols, int64_t n_tok, uint32_t seed) {
+    const Type at = traits(t).vec_dot_type;
+    const size_t arow = row_size(at, cols);
     std::vector<uint8_t> acts(arow * size_t(n_tok));
     std::mt19937 rng(seed);
-    for (int64_t t = 0; t < n_tok; ++t) {
-        uint8_t* a = acts.data() + arow * size_t(t);
-        if (t % 7 == 3) {
+    for (int64_t tk = 0; tk < n_tok; ++tk) {
+        uint8_t* a = acts.data() + arow * size_t(tk);
+        if (tk % 7 == 3) {
             std::vector<float> zero(size_t(cols), 0.0f);
-            quantize_activation_row(Type::Q8_K, zero.data(), a, cols);
-        } else if (t % 7 == 5) {
+            quantize_activation_row(at, zero.data(), a, cols);
+        } else if (tk % 7 == 5 && at == Type::Q8_K) {
             auto* blocks = reinterpret_cast<BlockQ8_K*>(a);
             for (int64_t b = 0; b < cols / QK_K; ++b) {
                 blocks[b].d = 0.01f * float(1 + rng() % 100);
@@ -57,61 +70,79 @@ std::vector<uint8_t> make_acts(int64_t cols, int64_t n_tok, uint32_t seed) {
                     blocks[b].bsums[j] = int16_t(s);
                 }
             }
+        } else if (tk % 7 == 5) {
+            auto* blocks = reinterpret_cast<BlockQ8_0*>(a);
+            for (int64_t b = 0; b < cols / QK; ++b) {
+                blocks[b].d = fp32_to_fp16(0.01f * float(1 + rng() % 100));
+                for (auto& q : blocks[b].qs) q = (rng() & 1) ? 127 : -127;
+            }
         } else {
-            const float sigma = (t % 3 == 0) ? 30.0f : (t % 3 == 1 ? 1.0f : 1e-3f);
-            const auto x = test::normal_floats(size_t(cols), seed * 131 + uint32_t(t), sigma);
-            quantize_activation_row(Type::Q8_K, x.data(), a, cols);
+            const float sigma = (tk % 3 == 0) ? 30.0f : (tk % 3 == 1 ? 1.0f : 1e-3f);
+            const auto x = test::normal_floats(size_t(cols), seed * 131 + uint32_t(tk), sigma);
+            quantize_activation_row(at, x.data(), a, cols);
         }
     }
     return acts;
 }
 
 TEST(QuantRepack, SupportedOnlyWhereAKernelRuns) {
-    for (Type t : {Type::Q4_0, Type::Q5_0, Type::Q8_0, Type::Q5_K, Type::IQ2_XXS, Type::F32})
+    for (Type t : {Type::Q4_0, Type::Q4_1, Type::Q5_1, Type::Q5_K, Type::IQ2_XXS, Type::F32})
         EXPECT_FALSE(repack_supported(t, 2048)) << name(t);
     for (Type t : kTypes) {
+        const int64_t u = unit(t);
         EXPECT_EQ(repack_supported(t, 2048), cpu_has_avx512()) << name(t);
+        EXPECT_EQ(repack_supported(t, 6 * u), cpu_has_avx512()) << name(t);
         EXPECT_EQ(repack_rows(t), cpu_has_avx512() ? 16 : 0) << name(t);
         EXPECT_FALSE(repack_supported(t, 0));
-        EXPECT_FALSE(repack_supported(t, 300));
-        EXPECT_EQ(repacked_bytes(t, 512, 37),
-                  2 * repacked_group_bytes(t, 512) + 5 * row_size(t, 512));
+        EXPECT_FALSE(repack_supported(t, -u));
+        EXPECT_FALSE(repack_supported(t, u + 16)) << name(t);
+        EXPECT_EQ(repacked_bytes(t, 2 * u, 37),
+                  2 * repacked_group_bytes(t, 2 * u) + 5 * row_size(t, 2 * u));
     }
-    // Q6_K only moves bytes; Q4_K's unpacked scales and mins take 64 more per block.
+    EXPECT_FALSE(repack_supported(Type::Q4_K, 192));  // K-quants: whole super-blocks only
+    // Q6_K, and Q5_0 / Q8_0 with an even block count, only move bytes; Q4_K's
+    // unpacked scales and mins take 64 more per block, an odd legacy block
+    // count one half line of padding.
     EXPECT_EQ(repacked_group_bytes(Type::Q6_K, 768), 16 * row_size(Type::Q6_K, 768));
     EXPECT_EQ(repacked_group_bytes(Type::Q4_K, 768), 16 * row_size(Type::Q4_K, 768) + 3 * 64);
+    for (Type t : {Type::Q5_0, Type::Q8_0}) {
+        EXPECT_EQ(repacked_group_bytes(t, 192), 16 * row_size(t, 192)) << name(t);
+        EXPECT_EQ(repacked_group_bytes(t, 224), 16 * row_size(t, 224) + 32) << name(t);
+        EXPECT_EQ(repacked_group_bytes(t, 32), 16 * row_size(t, 32) + 32) << name(t);
+    }
 }
 
 // Packing then unpacking gives the original bytes back, row by row and
 // whole, and the tail rows are stored verbatim.
 TEST(QuantRepack, RoundTripIsLossless) {
     for (Type t : kTypes)
-        for (int64_t rows : {1, 15, 16, 17, 37, 64}) {
-            const int64_t cols = 768;
-            const auto w = make_weights(t, cols, rows, uint32_t(rows) * 7 + 1, true);
-            std::vector<uint8_t> packed(repacked_bytes(t, cols, rows));
-            repack(t, w.data(), packed.data(), cols, rows);
-            std::vector<uint8_t> back(w.size(), 0xAA);
-            unrepack(t, packed.data(), back.data(), cols, rows);
-            ASSERT_EQ(back, w) << name(t) << " rows=" << rows;
-            const size_t rb = row_size(t, cols);
-            for (int64_t r : {int64_t(0), rows / 2, rows - 1}) {
-                std::vector<uint8_t> one(rb);
-                repacked_row(t, packed.data(), cols, rows, r, one.data());
-                ASSERT_EQ(0, std::memcmp(one.data(), w.data() + size_t(r) * rb, rb))
-                    << name(t) << " row " << r;
+        for (int64_t cols :
+             is_legacy(t) ? std::vector<int64_t>{192, 224, 32} : std::vector<int64_t>{768})
+            for (int64_t rows : {1, 15, 16, 17, 37, 64}) {
+                const auto w = make_weights(t, cols, rows, uint32_t(rows) * 7 + 1, true);
+                std::vector<uint8_t> packed(repacked_bytes(t, cols, rows));
+                repack(t, w.data(), packed.data(), cols, rows);
+                std::vector<uint8_t> back(w.size(), 0xAA);
+                unrepack(t, packed.data(), back.data(), cols, rows);
+                ASSERT_EQ(back, w) << name(t) << " cols=" << cols << " rows=" << rows;
+                const size_t rb = row_size(t, cols);
+                for (int64_t r : {int64_t(0), rows / 2, rows - 1}) {
+                    std::vector<uint8_t> one(rb);
+                    repacked_row(t, packed.data(), cols, rows, r, one.data());
+                    ASSERT_EQ(0, std::memcmp(one.data(), w.data() + size_t(r) * rb, rb))
+                        << name(t) << " row " << r;
+                }
+                const int64_t whole = rows / 16 * 16;
+                ASSERT_EQ(0, std::memcmp(repacked_tail(t, packed.data(), cols, rows),
+                                         w.data() + size_t(whole) * rb, size_t(rows - whole) * rb));
             }
-            const int64_t whole = rows / 16 * 16;
-            ASSERT_EQ(0, std::memcmp(repacked_tail(t, packed.data(), cols, rows),
-                                     w.data() + size_t(whole) * rb, size_t(rows - whole) * rb));
-        }
 }
 
 // Every output of the GEMM against the single-row kernel, bit for bit.
 void check_gemm(Type t, int64_t cols, int64_t rows, int64_t n_tok, bool raw, uint32_t seed) {
     const auto w = make_weights(t, cols, rows, seed, raw);
-    const auto acts = make_acts(cols, n_tok, seed + 1);
-    const size_t rb = row_size(t, cols), arow = row_size(Type::Q8_K, cols);
+    const auto acts = make_acts(t, cols, n_tok, seed + 1);
+    const size_t rb = row_size(t, cols), arow = row_size(traits(t).vec_dot_type, cols);
     std::vector<uint8_t> packed(repacked_bytes(t, cols, rows));
     repack(t, w.data(), packed.data(), cols, rows);
     const int64_t n_groups = rows / 16;
@@ -162,14 +193,25 @@ TEST(QuantRepack, GemmBitIdenticalToSingleRowKernel) {
     if (!cpu_has_avx512()) return;  // nothing to run: checked above that none is offered
     uint32_t seed = 1;
     for (Type t : kTypes) {
+        const int64_t u = unit(t);
+        // Token counts around the K-quant tile (16) and a legacy row of
+        // attn_k_b's length (192 values: 6 blocks, 3 pairs).
+        const int64_t c0 = is_legacy(t) ? 192 : 512;
         for (int64_t n_tok = 1; n_tok <= 17; ++n_tok)
-            check_gemm(t, 512, 37, n_tok, (n_tok & 1) != 0, seed++);
-        for (int64_t cols : {256, 768, 2048})
-            for (int64_t n_tok : {int64_t(16), int64_t(33)}) {
+            check_gemm(t, c0, 37, n_tok, (n_tok & 1) != 0, seed++);
+        for (int64_t cols : {u, 3 * u, 7 * u, 8 * u})
+            for (int64_t n_tok : {int64_t(1), int64_t(16), int64_t(33)}) {
                 check_gemm(t, cols, 48, n_tok, false, seed++);
                 check_gemm(t, cols, 32, n_tok, true, seed++);
             }
-        check_gemm(t, 1536, 16, 5, false, seed++);
+        check_gemm(t, 6 * u, 16, 5, false, seed++);
+        // Long legacy rows (a Q8_0 model's 2048 and 6144 values); more tokens
+        // than one activation chunk of the legacy kernels.
+        if (is_legacy(t)) {
+            check_gemm(t, 2048, 32, 3, true, seed++);
+            check_gemm(t, 6144, 16, 2, false, seed++);
+            check_gemm(t, 192, 32, 70, false, seed++);
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-// Repacking of Q4_K / Q6_K matrices into 16-row interleaved groups (see
+// Repacking of Q4_K / Q6_K / Q5_0 / Q8_0 matrices into 16-row interleaved groups (see
 // repack.h and the layouts in repack_kernels.h), and the dispatch to the
 // AVX-512 GEMM kernels. The byte shuffling here is plain C++ for any CPU.
 #include "quant/repack.h"
@@ -18,20 +18,51 @@ namespace {
 
 using repacked::kRows;
 using repacked::Q4KGroupBlock;
+using repacked::Q50GroupOne;
+using repacked::Q50GroupPair;
 using repacked::Q6KGroupBlock;
+using repacked::Q80GroupOne;
+using repacked::Q80GroupPair;
 
-bool is_repackable(Type t) {
-    return t == Type::Q4_K || t == Type::Q6_K;
+bool is_legacy(Type t) {
+    return t == Type::Q5_0 || t == Type::Q8_0;
 }
 
-size_t group_block_bytes(Type t) {
-    return t == Type::Q4_K ? sizeof(Q4KGroupBlock) : sizeof(Q6KGroupBlock);
+bool is_repackable(Type t) {
+    return t == Type::Q4_K || t == Type::Q6_K || is_legacy(t);
+}
+
+// Values per block: the unit a row length must be a multiple of.
+int64_t block_values(Type t) {
+    return is_legacy(t) ? QK : QK_K;
+}
+
+bool cols_ok(Type t, int64_t cols) {
+    return cols > 0 && cols % block_values(t) == 0;
 }
 
 void check(Type t, int64_t cols) {
-    if (!is_repackable(t) || cols <= 0 || cols % QK_K != 0)
+    if (!is_repackable(t) || !cols_ok(t, cols))
         throw Error(std::string("repack: ") + name(t) + " rows of " + std::to_string(cols) +
                     " values have no repacked layout");
+}
+
+template <typename Pair, typename One>
+size_t legacy_group_bytes(int64_t nb) {
+    return size_t(nb / 2) * sizeof(Pair) + size_t(nb % 2) * sizeof(One);
+}
+
+size_t group_bytes(Type t, int64_t nb) {
+    switch (t) {
+        case Type::Q4_K:
+            return size_t(nb) * sizeof(Q4KGroupBlock);
+        case Type::Q6_K:
+            return size_t(nb) * sizeof(Q6KGroupBlock);
+        case Type::Q8_0:
+            return legacy_group_bytes<Q80GroupPair, Q80GroupOne>(nb);
+        default:
+            return legacy_group_bytes<Q50GroupPair, Q50GroupOne>(nb);
+    }
 }
 
 // Row r (< 16) of `rows`: block b <-> group block position. `to_group` picks
@@ -83,10 +114,58 @@ void move_q6_K(BlockQ6_K& x, Q6KGroupBlock& g, int r) {
     for (int h = 0; h < 2; ++h)
         for (int c = 0; c < 8; ++c)
             for (int b = 0; b < 4; ++b) {
-                for (int p = 0; p < 2; ++p)
-                    mv(x.ql[64 * h + 32 * p + 4 * c + b], g.ql[h][p][c][r][b]);
-                mv(x.qh[32 * h + 4 * c + b], g.qh[h][c][r][b]);
+                mv(x.ql[64 * h + 4 * c + b], g.half[h].lq[c].ql[r][b]);
+                mv(x.ql[64 * h + 32 + 4 * c + b], g.half[h].lq[c].ql1[r][b]);
+                mv(x.qh[32 * h + 4 * c + b], g.half[h].lq[c].qh[r][b]);
             }
+}
+
+// Block e of a Q8_0 pair (or single) <-> row r's plain block.
+template <bool to_group, typename Unit>
+void move_q8_0(BlockQ8_0& x, Unit& g, int e, int r) {
+    if constexpr (to_group) {
+        g.d[e][r] = x.d;
+        for (int c = 0; c < 8; ++c)
+            for (int i = 0; i < 4; ++i) g.qs[e][c][r][i] = uint8_t(x.qs[4 * c + i] ^ 0x80);
+    } else {
+        x.d = g.d[e][r];
+        for (int c = 0; c < 8; ++c)
+            for (int i = 0; i < 4; ++i) x.qs[4 * c + i] = int8_t(g.qs[e][c][r][i] ^ 0x80);
+    }
+}
+
+template <bool to_group, typename Unit>
+void move_q5_0(BlockQ5_0& x, Unit& g, int e, int r) {
+    if constexpr (to_group) {
+        g.d[e][r] = x.d;
+        uint32_t qh;
+        std::memcpy(&qh, x.qh, 4);
+        for (int c = 0; c < 8; ++c) {
+            g.qh[e][c] |= uint64_t((qh >> (4 * c)) & 0xF) << (4 * r);
+        }
+    } else {
+        x.d = g.d[e][r];
+        uint32_t qh = 0;
+        for (int c = 0; c < 8; ++c) qh |= uint32_t((g.qh[e][c] >> (4 * r)) & 0xF) << (4 * c);
+        std::memcpy(x.qh, &qh, 4);
+    }
+    for (int c = 0; c < 4; ++c)
+        for (int i = 0; i < 4; ++i) {
+            if constexpr (to_group)
+                g.qs[e][c][r][i] = x.qs[4 * c + i];
+            else
+                x.qs[4 * c + i] = g.qs[e][c][r][i];
+        }
+}
+
+// Block b (of nb) of a legacy group: pairs first, then the single last block
+// of an odd count.
+template <bool to_group, typename Block, typename Pair, typename One, typename Move>
+void move_legacy(Block& x, uint8_t* group, int64_t nb, int64_t b, int r, Move move) {
+    if (nb % 2 == 1 && b == nb - 1)
+        move(x, *reinterpret_cast<One*>(group + size_t(nb / 2) * sizeof(Pair)), 0, r);
+    else
+        move(x, reinterpret_cast<Pair*>(group)[b / 2], int(b % 2), r);
 }
 
 // Moves rows r0..r1-1 of one group between plain rows (the first at `plain`)
@@ -97,12 +176,25 @@ void move_group(Type t, uint8_t* plain, size_t row_bytes, uint8_t* group, int64_
     for (int r = r0; r < r1; ++r) {
         uint8_t* row = plain + size_t(r - r0) * row_bytes;
         for (int64_t b = 0; b < nb; ++b) {
-            if (t == Type::Q4_K) {
-                auto* x = reinterpret_cast<BlockQ4_K*>(row) + b;
-                move_q4_K<to_group>(*x, reinterpret_cast<Q4KGroupBlock*>(group)[b], r);
-            } else {
-                auto* x = reinterpret_cast<BlockQ6_K*>(row) + b;
-                move_q6_K<to_group>(*x, reinterpret_cast<Q6KGroupBlock*>(group)[b], r);
+            switch (t) {
+                case Type::Q4_K:
+                    move_q4_K<to_group>(reinterpret_cast<BlockQ4_K*>(row)[b],
+                                        reinterpret_cast<Q4KGroupBlock*>(group)[b], r);
+                    break;
+                case Type::Q6_K:
+                    move_q6_K<to_group>(reinterpret_cast<BlockQ6_K*>(row)[b],
+                                        reinterpret_cast<Q6KGroupBlock*>(group)[b], r);
+                    break;
+                case Type::Q8_0:
+                    move_legacy<to_group, BlockQ8_0, Q80GroupPair, Q80GroupOne>(
+                        reinterpret_cast<BlockQ8_0*>(row)[b], group, nb, b, r,
+                        [](auto& x, auto& g, int e, int rr) { move_q8_0<to_group>(x, g, e, rr); });
+                    break;
+                default:
+                    move_legacy<to_group, BlockQ5_0, Q50GroupPair, Q50GroupOne>(
+                        reinterpret_cast<BlockQ5_0*>(row)[b], group, nb, b, r,
+                        [](auto& x, auto& g, int e, int rr) { move_q5_0<to_group>(x, g, e, rr); });
+                    break;
             }
         }
     }
@@ -115,12 +207,12 @@ int repack_rows(Type t) {
 }
 
 bool repack_supported(Type t, int64_t cols) {
-    return repack_rows(t) != 0 && cols > 0 && cols % QK_K == 0;
+    return repack_rows(t) != 0 && cols_ok(t, cols);
 }
 
 size_t repacked_group_bytes(Type t, int64_t cols) {
     check(t, cols);
-    return size_t(cols / QK_K) * group_block_bytes(t);
+    return group_bytes(t, cols / block_values(t));
 }
 
 size_t repacked_bytes(Type t, int64_t cols, int64_t rows) {
@@ -135,13 +227,17 @@ const void* repacked_tail(Type t, const void* packed, int64_t cols, int64_t rows
 
 void repack(Type t, const void* src_rows, void* dst, int64_t cols, int64_t rows) {
     const size_t gb = repacked_group_bytes(t, cols), rb = row_size(t, cols);
-    const int64_t nb = cols / QK_K, n_groups = rows / kRows;
+    const int64_t nb = cols / block_values(t), n_groups = rows / kRows;
     // Plain blocks are read through non-const pointers by the shared mover;
     // they are never written when packing.
     auto* src = static_cast<uint8_t*>(const_cast<void*>(src_rows));
     auto* out = static_cast<uint8_t*>(dst);
-    for (int64_t g = 0; g < n_groups; ++g)
+    for (int64_t g = 0; g < n_groups; ++g) {
+        // Zeroed first: padding is deterministic and Q5_0's bit masks are
+        // assembled row by row.
+        std::memset(out + size_t(g) * gb, 0, gb);
         move_group<true>(t, src + size_t(g * kRows) * rb, rb, out + size_t(g) * gb, nb, 0, kRows);
+    }
     std::memcpy(out + size_t(n_groups) * gb, src + size_t(n_groups * kRows) * rb,
                 size_t(rows % kRows) * rb);
 }
@@ -156,8 +252,8 @@ void repacked_row(Type t, const void* packed, int64_t cols, int64_t rows, int64_
     }
     const int lane = int(r % kRows);
     // Unpacking only writes `out`; the group blocks are read.
-    move_group<false>(t, static_cast<uint8_t*>(out), rb, p + size_t(r / kRows) * gb, cols / QK_K,
-                      lane, lane + 1);
+    move_group<false>(t, static_cast<uint8_t*>(out), rb, p + size_t(r / kRows) * gb,
+                      cols / block_values(t), lane, lane + 1);
 }
 
 void unrepack(Type t, const void* packed, void* dst_rows, int64_t cols, int64_t rows) {
@@ -173,12 +269,23 @@ void gemm_repacked_rows(Type t, int64_t cols, const void* groups, int64_t n_grou
                     std::to_string(cols) + " on this CPU");
     if (n_groups <= 0 || n_tok <= 0) return;
     const auto* const* acts = reinterpret_cast<const BlockQ8_K* const*>(act_rows);
-    if (t == Type::Q4_K)
-        repacked::gemm_q4_K_avx512(cols / QK_K, static_cast<const Q4KGroupBlock*>(groups), n_groups,
-                                   acts, n_tok, y_rows);
-    else
-        repacked::gemm_q6_K_avx512(cols / QK_K, static_cast<const Q6KGroupBlock*>(groups), n_groups,
-                                   acts, n_tok, y_rows);
+    const auto* const* acts_q8_0 = reinterpret_cast<const BlockQ8_0* const*>(act_rows);
+    switch (t) {
+        case Type::Q4_K:
+            repacked::gemm_q4_K_avx512(cols / QK_K, static_cast<const Q4KGroupBlock*>(groups),
+                                       n_groups, acts, n_tok, y_rows);
+            break;
+        case Type::Q6_K:
+            repacked::gemm_q6_K_avx512(cols / QK_K, static_cast<const Q6KGroupBlock*>(groups),
+                                       n_groups, acts, n_tok, y_rows);
+            break;
+        case Type::Q8_0:
+            repacked::gemm_q8_0_avx512(cols / QK, groups, n_groups, acts_q8_0, n_tok, y_rows);
+            break;
+        default:
+            repacked::gemm_q5_0_avx512(cols / QK, groups, n_groups, acts_q8_0, n_tok, y_rows);
+            break;
+    }
 }
 
 void gemm_repacked(Type t, int64_t cols, const void* groups, int64_t n_groups, const void* act,

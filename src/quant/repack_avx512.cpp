@@ -1,11 +1,13 @@
 // AVX-512 VNNI GEMM over the repacked 16-row groups (repack.h,
 // repack_kernels.h): weights of the 16 rows in the 16 int32 lanes, one
 // token's 4 activation bytes broadcast to all lanes, vpdpbusd accumulates.
-// A group's super-block is decoded once per tile of up to 16 tokens.
+// K-quants: a group's super-block is decoded once per tile of up to 8
+// tokens (one token: a GEMV kernel that loads each weight vector once).
+// Q5_0 / Q8_0: see their section below.
 //
-// Exactness: per (row, token, super-block) the kernels form the same integers
-// as the single-row kernels (isum = sum_j scale_j * dot_j, and summs for the
-// mins), exact in int32; the float finish is the reference's
+// Exactness (K-quants): per (row, token, super-block) the kernels form the
+// same integers as the single-row kernels (isum = sum_j scale_j * dot_j, and
+// summs for the mins), exact in int32; the float finish is the reference's
 //   d = fp16(x.d) * y.d;  sum = sum + (d * isum - (fp16(x.dmin) * y.d) * summs)
 // per block in order, each product rounded on its own (the products pass an
 // optimisation barrier so the compiler cannot contract them into FMAs).
@@ -39,6 +41,20 @@ inline __m512 unfused(__m512 v) {
 
 inline __m512i load(const void* p) {
     return _mm512_loadu_si512(p);
+}
+
+// Asks for the Bytes at base + ahead into L1. The single-token kernels
+// (memory bound on large matrices) prefetch the block two ahead of the one
+// they compute, a few lines per step: the hardware prefetchers alone reach a
+// fraction of the bandwidth on these streams. The address is computed as an
+// integer: past the end of the matrix it is harmless (prefetches do not
+// fault).
+template <int Bytes>
+inline void prefetch(const void* base, size_t ahead) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(base) + ahead;
+#pragma GCC unroll 8
+    for (int i = 0; i < Bytes; i += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + size_t(i)), _MM_HINT_T0);
 }
 
 // 4 activation bytes in every lane (vpdpbusd's embedded broadcast).
@@ -196,9 +212,9 @@ inline void q6k_levels(const Q6KGroupBlock& g, int h, int ch, __m512i* w) {
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
         const int c = 4 * ch + k;
-        const __m512i l = load(g.ql[h][s & 1][c]);
+        const __m512i l = load((s & 1) ? g.half[h].lq[c].ql1 : g.half[h].lq[c].ql);
         const __m512i lo = _mm512_and_si512(s < 2 ? l : _mm512_srli_epi16(l, 4), low4);
-        const __m512i hb = load(g.qh[h][c]);
+        const __m512i hb = load(g.half[h].lq[c].qh);
         // Bits 2s, 2s+1 of each byte moved to bits 4, 5.
         __m512i hi;
         if constexpr (s == 0)
@@ -213,20 +229,22 @@ inline void q6k_levels(const Q6KGroupBlock& g, int h, int ch, __m512i* w) {
     }
 }
 
+// q: the activation tile's first token's values (QK_K apart per token).
 template <int T, int s>
-inline void q6k_pair(const Q6KGroupBlock& g, const ActBlock& a, int h, __m512i* isum) {
+inline void q6k_pair(const Q6KGroupBlock& g, const int8_t* q, int h, __m512i* isum) {
     // Scales of sub-blocks 8h + 2s (low words) and 8h + 2s + 1 (high words).
     const __m512i pair = _mm512_cvtepi8_epi16(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.scales[4 * h + s])));
     __m512i w[4];
     q6k_levels<s>(g, h, 0, w);
-    q6k_sub_block<T>(w, _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16),
-                     a.qs[0] + 128 * h + 32 * s, isum);
+    q6k_sub_block<T>(w, _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), q + 128 * h + 32 * s,
+                     isum);
     q6k_levels<s>(g, h, 1, w);
-    q6k_sub_block<T>(w, _mm512_srai_epi32(pair, 16), a.qs[0] + 128 * h + 32 * s + 16, isum);
+    q6k_sub_block<T>(w, _mm512_srai_epi32(pair, 16), q + 128 * h + 32 * s + 16, isum);
 }
 
-template <int T>
+// Tokens T0 .. T0 + T - 1 of the activation tile.
+template <int T, int T0>
 void q6k_tile(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* const* out,
               int64_t off) {
     TileSums acc;
@@ -239,17 +257,17 @@ void q6k_tile(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* co
         for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
 #pragma GCC unroll 1
         for (int h = 0; h < 2; ++h) {
-            q6k_pair<T, 0>(g, a, h, isum);
-            q6k_pair<T, 1>(g, a, h, isum);
-            q6k_pair<T, 2>(g, a, h, isum);
-            q6k_pair<T, 3>(g, a, h, isum);
+            q6k_pair<T, 0>(g, a.qs[T0], h, isum);
+            q6k_pair<T, 1>(g, a.qs[T0], h, isum);
+            q6k_pair<T, 2>(g, a.qs[T0], h, isum);
+            q6k_pair<T, 3>(g, a.qs[T0], h, isum);
         }
         const __m512 dx =
             _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.d)));
         const __m512i zero = _mm512_setzero_si512();
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) {
-            const int16_t* bs = a.bsums[t];
+            const int16_t* bs = a.bsums[T0 + t];
             __m512i c0 = zero, c1 = zero;
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i += 2) {
@@ -263,11 +281,298 @@ void q6k_tile(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* co
                                          bcast4(bs + 2 * i + 2));
             }
             const __m512i corr = _mm512_slli_epi32(_mm512_add_epi32(c0, c1), 5);
-            _mm512_store_ps(acc.v[t], finish(_mm512_load_ps(acc.v[t]), dx, a.d[t],
+            _mm512_store_ps(acc.v[t], finish(_mm512_load_ps(acc.v[t]), dx, a.d[T0 + t],
                                              _mm512_sub_epi32(isum[t], corr)));
         }
     }
-    for (int t = 0; t < T; ++t) _mm512_storeu_ps(out[t] + off, _mm512_load_ps(acc.v[t]));
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(out[T0 + t] + off, _mm512_load_ps(acc.v[t]));
+}
+
+// One token (decode's GEMV, memory bound on large matrices): every weight
+// vector is loaded once, in layout order, and the next blocks are prefetched
+// (the hardware prefetchers alone left the stream at half the bandwidth). Per
+// chunk c of half h the three vectors give the levels of values 128h + 32j +
+// 4c.. for j = 0..3 (sub-blocks 8h + 2j + c / 4); the integer sums are the
+// tile kernel's, summed in another order (exact in int32).
+void q6k_gemv(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* out) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const Q6KGroupBlock& g = gb[b];
+        const int8_t* q = ab[b].qs[0];
+        constexpr size_t ahead = 2 * sizeof(Q6KGroupBlock);
+        prefetch<320>(&g, ahead);  // d and scales
+        __m512i isum = zero;
+#pragma GCC unroll 1
+        for (int h = 0; h < 2; ++h) {
+            const Q6KGroupBlock::Half& hf = g.half[h];
+#pragma GCC unroll 2
+            for (int ch = 0; ch < 2; ++ch) {
+                __m512i s[4] = {zero, zero, zero, zero};
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; ++k) {
+                    const int c = 4 * ch + k;
+                    prefetch<192>(&hf.lq[c], ahead);
+                    const __m512i l0 = load(hf.lq[c].ql), l1 = load(hf.lq[c].ql1);
+                    const __m512i qh = load(hf.lq[c].qh);
+                    const int8_t* qc = q + 128 * h + 4 * c;
+                    const __m512i w0 = _mm512_ternarylogic_epi32(
+                        _mm512_and_si512(l0, low4), _mm512_slli_epi16(qh, 4), top2, 0xD8);
+                    const __m512i w1 = _mm512_ternarylogic_epi32(
+                        _mm512_and_si512(l1, low4), _mm512_slli_epi16(qh, 2), top2, 0xD8);
+                    const __m512i w2 = _mm512_ternarylogic_epi32(
+                        _mm512_and_si512(_mm512_srli_epi16(l0, 4), low4), qh, top2, 0xD8);
+                    const __m512i w3 =
+                        _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
+                                                  _mm512_srli_epi16(qh, 2), top2, 0xD8);
+                    s[0] = _mm512_dpbusd_epi32(s[0], w0, bcast4(qc));
+                    s[1] = _mm512_dpbusd_epi32(s[1], w1, bcast4(qc + 32));
+                    s[2] = _mm512_dpbusd_epi32(s[2], w2, bcast4(qc + 64));
+                    s[3] = _mm512_dpbusd_epi32(s[3], w3, bcast4(qc + 96));
+                }
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j) {
+                    // Scale of sub-block 8h + 2j + ch: word ch of each row's pair.
+                    const __m512i pair = _mm512_cvtepi8_epi16(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.scales[4 * h + j])));
+                    const __m512i sc = ch == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16)
+                                               : _mm512_srai_epi32(pair, 16);
+                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(s[j], sc));
+                }
+            }
+        }
+        const int16_t* bs = ab[b].bsums[0];
+        __m512i c0 = zero, c1 = zero;
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i += 2) {
+            c0 = _mm512_dpwssd_epi32(c0,
+                                     _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+                                         reinterpret_cast<const __m256i*>(g.scales[i]))),
+                                     bcast4(bs + 2 * i));
+            c1 = _mm512_dpwssd_epi32(c1,
+                                     _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+                                         reinterpret_cast<const __m256i*>(g.scales[i + 1]))),
+                                     bcast4(bs + 2 * i + 2));
+        }
+        const __m512i corr = _mm512_slli_epi32(_mm512_add_epi32(c0, c1), 5);
+        const __m512 dx =
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.d)));
+        acc = finish(acc, dx, ab[b].d[0], _mm512_sub_epi32(isum, corr));
+    }
+    _mm512_storeu_ps(out, acc);
+}
+
+// ---------------------------------------------------------------- Q8_0 / Q5_0
+// The reference (dot_q8_0_avx512 / dot_q5_0_avx512) keeps 16 float lanes:
+// lane c (< 8) accumulates d_b * isum_b,c for the even blocks b of the row
+// and lane 8 + c for the odd ones, one FMA per block pair, where isum_b,c is
+// the exact integer dot of values 4c..4c+3 of block b and d_b = fp16(x.d) *
+// fp16(y.d) rounded; then the lanes are summed as GCC's _mm512_reduce_add_ps
+// does (halves, quarters, pairs); an odd last block adds d * isum (its integer
+// sum exact) with one FMA (the compiler contracts the reference's
+// `sum += d * hsum`). Here each of those 16 lanes is one zmm accumulator
+// holding the 16 rows, so a token needs 16 registers: tokens are done one at
+// a time, each a pass over the group's blocks (Q5_0: the group decoded once
+// per run of tokens into a buffer).
+//
+// The integer dots are exact. The reference's Q8_0 product moves the weight's
+// sign onto the activation, which wraps for an activation of -128; the
+// activation quantizer never writes -128 (|q| <= 127), and for such inputs
+// both are the true dot.
+
+// One Q8_0 activation block, prepared once per call.
+struct alignas(16) LegacyAct {
+    int32_t q[8];     // bytes 4c..4c+3 (the broadcast operand of vpdpbusd)
+    int32_t bias[8];  // -K * (sum of those 4 bytes): the weights are stored + K
+    float d;
+};
+
+// K = the offset of the stored unsigned levels: 128 for Q8_0, 16 for Q5_0.
+void load_legacy_acts(const BlockQ8_0* const* acts, int64_t nt, int64_t nb, int K, LegacyAct* out) {
+    const __m256i k = _mm256_set1_epi8(char(K));
+    for (int64_t t = 0; t < nt; ++t)
+        for (int64_t b = 0; b < nb; ++b) {
+            const BlockQ8_0& y = acts[t][b];
+            LegacyAct& a = out[t * nb + b];
+            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q), q);
+            const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), k, q);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.bias),
+                                _mm256_sub_epi32(_mm256_setzero_si256(), s));
+            a.d = _cvtsh_ss(y.d);
+        }
+}
+
+// Integer dots of one block's 8 groups of 4 values (w: levels + K of the 16
+// rows) with the token's block: exact, the offset K removed.
+inline __m512i legacy_isum(const __m512i* w, const LegacyAct& y, int c) {
+    return _mm512_dpbusd_epi32(_mm512_set1_epi32(y.bias[c]), w[c], _mm512_set1_epi32(y.q[c]));
+}
+
+// One token against one group: the 16 rows' results. Src gives block b's 8
+// level vectors and its 16 weight scales as floats.
+// Stream: prefetch the pair two ahead (one token: a pass over a matrix that
+// does not stay in cache).
+template <bool Stream, typename Src>
+inline __m512 legacy_row(int64_t nb, const Src& src, const LegacyAct* a) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; ++l) acc[l] = _mm512_setzero_ps();
+    const int64_t np = nb / 2;
+    for (int64_t p = 0; p < np; ++p) {
+#pragma GCC unroll 2
+        for (int e = 0; e < 2; ++e) {
+            if constexpr (Stream) src.prefetch_pair(p, e);
+            __m512i w[8];
+            __m512 dx;
+            src.block(2 * p + e, w, dx);
+            const LegacyAct& y = a[2 * p + e];
+            const __m512 d = _mm512_mul_ps(dx, _mm512_set1_ps(y.d));
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; ++c)
+                acc[8 * e + c] =
+                    _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(legacy_isum(w, y, c)), acc[8 * e + c]);
+        }
+    }
+    __m512 h[8], q[4];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) h[j] = _mm512_add_ps(acc[8 + j], acc[j]);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) q[j] = _mm512_add_ps(h[4 + j], h[j]);
+    __m512 sum = _mm512_add_ps(_mm512_add_ps(q[0], q[2]), _mm512_add_ps(q[1], q[3]));
+    if (nb % 2 == 1) {
+        __m512i w[8];
+        __m512 dx;
+        src.block(nb - 1, w, dx);
+        const LegacyAct& y = a[nb - 1];
+        __m512i is = legacy_isum(w, y, 0);
+#pragma GCC unroll 8
+        for (int c = 1; c < 8; ++c) is = _mm512_add_epi32(is, legacy_isum(w, y, c));
+        sum = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_set1_ps(y.d)), _mm512_cvtepi32_ps(is), sum);
+    }
+    return sum;
+}
+
+// Block b of a group: pair b / 2, or the single block after the pairs.
+template <typename Pair, typename One, typename F>
+inline void legacy_unit(const uint8_t* group, int64_t nb, int64_t b, F f) {
+    if (nb % 2 == 1 && b == nb - 1)
+        f(*reinterpret_cast<const One*>(group + size_t(nb / 2) * sizeof(Pair)), 0);
+    else
+        f(reinterpret_cast<const Pair*>(group)[b / 2], int(b % 2));
+}
+
+inline __m512 scales16(const uint16_t* d) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
+}
+
+// Half e of pair p + 2 of a group of Pair units (for the next group's first
+// pairs when p is near the end: groups are consecutive).
+template <typename Pair>
+inline void prefetch_pair_ahead(const uint8_t* group, int64_t p, int e) {
+    constexpr int first = (sizeof(Pair) / 2 + 63) / 64 * 64;
+    const uint8_t* u = group + size_t(p) * sizeof(Pair);
+    if (e == 0)
+        prefetch<first>(u, 2 * sizeof(Pair));
+    else
+        prefetch<int(sizeof(Pair)) - first>(u, 2 * sizeof(Pair) + first);
+}
+
+// Q8_0 levels are stored ready (+128).
+struct Q80Src {
+    const uint8_t* group;
+    int64_t nb;
+    void prefetch_pair(int64_t p, int e) const { prefetch_pair_ahead<Q80GroupPair>(group, p, e); }
+    void block(int64_t b, __m512i* w, __m512& dx) const {
+        legacy_unit<Q80GroupPair, Q80GroupOne>(group, nb, b, [&](const auto& u, int e) {
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; ++c) w[c] = load(u.qs[e][c]);
+            dx = scales16(u.d[e]);
+        });
+    }
+};
+
+// Q5_0 levels: the nibble, plus 16 where the fifth-bit mask is set.
+struct Q50Src {
+    const uint8_t* group;
+    int64_t nb;
+    void prefetch_pair(int64_t p, int e) const { prefetch_pair_ahead<Q50GroupPair>(group, p, e); }
+    void block(int64_t b, __m512i* w, __m512& dx) const {
+        legacy_unit<Q50GroupPair, Q50GroupOne>(group, nb, b, [&](const auto& u, int e) {
+            const __m512i low4 = _mm512_set1_epi8(0x0F), five = _mm512_set1_epi8(0x10);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c) {
+                const __m512i v = load(u.qs[e][c]);
+                const __m512i lo = _mm512_and_si512(v, low4);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                w[c] = _mm512_mask_add_epi8(lo, _cvtu64_mask64(u.qh[e][c]), lo, five);
+                w[c + 4] = _mm512_mask_add_epi8(hi, _cvtu64_mask64(u.qh[e][c + 4]), hi, five);
+            }
+            dx = scales16(u.d[e]);
+        });
+    }
+};
+
+// A group decoded once for a run of tokens: per block 8 level vectors and
+// the scales.
+struct alignas(64) DecodedBlock {
+    uint8_t w[8][64];
+    float dx[kRows];
+};
+
+struct DecodedSrc {
+    const DecodedBlock* blocks;
+    void prefetch_pair(int64_t, int) const {}
+    void block(int64_t b, __m512i* out, __m512& d) const {
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) out[c] = _mm512_load_si512(blocks[b].w[c]);
+        d = _mm512_load_ps(blocks[b].dx);
+    }
+};
+
+template <typename Src>
+void legacy_gemm(int64_t nb, const uint8_t* groups, size_t group_bytes, int64_t n_groups,
+                 const BlockQ8_0* const* acts, int64_t n_tok, float* const* y_rows, int K,
+                 bool decode_once) {
+    // Tokens per call to the preparation: their activations stay in L2.
+    const int64_t chunk =
+        std::clamp<int64_t>((int64_t(1) << 18) / (nb * int64_t(sizeof(LegacyAct))), 1, 64);
+    thread_local std::vector<LegacyAct> act;
+    thread_local std::vector<DecodedBlock> dec_buf;
+    if (act.size() < size_t(chunk * nb)) act.resize(size_t(chunk * nb));
+    if (decode_once && dec_buf.size() < size_t(nb)) dec_buf.resize(size_t(nb));
+    for (int64_t t0 = 0; t0 < n_tok; t0 += chunk) {
+        const int64_t nt = std::min(chunk, n_tok - t0);
+        load_legacy_acts(acts + t0, nt, nb, K, act.data());
+        for (int64_t g = 0; g < n_groups; ++g) {
+            const Src src{groups + size_t(g) * group_bytes, nb};
+            if (decode_once && nt > 1) {
+                for (int64_t b = 0; b < nb; ++b) {
+                    __m512i w[8];
+                    __m512 dx;
+                    src.block(b, w, dx);
+                    DecodedBlock& o = dec_buf[size_t(b)];
+                    for (int c = 0; c < 8; ++c) _mm512_store_si512(o.w[c], w[c]);
+                    _mm512_store_ps(o.dx, dx);
+                }
+                const DecodedSrc dec{dec_buf.data()};
+                for (int64_t t = 0; t < nt; ++t)
+                    _mm512_storeu_ps(y_rows[t0 + t] + kRows * g,
+                                     legacy_row<false>(nb, dec, act.data() + t * nb));
+            } else if (nt == 1) {
+                _mm512_storeu_ps(y_rows[t0] + kRows * g, legacy_row<true>(nb, src, act.data()));
+            } else {
+                for (int64_t t = 0; t < nt; ++t)
+                    _mm512_storeu_ps(y_rows[t0 + t] + kRows * g,
+                                     legacy_row<false>(nb, src, act.data() + t * nb));
+            }
+        }
+    }
+}
+
+size_t legacy_bytes(int64_t nb, size_t pair, size_t one) {
+    return size_t(nb / 2) * pair + size_t(nb % 2) * one;
 }
 
 // Tile kernels for 1..kTile tokens, so a remainder costs one decode too.
@@ -288,7 +593,17 @@ template <int T>
 struct Q6KTile {
     static void run(int64_t nb, const void* gb, const ActBlock* ab, float* const* out,
                     int64_t off) {
-        q6k_tile<T>(nb, static_cast<const Q6KGroupBlock*>(gb), ab, out, off);
+        const auto* g = static_cast<const Q6KGroupBlock*>(gb);
+        if constexpr (T == 1) {
+            q6k_gemv(nb, g, ab, out[0] + off);
+        } else if constexpr (T <= 8) {
+            q6k_tile<T, 0>(nb, g, ab, out, off);
+        } else {
+            // Over 8 tokens the integer sums no longer fit the registers
+            // with the levels: two passes of the group are faster.
+            q6k_tile<8, 0>(nb, g, ab, out, off);
+            q6k_tile<T - 8, 8>(nb, g, ab, out, off);
+        }
     }
 };
 
@@ -308,6 +623,20 @@ void gemm(int64_t nb, const uint8_t* groups, size_t group_bytes, int64_t n_group
 }
 
 }  // namespace
+
+void gemm_q8_0_avx512(int64_t nb, const void* groups, int64_t n_groups,
+                      const BlockQ8_0* const* acts, int64_t n_tok, float* const* y_rows) {
+    legacy_gemm<Q80Src>(nb, static_cast<const uint8_t*>(groups),
+                        legacy_bytes(nb, sizeof(Q80GroupPair), sizeof(Q80GroupOne)), n_groups, acts,
+                        n_tok, y_rows, 128, false);
+}
+
+void gemm_q5_0_avx512(int64_t nb, const void* groups, int64_t n_groups,
+                      const BlockQ8_0* const* acts, int64_t n_tok, float* const* y_rows) {
+    legacy_gemm<Q50Src>(nb, static_cast<const uint8_t*>(groups),
+                        legacy_bytes(nb, sizeof(Q50GroupPair), sizeof(Q50GroupOne)), n_groups, acts,
+                        n_tok, y_rows, 16, true);
+}
 
 void gemm_q4_K_avx512(int64_t nb, const Q4KGroupBlock* groups, int64_t n_groups,
                       const BlockQ8_K* const* acts, int64_t n_tok, float* const* y_rows) {
