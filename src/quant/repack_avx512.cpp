@@ -378,8 +378,8 @@ void q6k_gemv(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* ou
 //
 // The integer dots are exact. The reference's Q8_0 product moves the weight's
 // sign onto the activation, which wraps for an activation of -128; the
-// activation quantizer never writes -128 (|q| <= 127), and for such inputs
-// both are the true dot.
+// activation quantizer writes no -128 for finite inputs, and for those both
+// are the true dot.
 
 // One Q8_0 activation block, prepared once per call.
 struct alignas(16) LegacyAct {
