@@ -144,11 +144,14 @@ void q4k_tile(int64_t nb, const Q4KGroupBlock* gb, const ActBlock* ab, float* co
     for (int64_t b = 0; b < nb; ++b) {
         const Q4KGroupBlock& g = gb[b];
         const ActBlock& a = ab[b];
+        constexpr size_t ahead = 2 * sizeof(Q4KGroupBlock);
+        if constexpr (T == 1) prefetch<320>(&g, ahead);  // d, dmin, scales and mins
         __m512i isum[T];
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
 #pragma GCC unroll 1
         for (int k = 0; k < 4; ++k) {
+            if constexpr (T == 1) prefetch<512>(&g.qs[k][0], ahead);
             __m512i w[8];
 #pragma GCC unroll 8
             for (int c = 0; c < 8; ++c) w[c] = _mm512_and_si512(load(g.qs[k][c]), low4);
