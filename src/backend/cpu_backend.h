@@ -237,8 +237,7 @@ class CpuBackend final : public Backend {
             if (c.type == CacheType::F32) {
                 std::memcpy(dst, src, size_t(c.width) * sizeof(float));
             } else {
-                auto* d16 = reinterpret_cast<uint16_t*>(dst);
-                for (int64_t i = 0; i < c.width; ++i) d16[i] = fp32_to_fp16(src[i]);
+                simd().f32_to_f16(c.width, src, reinterpret_cast<uint16_t*>(dst));
             }
         }
     }
@@ -384,44 +383,36 @@ class CpuBackend final : public Backend {
         };
         // An F16 K cache makes the query F16 too (the activation of an F16 product).
         pt.q.resize(size_t(nh * W));
-        for (int64_t h = 0; h < nh; ++h)
-            for (int64_t i = 0; i < W; ++i) {
-                const float v = q.q[(h0 + h) * W + i];
-                pt.q[size_t(h * W + i)] = f16 ? round_fp16(v) : v;
-            }
+        if (f16)
+            sv.round_f16(nh * W, q.q + h0 * W, pt.q.data());
+        else
+            std::memcpy(pt.q.data(), q.q + h0 * W, size_t(nh * W) * sizeof(float));
         pt.scores.resize(size_t(nh * n));
-        for (int64_t j = 0; j < n; ++j) {
-            const uint8_t* r = row_ptr(j);
-            for (int64_t h = 0; h < nh; ++h) {
-                const float* qh = pt.q.data() + h * W;
-                const float d = f16 ? sv.dot_f32_f16(W, qh, reinterpret_cast<const uint16_t*>(r))
-                                    : dot32(W, qh, r);
-                pt.scores[size_t(h * n + j)] = d * scale;
+        if (f16) {
+            const F16Rows rows{c.data, c.row_bytes(),
+                               q.visible.n_dense > 0 ? nullptr : q.visible.rows};
+            sv.scores_f16(pt.q.data(), nh, W, rows, n, pt.scores.data(), n);
+            for (float& v : pt.scores) v *= scale;
+        } else {
+            for (int64_t j = 0; j < n; ++j) {
+                const uint8_t* r = row_ptr(j);
+                for (int64_t h = 0; h < nh; ++h)
+                    pt.scores[size_t(h * n + j)] = dot32(W, pt.q.data() + h * W, r) * scale;
             }
         }
-        for (int64_t h = 0; h < nh; ++h) {
-            float* sc = pt.scores.data() + h * n;
-            float mx = -INFINITY;
-            for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
-            double sum = 0.0;
-            for (int64_t j = 0; j < n; ++j) {
-                sc[j] = std::exp(sc[j] - mx);
-                sum += double(sc[j]);
-            }
-            const float inv = float(1.0 / sum);
-            for (int64_t j = 0; j < n; ++j) sc[j] = f16 ? round_fp16(sc[j] * inv) : sc[j] * inv;
+        for (int64_t h = 0; h < nh; ++h) sv.softmax(pt.scores.data() + h * n, n, f16);
+        if (f16) {
+            const F16Rows rows{c.data, c.row_bytes(),
+                               q.visible.n_dense > 0 ? nullptr : q.visible.rows};
+            sv.weighted_sum_f16(pt.scores.data(), n, nh, rows, n, v_width, q.out + h0 * v_width);
+            return;
         }
         pt.acc.assign(size_t(nh * v_width), 0.0f);
         for (int64_t j = 0; j < n; ++j) {
             const uint8_t* r = row_ptr(j);
-            for (int64_t h = 0; h < nh; ++h) {
-                const float p = pt.scores[size_t(h * n + j)];
-                float* acc = pt.acc.data() + h * v_width;
-                if (f16)
-                    sv.axpy_f16(v_width, p, reinterpret_cast<const uint16_t*>(r), acc);
-                else
-                    sv.axpy_f32(v_width, p, reinterpret_cast<const float*>(r), acc);
-            }
+            for (int64_t h = 0; h < nh; ++h)
+                sv.axpy_f32(v_width, pt.scores[size_t(h * n + j)],
+                            reinterpret_cast<const float*>(r), pt.acc.data() + h * v_width);
         }
         for (int64_t h = 0; h < nh; ++h)
             std::memcpy(q.out + (h0 + h) * v_width, pt.acc.data() + h * v_width,

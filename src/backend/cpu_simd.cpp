@@ -1,5 +1,8 @@
 #include "backend/cpu_simd.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/fp16.h"
 #include "quant/ops.h"
 
@@ -26,13 +29,82 @@ float dot_f32_f16(int64_t n, const float* a, const uint16_t* b) {
     return s;
 }
 
+void f32_to_f16(int64_t n, const float* src, uint16_t* dst) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
+}
+void round_f16(int64_t n, const float* x, float* y) {
+    for (int64_t i = 0; i < n; ++i) y[i] = round_fp16(x[i]);
+}
+
+void softmax(float* x, int64_t n, bool round_f16) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+        x[j] = std::exp(x[j] - mx);
+        sum += double(x[j]);
+    }
+    const float inv = float(1.0 / sum);
+    for (int64_t j = 0; j < n; ++j) x[j] = round_f16 ? round_fp16(x[j] * inv) : x[j] * inv;
+}
+
 }  // namespace scalar
 
+namespace {
+
+// The attention helpers built from the row ones: rows outer, so each row is
+// read once for all the heads.
+template <float (*Dot)(int64_t, const float*, const uint16_t*)>
+void scores_by_rows(const float* q, int64_t nh, int64_t w, const F16Rows& rows, int64_t n, float* s,
+                    int64_t ld) {
+    for (int64_t j = 0; j < n; ++j) {
+        const uint16_t* r = rows.row(j);
+        for (int64_t h = 0; h < nh; ++h) s[h * ld + j] = Dot(w, q + h * w, r);
+    }
+}
+
+template <void (*Axpy)(int64_t, float, const uint16_t*, float*)>
+void weighted_sum_by_rows(const float* p, int64_t ld, int64_t nh, const F16Rows& rows, int64_t n,
+                          int64_t vw, float* out) {
+    std::fill(out, out + nh * vw, 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+        const uint16_t* r = rows.row(j);
+        for (int64_t h = 0; h < nh; ++h) Axpy(vw, p[h * ld + j], r, out + h * vw);
+    }
+}
+
+SimdOps pick() {
+    if (!quant::cpu_has_avx2())
+        return {scalar::axpy_f32,
+                scalar::axpy_f16,
+                scalar::f16_to_f32,
+                scalar::dot_f32_f16,
+                scalar::f32_to_f16,
+                scalar::round_f16,
+                scores_by_rows<scalar::dot_f32_f16>,
+                scalar::softmax,
+                weighted_sum_by_rows<scalar::axpy_f16>};
+    SimdOps ops{avx2::axpy_f32,
+                avx2::axpy_f16,
+                avx2::f16_to_f32,
+                avx2::dot_f32_f16,
+                avx2::f32_to_f16,
+                avx2::round_f16,
+                scores_by_rows<avx2::dot_f32_f16>,
+                scalar::softmax,
+                weighted_sum_by_rows<avx2::axpy_f16>};
+    if (quant::cpu_has_avx512()) {
+        ops.scores_f16 = avx512::scores_f16;
+        ops.weighted_sum_f16 = avx512::weighted_sum_f16;
+        ops.softmax = avx512::softmax;
+    }
+    return ops;
+}
+
+}  // namespace
+
 const SimdOps& simd() {
-    static const SimdOps ops =
-        quant::cpu_has_avx2()
-            ? SimdOps{avx2::axpy_f32, avx2::axpy_f16, avx2::f16_to_f32, avx2::dot_f32_f16}
-            : SimdOps{scalar::axpy_f32, scalar::axpy_f16, scalar::f16_to_f32, scalar::dot_f32_f16};
+    static const SimdOps ops = pick();
     return ops;
 }
 

@@ -4,9 +4,21 @@
 // or batching).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace glm5::backend::cpu {
+
+// Rows of an F16 cache that one query reads: row j is cache row idx[j]
+// (idx null: row j itself).
+struct F16Rows {
+    const uint8_t* base = nullptr;
+    size_t row_bytes = 0;
+    const int32_t* idx = nullptr;
+    const uint16_t* row(int64_t j) const {
+        return reinterpret_cast<const uint16_t*>(base + size_t(idx ? idx[j] : j) * row_bytes);
+    }
+};
 
 struct SimdOps {
     // y[i] += a * x[i]
@@ -17,6 +29,24 @@ struct SimdOps {
     void (*f16_to_f32)(int64_t n, const uint16_t* src, float* dst);
     // sum of a[i] * b[i] (float a, binary16 b)
     float (*dot_f32_f16)(int64_t n, const float* a, const uint16_t* b);
+    // dst[i] = binary16(src[i]), rounded to nearest even
+    void (*f32_to_f16)(int64_t n, const float* src, uint16_t* dst);
+    // y[i] = float(binary16(x[i])): x rounded through F16
+    void (*round_f16)(int64_t n, const float* x, float* y);
+
+    // Attention over F16 rows, for nh heads of one query at once (the rows
+    // are shared by every head: MQA). Each result is a fixed function of its
+    // own query row and cache rows, whatever nh, n or the blocking.
+    // s[h*ld + j] = q[h*w ..] . row j[0..w), for h < nh, j < n
+    void (*scores_f16)(const float* q, int64_t nh, int64_t w, const F16Rows& rows, int64_t n,
+                       float* s, int64_t ld);
+    // x[j] = exp(x[j] - max x) / sum, in place, over n values (n >= 1);
+    // rounded through F16 when round_f16 (the probabilities of an F16 product)
+    void (*softmax)(float* x, int64_t n, bool round_f16);
+    // out[h*vw + i] = sum over j = 0, 1, .. n-1 of p[h*ld + j] * row j[i], as a
+    // chain of fused multiply-adds from zero (the order of axpy_f16 per row)
+    void (*weighted_sum_f16)(const float* p, int64_t ld, int64_t nh, const F16Rows& rows, int64_t n,
+                             int64_t vw, float* out);
 };
 
 const SimdOps& simd();
@@ -27,12 +57,27 @@ void axpy_f32(int64_t n, float a, const float* x, float* y);
 void axpy_f16(int64_t n, float a, const uint16_t* x, float* y);
 void f16_to_f32(int64_t n, const uint16_t* src, float* dst);
 float dot_f32_f16(int64_t n, const float* a, const uint16_t* b);
+void f32_to_f16(int64_t n, const float* src, uint16_t* dst);
+void round_f16(int64_t n, const float* x, float* y);
 }  // namespace scalar
 namespace avx2 {
 void axpy_f32(int64_t n, float a, const float* x, float* y);
 void axpy_f16(int64_t n, float a, const uint16_t* x, float* y);
 void f16_to_f32(int64_t n, const uint16_t* src, float* dst);
 float dot_f32_f16(int64_t n, const float* a, const uint16_t* b);
+void f32_to_f16(int64_t n, const float* src, uint16_t* dst);
+void round_f16(int64_t n, const float* x, float* y);
 }  // namespace avx2
+namespace scalar {
+void softmax(float* x, int64_t n, bool round_f16);
+}  // namespace scalar
+// The AVX-512 attention tiles (cpu_attention_avx512.cpp).
+namespace avx512 {
+void scores_f16(const float* q, int64_t nh, int64_t w, const F16Rows& rows, int64_t n, float* s,
+                int64_t ld);
+void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& rows, int64_t n,
+                      int64_t vw, float* out);
+void softmax(float* x, int64_t n, bool round_f16);
+}  // namespace avx512
 
 }  // namespace glm5::backend::cpu

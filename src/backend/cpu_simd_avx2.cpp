@@ -52,6 +52,22 @@ void f16_to_f32(int64_t n, const uint16_t* src, float* dst) {
     for (; i < n; ++i) dst[i] = h2f(src[i]);
 }
 
+void f32_to_f16(int64_t n, const float* src, uint16_t* dst) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+void round_f16(int64_t n, const float* x, float* y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+                                                                _MM_FROUND_TO_NEAREST_INT)));
+    for (; i < n; ++i) y[i] = h2f(_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT));
+}
+
 float dot_f32_f16(int64_t n, const float* a, const uint16_t* b) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int64_t i = 0;

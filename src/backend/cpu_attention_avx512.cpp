@@ -1,0 +1,245 @@
+// AVX-512 tiles of MLA attention over an F16 cache. Blocks of cache rows are
+// converted to F32 once and then used by every head of the query from
+// registers: the row-at-a-time helpers converted each row once per head and
+// kept a quarter of the FMA units busy.
+//
+// Determinism: a score is a fixed function of its query row and cache row
+// (lane-wise FMAs over 16-value chunks in order, then one fixed horizontal
+// sum), and an output value is a chain of FMAs over the rows in order, so no
+// result depends on how many heads, rows or queries share a call.
+// GCC 12's AVX-512 intrinsics pass an undefined vector as the merge source,
+// which its uninitialised-use warnings report at every inlined use (GCC bug
+// 105593); the code is fine.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "backend/cpu_simd.h"
+
+namespace glm5::backend::cpu::avx512 {
+
+namespace {
+
+constexpr int64_t kLanes = 16;
+constexpr int64_t kScoreRows = 16;  // cache rows converted per score block
+constexpr int64_t kValueRows = 32;  // cache rows converted per output block
+
+int64_t padded(int64_t n) {
+    return (n + kLanes - 1) / kLanes * kLanes;
+}
+
+__mmask16 lanes(int64_t n) {
+    return n >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+}
+
+// Per-thread buffers (a task computes one query's heads on one thread).
+struct Scratch {
+    std::vector<float> q, rows, out;
+};
+Scratch& scratch() {
+    thread_local Scratch s;
+    return s;
+}
+
+// The 16 lanes summed in a fixed order (halves, quarters, pairs, lanes).
+inline float hsum(__m512 v) {
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm512_cvtss_f32(v);
+}
+
+// dst[r][0..wp) = row j0 + r's first w values as floats, zero past w.
+void convert(const F16Rows& rows, int64_t j0, int64_t nr, int64_t w, int64_t wp, float* dst) {
+    for (int64_t r = 0; r < nr; ++r) {
+        const uint16_t* src = rows.row(j0 + r);
+        float* d = dst + r * wp;
+        for (int64_t i = 0; i < wp; i += kLanes)
+            _mm512_storeu_ps(d + i,
+                             _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes(w - i), src + i)));
+    }
+}
+
+// s[a*ld + b] = q row a . k row b, A query rows by B cache rows, both wp wide.
+template <int A, int B>
+void score_tile(const float* q, const float* k, int64_t wp, float* s, int64_t ld) {
+    __m512 acc[A][B];
+#pragma GCC unroll 4
+    for (int a = 0; a < A; ++a)
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) acc[a][b] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < wp; i += kLanes) {
+        __m512 kv[B];
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) kv[b] = _mm512_loadu_ps(k + b * wp + i);
+#pragma GCC unroll 4
+        for (int a = 0; a < A; ++a) {
+            const __m512 qa = _mm512_loadu_ps(q + a * wp + i);
+#pragma GCC unroll 4
+            for (int b = 0; b < B; ++b) acc[a][b] = _mm512_fmadd_ps(qa, kv[b], acc[a][b]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < A; ++a)
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) s[a * ld + b] = hsum(acc[a][b]);
+}
+
+using ScoreTile = void (*)(const float*, const float*, int64_t, float*, int64_t);
+
+template <int A, int... Bs>
+constexpr std::array<ScoreTile, 4> score_row(std::integer_sequence<int, Bs...>) {
+    return {score_tile<A, Bs + 1>...};
+}
+
+constexpr std::array<std::array<ScoreTile, 4>, 4> kScoreTiles = {
+    score_row<1>(std::make_integer_sequence<int, 4>{}),
+    score_row<2>(std::make_integer_sequence<int, 4>{}),
+    score_row<3>(std::make_integer_sequence<int, 4>{}),
+    score_row<4>(std::make_integer_sequence<int, 4>{})};
+
+// out[h][c0 .. c0 + 16C) += p[h][j] * v[j][..] over nr rows in order, for H
+// heads; out rows are vp wide, p rows ld wide (p already offset to the block).
+template <int H, int C>
+void value_tile(const float* p, int64_t ld, const float* v, int64_t nr, int64_t vp, float* out,
+                int64_t c0) {
+    __m512 acc[H][C];
+#pragma GCC unroll 8
+    for (int h = 0; h < H; ++h)
+#pragma GCC unroll 2
+        for (int c = 0; c < C; ++c) acc[h][c] = _mm512_loadu_ps(out + h * vp + c0 + c * kLanes);
+    for (int64_t r = 0; r < nr; ++r) {
+        __m512 vv[C];
+#pragma GCC unroll 2
+        for (int c = 0; c < C; ++c) vv[c] = _mm512_loadu_ps(v + r * vp + c0 + c * kLanes);
+#pragma GCC unroll 8
+        for (int h = 0; h < H; ++h) {
+            const __m512 ph = _mm512_set1_ps(p[h * ld + r]);
+#pragma GCC unroll 2
+            for (int c = 0; c < C; ++c) acc[h][c] = _mm512_fmadd_ps(ph, vv[c], acc[h][c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < H; ++h)
+#pragma GCC unroll 2
+        for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + h * vp + c0 + c * kLanes, acc[h][c]);
+}
+
+using ValueTile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+
+template <int... Hs>
+constexpr std::array<std::array<ValueTile, 2>, 8> value_tiles(std::integer_sequence<int, Hs...>) {
+    return {std::array<ValueTile, 2>{value_tile<Hs + 1, 1>, value_tile<Hs + 1, 2>}...};
+}
+
+constexpr auto kValueTiles = value_tiles(std::make_integer_sequence<int, 8>{});
+
+// e^x for x <= 0 (a score minus its row's maximum): 2^n * e^r with n the
+// nearest integer to x / ln 2 and |r| <= ln 2 / 2 (ln 2 in two parts so r is
+// exact), e^r by its Taylor series to degree 7 (truncation below 1e-8
+// relative). Below -104 e^x is under the smallest float and comes out 0.
+inline __m512 exp_nonpositive(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+}  // namespace
+
+void softmax(float* x, int64_t n, bool round_f16) {
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n; j += kLanes)
+        mv =
+            _mm512_max_ps(mv, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), lanes(n - j), x + j));
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+    // The sum in double, eight lanes per half, combined in a fixed order.
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    for (int64_t j = 0; j < n; j += kLanes) {
+        const __mmask16 m = lanes(n - j);
+        const __m512 e = _mm512_maskz_mov_ps(
+            m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j), mx)));
+        _mm512_mask_storeu_ps(x + j, m, e);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+    }
+    const __m512d s = _mm512_add_pd(s0, s1);
+    const __m256d q = _mm256_add_pd(_mm512_castpd512_pd256(s), _mm512_extractf64x4_pd(s, 1));
+    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(q), _mm256_extractf128_pd(q, 1));
+    const double sum = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    const __m512 inv = _mm512_set1_ps(float(1.0 / sum));
+    for (int64_t j = 0; j < n; j += kLanes) {
+        const __mmask16 m = lanes(n - j);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), inv);
+        if (round_f16)
+            v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_mask_storeu_ps(x + j, m, v);
+    }
+}
+
+void scores_f16(const float* q, int64_t nh, int64_t w, const F16Rows& rows, int64_t n, float* s,
+                int64_t ld) {
+    Scratch& sc = scratch();
+    const int64_t wp = padded(w);
+    // The query rows padded with zeros like the converted cache rows.
+    sc.q.assign(size_t(nh * wp), 0.0f);
+    for (int64_t h = 0; h < nh; ++h)
+        std::memcpy(sc.q.data() + h * wp, q + h * w, size_t(w) * sizeof(float));
+    sc.rows.resize(size_t(kScoreRows * wp));
+    for (int64_t j0 = 0; j0 < n; j0 += kScoreRows) {
+        const int64_t nr = std::min(kScoreRows, n - j0);
+        convert(rows, j0, nr, w, wp, sc.rows.data());
+        for (int64_t h0 = 0; h0 < nh; h0 += 4) {
+            const int64_t a = std::min<int64_t>(4, nh - h0);
+            for (int64_t b0 = 0; b0 < nr; b0 += 4) {
+                const int64_t b = std::min<int64_t>(4, nr - b0);
+                kScoreTiles[size_t(a - 1)][size_t(b - 1)](
+                    sc.q.data() + h0 * wp, sc.rows.data() + b0 * wp, wp, s + h0 * ld + j0 + b0, ld);
+            }
+        }
+    }
+}
+
+void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& rows, int64_t n,
+                      int64_t vw, float* out) {
+    Scratch& sc = scratch();
+    const int64_t vp = padded(vw);
+    sc.out.assign(size_t(nh * vp), 0.0f);
+    sc.rows.resize(size_t(kValueRows * vp));
+    for (int64_t j0 = 0; j0 < n; j0 += kValueRows) {
+        const int64_t nr = std::min(kValueRows, n - j0);
+        convert(rows, j0, nr, vw, vp, sc.rows.data());
+        for (int64_t h0 = 0; h0 < nh; h0 += 8) {
+            const int64_t hh = std::min<int64_t>(8, nh - h0);
+            for (int64_t c0 = 0; c0 < vp; c0 += 2 * kLanes) {
+                const int64_t cc = std::min<int64_t>(2, (vp - c0) / kLanes);
+                kValueTiles[size_t(hh - 1)][size_t(cc - 1)](p + h0 * ld + j0, ld, sc.rows.data(),
+                                                            nr, vp, sc.out.data() + h0 * vp, c0);
+            }
+        }
+    }
+    for (int64_t h = 0; h < nh; ++h)
+        std::memcpy(out + h * vw, sc.out.data() + h * vp, size_t(vw) * sizeof(float));
+}
+
+}  // namespace glm5::backend::cpu::avx512

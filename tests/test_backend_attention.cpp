@@ -1,0 +1,217 @@
+// MLA attention over an F16 cache, through the helpers the CPU picks at run
+// time (the AVX-512 tiles where the CPU has them): scores agree with a
+// double-precision reference, output sums have the bits of the row-by-row
+// axpy path, and no result depends on how heads, rows or queries are grouped
+// into one call (the CPU determinism promise for prefill against decode).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu_simd.h"
+#include "core/fp16.h"
+
+using namespace glm5;
+using namespace glm5::backend;
+using cpu::F16Rows;
+
+namespace {
+
+struct Cache {
+    int64_t width;
+    std::vector<uint16_t> bits;
+    Cache(int64_t rows, int64_t w, uint32_t seed) : width(w), bits(size_t(rows * w)) {
+        std::mt19937 rng(seed);
+        std::normal_distribution<float> d(0.f, 1.f);
+        for (auto& b : bits) b = fp32_to_fp16(d(rng));
+    }
+    F16Rows rows(const int32_t* idx = nullptr) const {
+        return {reinterpret_cast<const uint8_t*>(bits.data()), size_t(width) * 2, idx};
+    }
+};
+
+std::vector<float> f16_floats(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.f, 1.f);
+    std::vector<float> v(n);
+    for (auto& x : v) x = round_fp16(d(rng));
+    return v;
+}
+
+bool same_bits(const float* a, const float* b, size_t n) {
+    return std::memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+constexpr int64_t kHeads = 16, kWidth = 576, kValue = 512;
+
+TEST(AttentionSimd, ScoresMatchDoubleReference) {
+    for (int64_t w : {kWidth, int64_t(100)}) {
+        const int64_t n = 37;
+        const Cache c(n, w, 1);
+        const auto q = f16_floats(size_t(kHeads * w), 2);
+        std::vector<float> s(size_t(kHeads * n));
+        cpu::simd().scores_f16(q.data(), kHeads, w, c.rows(), n, s.data(), n);
+        for (int64_t h = 0; h < kHeads; ++h)
+            for (int64_t j = 0; j < n; ++j) {
+                double ref = 0, mag = 0;
+                for (int64_t i = 0; i < w; ++i) {
+                    const double k = fp16_to_fp32(c.bits[size_t(j * w + i)]);
+                    ref += double(q[size_t(h * w + i)]) * k;
+                    mag += std::fabs(double(q[size_t(h * w + i)]) * k);
+                }
+                ASSERT_NEAR(s[size_t(h * n + j)], ref, 1e-6 * mag + 1e-30)
+                    << "w " << w << " head " << h << " row " << j;
+            }
+    }
+}
+
+TEST(AttentionSimd, WeightedSumHasTheBitsOfRowAxpy) {
+    const cpu::SimdOps& sv = cpu::simd();
+    for (int64_t vw : {kValue, int64_t(100)}) {
+        const int64_t n = 45, w = vw + 64;
+        const Cache c(n, w, 3);
+        const auto p = f16_floats(size_t(kHeads * n), 4);
+        std::vector<float> got(size_t(kHeads * vw)), want(size_t(kHeads * vw), 0.0f);
+        sv.weighted_sum_f16(p.data(), n, kHeads, c.rows(), n, vw, got.data());
+        for (int64_t j = 0; j < n; ++j)
+            for (int64_t h = 0; h < kHeads; ++h)
+                sv.axpy_f16(vw, p[size_t(h * n + j)], c.bits.data() + j * w, want.data() + h * vw);
+        EXPECT_TRUE(same_bits(got.data(), want.data(), got.size())) << "v width " << vw;
+    }
+}
+
+TEST(AttentionSimd, NoResultDependsOnGrouping) {
+    const cpu::SimdOps& sv = cpu::simd();
+    const int64_t n = 37;
+    const Cache c(n, kWidth, 5);
+    const auto q = f16_floats(size_t(kHeads * kWidth), 6);
+    std::vector<float> all(size_t(kHeads * n));
+    sv.scores_f16(q.data(), kHeads, kWidth, c.rows(), n, all.data(), n);
+
+    // Heads split unevenly, and a shorter prefix of the rows.
+    const int64_t splits[] = {0, 3, 8, 9, 16};
+    const int64_t m = 21;
+    std::vector<float> part(size_t(kHeads * m));
+    for (int i = 0; i + 1 < 5; ++i) {
+        const int64_t h0 = splits[i], nh = splits[i + 1] - h0;
+        sv.scores_f16(q.data() + h0 * kWidth, nh, kWidth, c.rows(), m, part.data(), m);
+        for (int64_t h = 0; h < nh; ++h)
+            ASSERT_TRUE(same_bits(part.data() + h * m, all.data() + (h0 + h) * n, size_t(m)));
+    }
+
+    // Listed rows (as the indexer's selection) in another order.
+    const std::vector<int32_t> idx = {30, 2, 17, 36, 0, 9, 11};
+    const int64_t k = int64_t(idx.size());
+    std::vector<float> sel(size_t(kHeads * k));
+    sv.scores_f16(q.data(), kHeads, kWidth, c.rows(idx.data()), k, sel.data(), k);
+    for (int64_t h = 0; h < kHeads; ++h)
+        for (int64_t j = 0; j < k; ++j)
+            ASSERT_EQ(sel[size_t(h * k + j)], all[size_t(h * n + idx[size_t(j)])]);
+
+    // Output sums: heads split, one head at a time.
+    const auto p = f16_floats(size_t(kHeads * n), 7);
+    std::vector<float> out(size_t(kHeads * kValue)), one(static_cast<size_t>(kValue));
+    sv.weighted_sum_f16(p.data(), n, kHeads, c.rows(), n, kValue, out.data());
+    for (int64_t h = 0; h < kHeads; ++h) {
+        sv.weighted_sum_f16(p.data() + h * n, n, 1, c.rows(), n, kValue, one.data());
+        ASSERT_TRUE(same_bits(one.data(), out.data() + h * kValue, size_t(kValue))) << h;
+    }
+}
+
+// The query and cache rounding: the bits of the software conversion, over
+// random values of every magnitude, F16 ties, subnormals and overflow.
+TEST(AttentionSimd, F16RoundingHasTheBitsOfTheSoftwareOne) {
+    std::mt19937 rng(10);
+    std::vector<float> x;
+    for (int i = 0; i < 20000; ++i)
+        x.push_back(f32_from_bits(uint32_t(rng()) & 0xC7FFFFFFu));  // |x| < 2^16 and tiny
+    for (float v : {0.0f, -0.0f, 65504.0f, 65520.0f, 1e9f, -1e9f, 5.96e-8f, 2.98e-8f, 1.0009765625f,
+                    1.00048828125f, 1.00146484375f, INFINITY, -INFINITY})
+        x.push_back(v);
+    const int64_t n = int64_t(x.size());
+    std::vector<float> y(x.size());
+    std::vector<uint16_t> h(x.size());
+    cpu::simd().round_f16(n, x.data(), y.data());
+    cpu::simd().f32_to_f16(n, x.data(), h.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_EQ(h[i], fp32_to_fp16(x[i])) << x[i];
+        ASSERT_EQ(f32_bits(y[i]), f32_bits(round_fp16(x[i]))) << x[i];
+    }
+}
+
+TEST(AttentionSimd, SoftmaxMatchesTheScalarOne) {
+    std::mt19937 rng(9);
+    std::normal_distribution<float> d(0.f, 8.f);
+    for (int64_t n : {1, 7, 16, 45, 300}) {
+        std::vector<float> x(static_cast<size_t>(n));
+        for (auto& v : x) v = d(rng);
+        if (n > 1) x[0] = -200.0f;  // e^(x - max) underflows to 0
+        for (bool r16 : {false, true}) {
+            auto got = x, want = x;
+            cpu::simd().softmax(got.data(), n, r16);
+            cpu::scalar::softmax(want.data(), n, r16);
+            double total = 0;
+            for (int64_t j = 0; j < n; ++j) {
+                // Within two F16 steps (rounded) or 1e-6 relative (not rounded).
+                const float tol = r16 ? std::ldexp(std::fabs(want[size_t(j)]), -9) + 1e-7f
+                                      : 1e-6f * std::fabs(want[size_t(j)]) + 1e-12f;
+                ASSERT_NEAR(got[size_t(j)], want[size_t(j)], tol) << n << " " << j;
+                if (r16) {
+                    ASSERT_EQ(got[size_t(j)], round_fp16(got[size_t(j)]));
+                }
+                total += got[size_t(j)];
+            }
+            if (n > 1) {
+                EXPECT_EQ(got[0], 0.0f);
+            }
+            EXPECT_NEAR(total, 1.0, r16 ? 1e-2 : 1e-5);
+        }
+    }
+}
+
+// Through the backend: each query's output is the same alone and batched
+// with others of different lengths (prefill against decode), with 2 threads.
+TEST(AttentionBackend, QueryOutputIndependentOfBatch) {
+    BackendOptions opt;
+    opt.n_threads = 2;
+    auto be = make_cpu_backend(opt);
+    const int64_t rows = 300;
+    Cache c(rows, kWidth, 8);
+    CacheRows cr{reinterpret_cast<uint8_t*>(c.bits.data()), kWidth, CacheType::F16};
+    const std::vector<int32_t> lens = {1, 17, 64, 300};
+    const std::vector<int32_t> picked = {5, 250, 31, 7, 199, 120};
+    const int64_t nq = int64_t(lens.size()) + 1;
+    std::vector<std::vector<float>> qs, outs(static_cast<size_t>(nq));
+    std::vector<Backend::AttentionQuery> batch(static_cast<size_t>(nq));
+    for (int64_t i = 0; i < nq; ++i) {
+        qs.push_back(f16_floats(size_t(kHeads * kWidth), 20 + uint32_t(i)));
+        outs[size_t(i)].assign(size_t(kHeads * kValue), 0.0f);
+        auto& a = batch[size_t(i)];
+        a.q = qs.back().data();
+        a.cache = cr;
+        if (i < int64_t(lens.size())) {
+            a.visible.n_dense = lens[size_t(i)];
+        } else {
+            a.visible.rows = picked.data();
+            a.visible.n_rows = int32_t(picked.size());
+        }
+        a.out = outs[size_t(i)].data();
+    }
+    const float scale = 0.0625f;
+    be->mla_attention(batch, kHeads, kValue, scale);
+    for (int64_t i = 0; i < nq; ++i) {
+        std::vector<float> alone(static_cast<size_t>(kHeads * kValue));
+        auto a = batch[size_t(i)];
+        a.out = alone.data();
+        be->mla_attention({&a, 1}, kHeads, kValue, scale);
+        EXPECT_TRUE(same_bits(alone.data(), outs[size_t(i)].data(), alone.size())) << "query " << i;
+        bool finite = true;
+        for (float v : alone) finite = finite && std::isfinite(v);
+        EXPECT_TRUE(finite);
+    }
+}
+
+}  // namespace
