@@ -56,6 +56,11 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
         if (first[size_t(e + 1)] > first[size_t(e)]) active.push_back(int32_t(e));
     const int64_t P = T * K;
 
+    // The shared expert runs as one more unit of the same passes (one task
+    // pool per phase instead of three products of its own), on every token.
+    const bool shared = bool(m.shared_gate);
+    const int64_t S = shared ? m.shared_gate.rows : 0;
+
     // Activations of every slot, in slot order, for the gate and up types.
     auto gather = [&](ByteBuffer& buf, quant::Type type, size_t& arow) {
         const uint8_t* a = quantize_acts(act_buf_, type, E, 1, x, E, 0, T, arow);
@@ -64,46 +69,98 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
             std::memcpy(g + size_t(slot_of[size_t(i)]) * arow, a + size_t(i / K) * arow, arow);
         return static_cast<const uint8_t*>(g);
     };
+    auto same_acts = [](const Weight& a, const Weight& b) {
+        return quant::traits(a.type).vec_dot_type == quant::traits(b.type).vec_dot_type;
+    };
     size_t arow_g = 0, arow_u = 0;
     const uint8_t* xg = gather(moe_gate_buf_, m.gate.type, arow_g);
     const uint8_t* xu = xg;
-    if (quant::traits(m.up.type).vec_dot_type != quant::traits(m.gate.type).vec_dot_type)
+    if (!same_acts(m.up, m.gate))
         xu = gather(moe_up_buf_, m.up.type, arow_u);
     else
         arow_u = arow_g;
 
-    // out[(slot)][r] = W_e row r . act[slot] for the slots of expert e.
-    auto expert_rows = [&](const Weight& w, const uint8_t* act, size_t arow, float* out_rows,
-                           int64_t ld, int64_t i0, int64_t i1, int64_t e, std::vector<float>& tmp) {
-        const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
-        const quant::VecDotMultiFn multi = quant::vec_dot_multi_fn(w.type);
-        const int64_t s0 = first[size_t(e)], n = first[size_t(e + 1)] - s0;
+    // A unit is one expert's three matrices applied to its n activation rows.
+    struct Unit {
+        const Weight *gate, *up, *down;
+        int64_t slice, n, width;  // width: the hidden rows' (gate.rows)
+        const uint8_t *ag, *au, *ad;
+        size_t arow_g, arow_u, arow_d;
+        float *g, *u, *o;  // first output row of each projection
+    };
+    // Gate and up outputs: routed rows are F wide (slot order), the shared
+    // expert's S wide after them. Persistent, uninitialised buffers: these
+    // are tens of MB in prefill, and fresh zeroed allocations cost page
+    // faults on every layer.
+    const size_t hidden = size_t(P * F + T * S);
+    float* g = moe_floats(moe_g_, hidden);
+    float* u = moe_floats(moe_u_, hidden);
+    float* eo = moe_floats(moe_eo_, size_t((P + (shared ? T : 0)) * E));
+    std::vector<Unit> units;
+    for (int32_t e : active) {
+        const int64_t s0 = first[size_t(e)];
+        units.push_back({&m.gate, &m.up, &m.down, e, first[size_t(e + 1)] - s0, F,
+                         xg + size_t(s0) * arow_g, xu + size_t(s0) * arow_u, nullptr, arow_g,
+                         arow_u, 0, g + s0 * F, u + s0 * F, eo + s0 * E});
+    }
+    if (shared) {
+        // Token order: the routed activations before the gather serve when
+        // the formats agree.
+        Unit sh{&m.shared_gate, &m.shared_up, &m.shared_down, 0, T, S,
+                nullptr,        nullptr,      nullptr,        0, 0, 0,
+                g + P * F,      u + P * F,    eo + P * E};
+        sh.ag = quantize_acts(moe_sh_g_, m.shared_gate.type, E, 1, x, E, 0, T, sh.arow_g);
+        sh.au = sh.ag;
+        sh.arow_u = sh.arow_g;
+        if (!same_acts(m.shared_up, m.shared_gate))
+            sh.au = quantize_acts(moe_sh_u_, m.shared_up.type, E, 1, x, E, 0, T, sh.arow_u);
+        units.push_back(sh);
+    }
+
+    // out[j * ld + r] = W row r . act row j, rows [i0, i1) of one slice.
+    auto unit_rows = [&](const Weight& w, int64_t slice, const uint8_t* act, size_t arow, int64_t n,
+                         float* out_rows, int64_t ld, int64_t i0, int64_t i1,
+                         std::vector<float>& tmp) {
         if (w.repacked) {
-            repacked_rows(w, e, i0, i1, act + size_t(s0) * arow, arow, n, out_rows + s0 * ld, ld);
+            repacked_rows(w, slice, i0, i1, act, arow, n, out_rows, ld);
             return;
         }
+        const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
+        const quant::VecDotMultiFn multi = quant::vec_dot_multi_fn(w.type);
         tmp.resize(size_t(n));
         for (int64_t r = i0; r < i1; ++r) {
-            const uint8_t* wr = w.row(r, e);
-            const uint8_t* a0 = act + size_t(s0) * arow;
+            const uint8_t* wr = w.row(r, slice);
             if (multi && n > 1)
-                multi(w.cols, wr, a0, arow, n, tmp.data());
+                multi(w.cols, wr, act, arow, n, tmp.data());
             else
                 for (int64_t j = 0; j < n; ++j)
-                    tmp[size_t(j)] = dot(w.cols, wr, a0 + size_t(j) * arow);
-            for (int64_t j = 0; j < n; ++j) out_rows[(s0 + j) * ld + r] = tmp[size_t(j)];
+                    tmp[size_t(j)] = dot(w.cols, wr, act + size_t(j) * arow);
+            for (int64_t j = 0; j < n; ++j) out_rows[j * ld + r] = tmp[size_t(j)];
         }
     };
-    // Row chunks are whole groups when either weight of the pass is repacked.
-    auto for_expert_rows = [&](const Weight& w1, const Weight& w2, int64_t rows,
-                               const std::function<void(int64_t, int64_t, int64_t, int)>& fn) {
-        const int64_t want = rows * int64_t(active.size()) / (8 * pool_.size());
-        const int64_t grain = std::max(row_grain(w1, want), row_grain(w2, want));
-        const int64_t chunks = (rows + grain - 1) / grain;
-        pool_.parallel_for(int64_t(active.size()) * chunks, 1, [&](int64_t b, int64_t e_, int ith) {
-            for (int64_t task = b; task < e_; ++task) {
-                const int64_t r0 = (task % chunks) * grain;
-                fn(active[size_t(task / chunks)], r0, std::min(rows, r0 + grain), ith);
+    // fn(unit, r0, r1, thread) over row chunks of every unit (rows_of(unit)
+    // rows each), whole groups when either weight is repacked.
+    struct Task {
+        size_t unit;
+        int64_t r0, r1;
+    };
+    std::vector<Task> tasks;
+    auto for_unit_rows = [&](auto rows_of, auto weights_of, auto fn) {
+        int64_t total = 0;
+        for (const Unit& un : units) total += rows_of(un);
+        const int64_t want = total / (8 * pool_.size());
+        tasks.clear();
+        for (size_t i = 0; i < units.size(); ++i) {
+            const auto [w1, w2] = weights_of(units[i]);
+            const int64_t rows = rows_of(units[i]);
+            const int64_t grain = std::max(row_grain(*w1, want), row_grain(*w2, want));
+            for (int64_t r0 = 0; r0 < rows; r0 += grain)
+                tasks.push_back({i, r0, std::min(rows, r0 + grain)});
+        }
+        pool_.parallel_for(int64_t(tasks.size()), 1, [&](int64_t b, int64_t e_, int ith) {
+            for (int64_t t = b; t < e_; ++t) {
+                const Task& tk = tasks[size_t(t)];
+                fn(units[tk.unit], tk.r0, tk.r1, per_thread_[size_t(ith)].row);
             }
         });
     };
@@ -111,29 +168,46 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     phase.reset();
     phase.emplace(profile_, "moe.gate_up");
     // Gate and up projections, SwiGLU.
-    // Persistent, uninitialised buffers: these are tens of MB in prefill, and
-    // fresh zeroed allocations cost page faults on every layer.
-    float* g = moe_floats(moe_g_, size_t(P * F));
-    float* u = moe_floats(moe_u_, size_t(P * F));
-    for_expert_rows(m.gate, m.up, F, [&](int64_t e, int64_t r0, int64_t r1, int ith) {
-        std::vector<float>& tmp = per_thread_[size_t(ith)].row;
-        expert_rows(m.gate, xg, arow_g, g, F, r0, r1, e, tmp);
-        expert_rows(m.up, xu, arow_u, u, F, r0, r1, e, tmp);
-    });
+    for_unit_rows(
+        [](const Unit& un) { return un.width; },
+        [](const Unit& un) {
+            return std::pair{un.gate, un.up};
+        },
+        [&](const Unit& un, int64_t r0, int64_t r1, std::vector<float>& tmp) {
+            unit_rows(*un.gate, un.slice, un.ag, un.arow_g, un.n, un.g, un.width, r0, r1, tmp);
+            unit_rows(*un.up, un.slice, un.au, un.arow_u, un.n, un.u, un.width, r0, r1, tmp);
+        });
     swiglu(g, u, P, F, F, m.clamp_routed, g);
+    if (shared) swiglu(g + P * F, u + P * F, T, S, S, m.clamp_shared, g + P * F);
 
     phase.reset();
     phase.emplace(profile_, "moe.down");
-    // Down projections (the hidden rows are already in slot order).
+    // Down projections (the hidden rows are already in unit order).
     size_t arow_h = 0;
     const uint8_t* ah = quantize_acts(act_buf_, m.down.type, F, 1, g, F, 0, P, arow_h);
-    float* eo = moe_floats(moe_eo_, size_t(P * E));
-    for_expert_rows(m.down, m.down, E, [&](int64_t e, int64_t r0, int64_t r1, int ith) {
-        expert_rows(m.down, ah, arow_h, eo, E, r0, r1, e, per_thread_[size_t(ith)].row);
-    });
+    for (Unit& un : units)
+        if (un.down == &m.down) {
+            un.ad = ah + size_t(un.g - g) / size_t(F) * arow_h;
+            un.arow_d = arow_h;
+        }
+    if (shared) {
+        Unit& sh = units.back();
+        sh.ad = quantize_acts(act_buf2_, m.shared_down.type, S, 1, g + P * F, S, 0, T, sh.arow_d);
+    }
+    for_unit_rows([&](const Unit&) { return E; },
+                  [](const Unit& un) {
+                      return std::pair{un.down, un.down};
+                  },
+                  [&](const Unit& un, int64_t r0, int64_t r1, std::vector<float>& tmp) {
+                      unit_rows(*un.down, un.slice, un.ad, un.arow_d, un.n, un.o, E, r0, r1, tmp);
+                  });
     weight_bytes_ += active.size() * (m.gate.slice_bytes + m.up.slice_bytes + m.down.slice_bytes);
+    if (shared)
+        weight_bytes_ +=
+            m.shared_gate.slice_bytes + m.shared_up.slice_bytes + m.shared_down.slice_bytes;
 
-    // Weighted sum in selection order.
+    phase.reset();
+    // Weighted sum in selection order, then the shared expert (unweighted).
     for (int64_t t = 0; t < T; ++t) {
         float* o = out + t * E;
         for (int64_t k = 0; k < K; ++k) {
@@ -144,21 +218,10 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
             else
                 for (int64_t i = 0; i < E; ++i) o[i] += src[i] * wk;
         }
-    }
-
-    phase.reset();
-    phase.emplace(profile_, "moe.shared");
-    // The shared expert sees every token, unweighted.
-    if (m.shared_gate) {
-        const int64_t S = m.shared_gate.rows;
-        float* sg = moe_floats(moe_g_, size_t(T * S));
-        float* su = moe_floats(moe_u_, size_t(T * S));
-        float* so = moe_floats(moe_eo_, size_t(T * E));
-        products(m.shared_gate, 1, x, E, 0, T, sg, S, 0);
-        products(m.shared_up, 1, x, E, 0, T, su, S, 0);
-        swiglu(sg, su, T, S, S, m.clamp_shared, sg);
-        products(m.shared_down, 1, sg, S, 0, T, so, E, 0);
-        for (int64_t i = 0; i < T * E; ++i) out[i] += so[i];
+        if (shared) {  // unweighted
+            const float* so = eo + (P + t) * E;
+            for (int64_t i = 0; i < E; ++i) o[i] += so[i];
+        }
     }
 }
 
