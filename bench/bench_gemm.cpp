@@ -7,6 +7,8 @@
 //                                8 tokens at a time, as the matmul calls it)
 //   gemm/<TYPE>/single/t<N>    : vec_dot_fn per (row, token): the baseline
 //   gemm/<TYPE>/<kernel>/stream/t1 : the GEMV over a 256 MiB matrix (memory bound)
+//   gemm/<TYPE>/repack16/stream/t<N> : N = 2, 4, 8 tokens over the same matrix
+//                                (batched decode: still one pass over DRAM)
 //
 // Shapes: rows of 2048 values (Q5_0 and IQ4_NL: 192, the attn_k_b rows), a
 // 256-row matrix (Q5_0 t512: 512 rows, one attn_k_b head in prefill).
@@ -15,9 +17,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "quant/ops.h"
 #include "quant/quant.h"
@@ -62,6 +67,28 @@ std::vector<uint8_t> acts(Type t, int64_t cols, int64_t n_tok) {
     return a;
 }
 
+// Repacked weights live where the loader puts them (TensorSource::own): page
+// aligned anonymous memory, huge pages where the kernel grants them. (A
+// std::vector's 16-byte alignment would split every 64-byte load over two
+// cache lines.)
+class PageBuffer {
+  public:
+    explicit PageBuffer(size_t bytes) : n_((bytes + 4095) / 4096 * 4096) {
+        void* p = ::mmap(nullptr, n_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) throw std::bad_alloc();
+        ::madvise(p, n_, MADV_HUGEPAGE);
+        p_ = static_cast<uint8_t*>(p);
+    }
+    ~PageBuffer() { ::munmap(p_, n_); }
+    PageBuffer(const PageBuffer&) = delete;
+    PageBuffer& operator=(const PageBuffer&) = delete;
+    uint8_t* data() const { return p_; }
+
+  private:
+    size_t n_;
+    uint8_t* p_;
+};
+
 void set_rate(benchmark::State& state, int64_t macs_per_iter) {
     state.counters["GMAC/s"] = benchmark::Counter(double(macs_per_iter) * 1e-9,
                                                   benchmark::Counter::kIsIterationInvariantRate);
@@ -84,11 +111,8 @@ void BM_Gemm(benchmark::State& state, Type t, Kernel k, int64_t n_tok, int64_t r
     const auto w = weights(t, cols, rows);
     const auto a = acts(t, cols, n_tok);
     const size_t rb = row_size(t, cols), arow = row_size(traits(t).vec_dot_type, cols);
-    std::vector<uint8_t> packed;
-    if (k == Kernel::Repack) {
-        packed.resize(repacked_bytes(t, cols, rows));
-        repack(t, w.data(), packed.data(), cols, rows);
-    }
+    PageBuffer packed(k == Kernel::Repack ? repacked_bytes(t, cols, rows) : 1);
+    if (k == Kernel::Repack) repack(t, w.data(), packed.data(), cols, rows);
     std::vector<float> y(size_t(rows * n_tok));
     for (auto _ : state) {
         switch (k) {
@@ -128,7 +152,7 @@ int register_all() {
         benchmark::RegisterBenchmark(nm.c_str(), BM_Gemm, t, k, n, rows);
     };
     for (Type t : {Type::Q4_K, Type::Q6_K}) {
-        for (int64_t n : {1, 4, 8, 16, 32, 64})
+        for (int64_t n : {1, 2, 4, 8, 16, 32, 64})
             for (Kernel k : {Kernel::Repack, Kernel::Multi, Kernel::Single}) {
                 if (k == Kernel::Multi && n == 1) continue;
                 add(t, k, n, 256);
@@ -136,7 +160,7 @@ int register_all() {
     }
     for (Type t : {Type::Q5_0, Type::Q8_0, Type::IQ4_NL, Type::IQ2_XXS}) {
         const bool rp = t == Type::Q5_0 || t == Type::Q8_0;
-        for (int64_t n : {1, 4, 8, 16, 64})
+        for (int64_t n : {1, 2, 4, 8, 16, 64})
             for (Kernel k : {Kernel::Repack, Kernel::Multi, Kernel::Single}) {
                 if ((k == Kernel::Multi && n == 1) || (k == Kernel::Repack && !rp)) continue;
                 if (n == 16 && !rp) continue;
@@ -146,10 +170,13 @@ int register_all() {
         if (t == Type::Q5_0)
             for (Kernel k : {Kernel::Repack, Kernel::Single}) add(t, k, 512, 512);
     }
-    // Decode's GEMV against a matrix far larger than the caches.
+    // Decode against a matrix far larger than the caches: the GEMV, and the
+    // small tiles of batched decode (2-8 sequences, or an expert's 1-4
+    // tokens), which read the weights once per call too.
     for (Type t : {Type::Q4_K, Type::Q6_K, Type::Q8_0, Type::Q5_0}) {
         const int64_t big = (int64_t(256) << 20) / int64_t(row_size(t, cols_of(t))) / 16 * 16;
         for (Kernel k : {Kernel::Repack, Kernel::Single}) add(t, k, 1, big, "/stream");
+        for (int64_t n : {2, 4, 8}) add(t, Kernel::Repack, n, big, "/stream");
     }
     return 0;
 }
