@@ -43,18 +43,20 @@ inline __m512i load(const void* p) {
     return _mm512_loadu_si512(p);
 }
 
-// Asks for the Bytes at base + ahead into L1. The single-token kernels
-// (memory bound on large matrices) prefetch the block two ahead of the one
-// they compute, a few lines per step: the hardware prefetchers alone reach a
-// fraction of the bandwidth on these streams. The address is computed as an
-// integer: past the end of the matrix it is harmless (prefetches do not
-// fault).
+// Asks for the Bytes at base + ahead into L1. The single-token K-quant
+// kernels (memory bound on large matrices) prefetch the block two ahead of
+// the one they compute, a few lines per step: the hardware prefetchers alone reach a fraction of
+// the bandwidth on these streams. The address is computed as an integer: past the end of the matrix
+// it is harmless (prefetches do not fault). Volatile asm rather than _mm_prefetch: GCC counts the
+// prefetch builtin as free of side effects, so a function holding only prefetches that is not
+// inlined early is found const and its calls deleted (which is how the Q5_0 / Q8_0 GEMV's prefetch
+// had silently vanished).
 template <int Bytes>
 inline void prefetch(const void* base, size_t ahead) {
     const uintptr_t p = reinterpret_cast<uintptr_t>(base) + ahead;
 #pragma GCC unroll 8
     for (int i = 0; i < Bytes; i += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(p + size_t(i)), _MM_HINT_T0);
+        asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(p + size_t(i))));
 }
 
 // 4 activation bytes in every lane (vpdpbusd's embedded broadcast).
@@ -383,6 +385,12 @@ void q6k_gemv(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* ou
 // sign onto the activation, which wraps for an activation of -128; the
 // activation quantizer writes no -128 for finite inputs, and for those both
 // are the true dot.
+//
+// No software prefetch here: the groups are read front to back, and with
+// the weights in huge pages (as the loader maps them) the hardware
+// prefetchers keep up. Prefetching the pair two ahead (one token), or the
+// next group into L2 while several tokens pass over this one, measured no
+// gain or a loss.
 
 // One Q8_0 activation block, prepared once per call.
 struct alignas(32) LegacyAct {
@@ -428,9 +436,7 @@ inline void legacy_dots(const __m512i* w, const LegacyAct& y, __m512i* dot) {
 
 // One token against one group: the 16 rows' results. Src gives block b's 8
 // level vectors and its 16 weight scales as floats.
-// Stream: prefetch the pair two ahead (one token: a pass over a matrix that
-// does not stay in cache).
-template <bool Stream, typename Src>
+template <typename Src>
 inline __m512 legacy_row(int64_t nb, const Src& src, const LegacyAct* a) {
     __m512 acc[16];
 #pragma GCC unroll 16
@@ -439,7 +445,6 @@ inline __m512 legacy_row(int64_t nb, const Src& src, const LegacyAct* a) {
     for (int64_t p = 0; p < np; ++p) {
 #pragma GCC unroll 2
         for (int e = 0; e < 2; ++e) {
-            if constexpr (Stream) src.prefetch_pair(p, e);
             __m512i w[8];
             __m512 dx;
             src.block(2 * p + e, w, dx);
@@ -486,23 +491,10 @@ inline __m512 scales16(const uint16_t* d) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
 }
 
-// Half e of pair p + 2 of a group of Pair units (for the next group's first
-// pairs when p is near the end: groups are consecutive).
-template <typename Pair>
-inline void prefetch_pair_ahead(const uint8_t* group, int64_t p, int e) {
-    constexpr int first = (sizeof(Pair) / 2 + 63) / 64 * 64;
-    const uint8_t* u = group + size_t(p) * sizeof(Pair);
-    if (e == 0)
-        prefetch<first>(u, 2 * sizeof(Pair));
-    else
-        prefetch<int(sizeof(Pair)) - first>(u, 2 * sizeof(Pair) + first);
-}
-
 // Q8_0 levels are stored ready (+128).
 struct Q80Src {
     const uint8_t* group;
     int64_t nb;
-    void prefetch_pair(int64_t p, int e) const { prefetch_pair_ahead<Q80GroupPair>(group, p, e); }
     void block(int64_t b, __m512i* w, __m512& dx) const {
         legacy_unit<Q80GroupPair, Q80GroupOne>(group, nb, b, [&](const auto& u, int e) {
 #pragma GCC unroll 8
@@ -516,7 +508,6 @@ struct Q80Src {
 struct Q50Src {
     const uint8_t* group;
     int64_t nb;
-    void prefetch_pair(int64_t p, int e) const { prefetch_pair_ahead<Q50GroupPair>(group, p, e); }
     void block(int64_t b, __m512i* w, __m512& dx) const {
         legacy_unit<Q50GroupPair, Q50GroupOne>(group, nb, b, [&](const auto& u, int e) {
             const __m512i low4 = _mm512_set1_epi8(0x0F), five = _mm512_set1_epi8(0x10);
@@ -542,7 +533,6 @@ struct alignas(64) DecodedBlock {
 
 struct DecodedSrc {
     const DecodedBlock* blocks;
-    void prefetch_pair(int64_t, int) const {}
     void block(int64_t b, __m512i* out, __m512& d) const {
 #pragma GCC unroll 8
         for (int c = 0; c < 8; ++c) out[c] = _mm512_load_si512(blocks[b].w[c]);
@@ -578,13 +568,13 @@ void legacy_gemm(int64_t nb, const uint8_t* groups, size_t group_bytes, int64_t 
                 const DecodedSrc dec{dec_buf.data()};
                 for (int64_t t = 0; t < nt; ++t)
                     _mm512_storeu_ps(y_rows[t0 + t] + kRows * g,
-                                     legacy_row<false>(nb, dec, act.data() + t * nb));
+                                     legacy_row(nb, dec, act.data() + t * nb));
             } else if (nt == 1) {
-                _mm512_storeu_ps(y_rows[t0] + kRows * g, legacy_row<true>(nb, src, act.data()));
+                _mm512_storeu_ps(y_rows[t0] + kRows * g, legacy_row(nb, src, act.data()));
             } else {
                 for (int64_t t = 0; t < nt; ++t)
                     _mm512_storeu_ps(y_rows[t0 + t] + kRows * g,
-                                     legacy_row<false>(nb, src, act.data() + t * nb));
+                                     legacy_row(nb, src, act.data() + t * nb));
             }
         }
     }
