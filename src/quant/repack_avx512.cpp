@@ -3,7 +3,9 @@
 // token's 4 activation bytes broadcast to all lanes, vpdpbusd accumulates.
 // K-quants: a group's super-block is decoded once per tile of up to 8
 // tokens (one token: a GEMV kernel that loads each weight vector once).
-// Q5_0 / Q8_0: see their section below.
+// Q5_0 / Q8_0: see their section below. With few tokens a large matrix is
+// read from DRAM once per call, and the K-quant kernels prefetch ahead in
+// software (see prefetch()).
 //
 // Exactness (K-quants): per (row, token, super-block) the kernels form the
 // same integers as the single-row kernels (isum = sum_j scale_j * dot_j, and
@@ -43,13 +45,15 @@ inline __m512i load(const void* p) {
     return _mm512_loadu_si512(p);
 }
 
-// Asks for the Bytes at base + ahead into L1. The single-token K-quant
-// kernels (memory bound on large matrices) prefetch the block two ahead of
-// the one they compute, a few lines per step: the hardware prefetchers alone reach a fraction of
-// the bandwidth on these streams. The address is computed as an integer: past the end of the matrix
-// it is harmless (prefetches do not fault). Volatile asm rather than _mm_prefetch: GCC counts the
-// prefetch builtin as free of side effects, so a function holding only prefetches that is not
-// inlined early is found const and its calls deleted (which is how the Q5_0 / Q8_0 GEMV's prefetch
+// Asks for the Bytes at base + ahead into L1. The K-quant kernels stream a
+// matrix once per call (memory bound when it is large and the tokens few)
+// and prefetch the block two ahead of the one they compute, a few lines per
+// step: the hardware prefetchers alone reach a fraction of the bandwidth on
+// these streams. The address is computed as an integer: past the end of the
+// matrix it is harmless (prefetches do not fault). Volatile asm rather than
+// _mm_prefetch: GCC counts the prefetch builtin as free of side effects, so
+// a function holding only prefetches that is not inlined early is found
+// const and its calls deleted (which is how the Q5_0 / Q8_0 GEMV's prefetch
 // had silently vanished).
 template <int Bytes>
 inline void prefetch(const void* base, size_t ahead) {
@@ -147,13 +151,13 @@ void q4k_tile(int64_t nb, const Q4KGroupBlock* gb, const ActBlock* ab, float* co
         const Q4KGroupBlock& g = gb[b];
         const ActBlock& a = ab[b];
         constexpr size_t ahead = 2 * sizeof(Q4KGroupBlock);
-        if constexpr (T == 1) prefetch<320>(&g, ahead);  // d, dmin, scales and mins
+        prefetch<320>(&g, ahead);  // d, dmin, scales and mins
         __m512i isum[T];
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
 #pragma GCC unroll 1
         for (int k = 0; k < 4; ++k) {
-            if constexpr (T == 1) prefetch<512>(&g.qs[k][0], ahead);
+            prefetch<512>(&g.qs[k][0], ahead);
             __m512i w[8];
 #pragma GCC unroll 8
             for (int c = 0; c < 8; ++c) w[c] = _mm512_and_si512(load(g.qs[k][c]), low4);
