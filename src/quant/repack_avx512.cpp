@@ -1,11 +1,11 @@
 // AVX-512 VNNI GEMM over the repacked 16-row groups (repack.h,
 // repack_kernels.h): weights of the 16 rows in the 16 int32 lanes, one
 // token's 4 activation bytes broadcast to all lanes, vpdpbusd accumulates.
-// K-quants: a group's super-block is decoded once per tile of up to 8
-// tokens (one token: a GEMV kernel that loads each weight vector once).
-// Q5_0 / Q8_0: see their section below. With few tokens a large matrix is
-// read from DRAM once per call, and the K-quant kernels prefetch ahead in
-// software (see prefetch()).
+// Q4_K: a group's super-block is decoded once per tile of up to 16 tokens.
+// Q6_K: passes of up to 4 tokens over the group, each loading every weight
+// vector once in layout order. Q5_0 / Q8_0: see their section below. With
+// few tokens a large matrix is read from DRAM once per call, and the
+// K-quant kernels prefetch ahead in software (see prefetch()).
 //
 // Exactness (K-quants): per (row, token, super-block) the kernels form the
 // same integers as the single-row kernels (isum = sum_j scale_j * dot_j, and
@@ -197,86 +197,89 @@ void q4k_tile(int64_t nb, const Q4KGroupBlock* gb, const ActBlock* ab, float* co
 }
 
 // ---------------------------------------------------------------- Q6_K
-// u6 = low nibble | top bits << 4; q = u6 - 32, so per sub-block
-// sum(q * y) = sum(u6 * y) - 32 * bsum, and the correction of the whole block
-// is 32 * sum_j scale_j * bsum_j (one vpdpwssd per pair of sub-blocks).
-template <int T>
-inline void q6k_sub_block(const __m512i* w, __m512i sc, const int8_t* q, __m512i* isum) {
-    const __m512i zero = _mm512_setzero_si512();
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) {
-        const int8_t* qt = q + t * QK_K;
-        __m512i s0 = _mm512_dpbusd_epi32(zero, w[0], bcast4(qt));
-        __m512i s1 = _mm512_dpbusd_epi32(zero, w[1], bcast4(qt + 4));
-        s0 = _mm512_dpbusd_epi32(s0, w[2], bcast4(qt + 8));
-        s1 = _mm512_dpbusd_epi32(s1, w[3], bcast4(qt + 12));
-        isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
-    }
-}
-
-// The levels of sub-block 8h + 2s + ch (values 128h + 32s + 16ch ..).
-template <int s>
-inline void q6k_levels(const Q6KGroupBlock& g, int h, int ch, __m512i* w) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) {
-        const int c = 4 * ch + k;
-        const __m512i l = load((s & 1) ? g.half[h].lq[c].ql1 : g.half[h].lq[c].ql);
-        const __m512i lo = _mm512_and_si512(s < 2 ? l : _mm512_srli_epi16(l, 4), low4);
-        const __m512i hb = load(g.half[h].lq[c].qh);
-        // Bits 2s, 2s+1 of each byte moved to bits 4, 5.
-        __m512i hi;
-        if constexpr (s == 0)
-            hi = _mm512_slli_epi16(hb, 4);
-        else if constexpr (s == 1)
-            hi = _mm512_slli_epi16(hb, 2);
-        else if constexpr (s == 2)
-            hi = hb;
-        else
-            hi = _mm512_srli_epi16(hb, 2);
-        w[k] = _mm512_ternarylogic_epi32(lo, hi, top2, 0xD8);  // top2 ? hi : lo
-    }
-}
-
-// q: the activation tile's first token's values (QK_K apart per token).
-template <int T, int s>
-inline void q6k_pair(const Q6KGroupBlock& g, const int8_t* q, int h, __m512i* isum) {
-    // Scales of sub-blocks 8h + 2s (low words) and 8h + 2s + 1 (high words).
-    const __m512i pair = _mm512_cvtepi8_epi16(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.scales[4 * h + s])));
-    __m512i w[4];
-    q6k_levels<s>(g, h, 0, w);
-    q6k_sub_block<T>(w, _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), q + 128 * h + 32 * s,
-                     isum);
-    q6k_levels<s>(g, h, 1, w);
-    q6k_sub_block<T>(w, _mm512_srai_epi32(pair, 16), q + 128 * h + 32 * s + 16, isum);
-}
-
-// Tokens T0 .. T0 + T - 1 of the activation tile.
+// Tokens T0 .. T0 + T - 1 of the activation tile (T <= 4: the 4 x T
+// integer sums of a chunk live in registers). Every weight vector is loaded
+// once, in layout order; the first pass over a group prefetches two blocks
+// ahead (the hardware prefetchers alone left the stream at half the
+// bandwidth with one token, at 60-90% of it with 2-8). Per chunk c of half h the
+// three vectors give the levels u6 = low nibble | top bits << 4 of values
+// 128h + 32j + 4c.. for j = 0..3 (sub-blocks 8h + 2j + c / 4). The level is
+// q = u6 - 32, so per sub-block sum(q * y) = sum(u6 * y) - 32 * bsum, and
+// the correction of the whole block is 32 * sum_j scale_j * bsum_j (one
+// vpdpwssd per pair of sub-blocks). isum = sum_j scale_j * dot_j is the
+// single-row kernel's integer, summed in another order (exact in int32).
 template <int T, int T0>
-void q6k_tile(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* const* out,
-              int64_t off) {
-    TileSums acc;
-    for (int t = 0; t < T; ++t) _mm512_store_ps(acc.v[t], _mm512_setzero_ps());
+void q6k_stream(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* const* out,
+                int64_t off) {
+    static_assert(T >= 1 && T <= 4);
+    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const Q6KGroupBlock& g = gb[b];
-        const ActBlock& a = ab[b];
+        const int8_t* q = ab[b].qs[T0];
+        constexpr size_t ahead = 2 * sizeof(Q6KGroupBlock);
+        // Later passes over the group find it in cache.
+        constexpr bool pf = T0 == 0;
+        if constexpr (pf) prefetch<320>(&g, ahead);  // d and scales
         __m512i isum[T];
-#pragma GCC unroll 16
-        for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) isum[t] = zero;
 #pragma GCC unroll 1
         for (int h = 0; h < 2; ++h) {
-            q6k_pair<T, 0>(g, a.qs[T0], h, isum);
-            q6k_pair<T, 1>(g, a.qs[T0], h, isum);
-            q6k_pair<T, 2>(g, a.qs[T0], h, isum);
-            q6k_pair<T, 3>(g, a.qs[T0], h, isum);
+            const Q6KGroupBlock::Half& hf = g.half[h];
+#pragma GCC unroll 2
+            for (int ch = 0; ch < 2; ++ch) {
+                __m512i s[4][T];
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 4
+                    for (int t = 0; t < T; ++t) s[j][t] = zero;
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; ++k) {
+                    const int c = 4 * ch + k;
+                    if constexpr (pf) prefetch<192>(&hf.lq[c], ahead);
+                    const __m512i l0 = load(hf.lq[c].ql), l1 = load(hf.lq[c].ql1);
+                    const __m512i qh = load(hf.lq[c].qh);
+                    const int8_t* qc = q + 128 * h + 4 * c;
+                    const __m512i w0 = _mm512_ternarylogic_epi32(
+                        _mm512_and_si512(l0, low4), _mm512_slli_epi16(qh, 4), top2, 0xD8);
+                    const __m512i w1 = _mm512_ternarylogic_epi32(
+                        _mm512_and_si512(l1, low4), _mm512_slli_epi16(qh, 2), top2, 0xD8);
+                    const __m512i w2 = _mm512_ternarylogic_epi32(
+                        _mm512_and_si512(_mm512_srli_epi16(l0, 4), low4), qh, top2, 0xD8);
+                    const __m512i w3 =
+                        _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
+                                                  _mm512_srli_epi16(qh, 2), top2, 0xD8);
+#pragma GCC unroll 4
+                    for (int t = 0; t < T; ++t) {
+                        const int8_t* qt = qc + t * QK_K;
+                        s[0][t] = _mm512_dpbusd_epi32(s[0][t], w0, bcast4(qt));
+                        s[1][t] = _mm512_dpbusd_epi32(s[1][t], w1, bcast4(qt + 32));
+                        s[2][t] = _mm512_dpbusd_epi32(s[2][t], w2, bcast4(qt + 64));
+                        s[3][t] = _mm512_dpbusd_epi32(s[3][t], w3, bcast4(qt + 96));
+                    }
+                }
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j) {
+                    // Scale of sub-block 8h + 2j + ch: word ch of each row's pair.
+                    const __m512i pair = _mm512_cvtepi8_epi16(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.scales[4 * h + j])));
+                    const __m512i sc = ch == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16)
+                                               : _mm512_srai_epi32(pair, 16);
+#pragma GCC unroll 4
+                    for (int t = 0; t < T; ++t)
+                        isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s[j][t], sc));
+                }
+            }
         }
         const __m512 dx =
             _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.d)));
-        const __m512i zero = _mm512_setzero_si512();
-#pragma GCC unroll 16
+#pragma GCC unroll 4
         for (int t = 0; t < T; ++t) {
-            const int16_t* bs = a.bsums[T0 + t];
+            const int16_t* bs = ab[b].bsums[T0 + t];
             __m512i c0 = zero, c1 = zero;
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i += 2) {
@@ -290,86 +293,11 @@ void q6k_tile(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* co
                                          bcast4(bs + 2 * i + 2));
             }
             const __m512i corr = _mm512_slli_epi32(_mm512_add_epi32(c0, c1), 5);
-            _mm512_store_ps(acc.v[t], finish(_mm512_load_ps(acc.v[t]), dx, a.d[T0 + t],
-                                             _mm512_sub_epi32(isum[t], corr)));
+            acc[t] = finish(acc[t], dx, ab[b].d[T0 + t], _mm512_sub_epi32(isum[t], corr));
         }
     }
-    for (int t = 0; t < T; ++t) _mm512_storeu_ps(out[T0 + t] + off, _mm512_load_ps(acc.v[t]));
-}
-
-// One token (decode's GEMV, memory bound on large matrices): every weight
-// vector is loaded once, in layout order, and the next blocks are prefetched
-// (the hardware prefetchers alone left the stream at half the bandwidth). Per
-// chunk c of half h the three vectors give the levels of values 128h + 32j +
-// 4c.. for j = 0..3 (sub-blocks 8h + 2j + c / 4); the integer sums are the
-// tile kernel's, summed in another order (exact in int32).
-void q6k_gemv(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* out) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
-    const __m512i zero = _mm512_setzero_si512();
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const Q6KGroupBlock& g = gb[b];
-        const int8_t* q = ab[b].qs[0];
-        constexpr size_t ahead = 2 * sizeof(Q6KGroupBlock);
-        prefetch<320>(&g, ahead);  // d and scales
-        __m512i isum = zero;
-#pragma GCC unroll 1
-        for (int h = 0; h < 2; ++h) {
-            const Q6KGroupBlock::Half& hf = g.half[h];
-#pragma GCC unroll 2
-            for (int ch = 0; ch < 2; ++ch) {
-                __m512i s[4] = {zero, zero, zero, zero};
 #pragma GCC unroll 4
-                for (int k = 0; k < 4; ++k) {
-                    const int c = 4 * ch + k;
-                    prefetch<192>(&hf.lq[c], ahead);
-                    const __m512i l0 = load(hf.lq[c].ql), l1 = load(hf.lq[c].ql1);
-                    const __m512i qh = load(hf.lq[c].qh);
-                    const int8_t* qc = q + 128 * h + 4 * c;
-                    const __m512i w0 = _mm512_ternarylogic_epi32(
-                        _mm512_and_si512(l0, low4), _mm512_slli_epi16(qh, 4), top2, 0xD8);
-                    const __m512i w1 = _mm512_ternarylogic_epi32(
-                        _mm512_and_si512(l1, low4), _mm512_slli_epi16(qh, 2), top2, 0xD8);
-                    const __m512i w2 = _mm512_ternarylogic_epi32(
-                        _mm512_and_si512(_mm512_srli_epi16(l0, 4), low4), qh, top2, 0xD8);
-                    const __m512i w3 =
-                        _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
-                                                  _mm512_srli_epi16(qh, 2), top2, 0xD8);
-                    s[0] = _mm512_dpbusd_epi32(s[0], w0, bcast4(qc));
-                    s[1] = _mm512_dpbusd_epi32(s[1], w1, bcast4(qc + 32));
-                    s[2] = _mm512_dpbusd_epi32(s[2], w2, bcast4(qc + 64));
-                    s[3] = _mm512_dpbusd_epi32(s[3], w3, bcast4(qc + 96));
-                }
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j) {
-                    // Scale of sub-block 8h + 2j + ch: word ch of each row's pair.
-                    const __m512i pair = _mm512_cvtepi8_epi16(
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.scales[4 * h + j])));
-                    const __m512i sc = ch == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16)
-                                               : _mm512_srai_epi32(pair, 16);
-                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(s[j], sc));
-                }
-            }
-        }
-        const int16_t* bs = ab[b].bsums[0];
-        __m512i c0 = zero, c1 = zero;
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i += 2) {
-            c0 = _mm512_dpwssd_epi32(c0,
-                                     _mm512_cvtepi8_epi16(_mm256_loadu_si256(
-                                         reinterpret_cast<const __m256i*>(g.scales[i]))),
-                                     bcast4(bs + 2 * i));
-            c1 = _mm512_dpwssd_epi32(c1,
-                                     _mm512_cvtepi8_epi16(_mm256_loadu_si256(
-                                         reinterpret_cast<const __m256i*>(g.scales[i + 1]))),
-                                     bcast4(bs + 2 * i + 2));
-        }
-        const __m512i corr = _mm512_slli_epi32(_mm512_add_epi32(c0, c1), 5);
-        const __m512 dx =
-            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.d)));
-        acc = finish(acc, dx, ab[b].d[0], _mm512_sub_epi32(isum, corr));
-    }
-    _mm512_storeu_ps(out, acc);
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(out[T0 + t] + off, acc[t]);
 }
 
 // ---------------------------------------------------------------- Q8_0 / Q5_0
@@ -602,21 +530,26 @@ struct Q4KTile {
     }
 };
 
+// Tokens T0 .. T0 + T - 1 in passes of 4 over the group, the later passes
+// from cache. More tokens per pass spill the sums: the earlier 8-token tile
+// ran at 0.94x of two passes in cache and 0.8x from DRAM, and 16 tokens as
+// two passes of 8 at 0.87x of four passes of 4.
+template <int T, int T0>
+void q6k_passes(int64_t nb, const Q6KGroupBlock* g, const ActBlock* ab, float* const* out,
+                int64_t off) {
+    if constexpr (T <= 4) {
+        q6k_stream<T, T0>(nb, g, ab, out, off);
+    } else {
+        q6k_stream<4, T0>(nb, g, ab, out, off);
+        q6k_passes<T - 4, T0 + 4>(nb, g, ab, out, off);
+    }
+}
+
 template <int T>
 struct Q6KTile {
     static void run(int64_t nb, const void* gb, const ActBlock* ab, float* const* out,
                     int64_t off) {
-        const auto* g = static_cast<const Q6KGroupBlock*>(gb);
-        if constexpr (T == 1) {
-            q6k_gemv(nb, g, ab, out[0] + off);
-        } else if constexpr (T <= 8) {
-            q6k_tile<T, 0>(nb, g, ab, out, off);
-        } else {
-            // Over 8 tokens the integer sums no longer fit the registers
-            // with the levels: two passes of the group are faster.
-            q6k_tile<8, 0>(nb, g, ab, out, off);
-            q6k_tile<T - 8, 8>(nb, g, ab, out, off);
-        }
+        q6k_passes<T, 0>(nb, static_cast<const Q6KGroupBlock*>(gb), ab, out, off);
     }
 };
 
