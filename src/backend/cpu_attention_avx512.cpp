@@ -50,15 +50,6 @@ Scratch& scratch() {
     return s;
 }
 
-// The 16 lanes summed in a fixed order (halves, quarters, pairs, lanes).
-inline float hsum(__m512 v) {
-    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
-    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
-    v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
-    v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm512_cvtss_f32(v);
-}
-
 // dst[r][0..wp) = row j0 + r's first w values as floats, zero past w.
 void convert(const F16Rows& rows, int64_t j0, int64_t nr, int64_t w, int64_t wp, float* dst) {
     for (int64_t r = 0; r < nr; ++r) {
@@ -92,7 +83,7 @@ void score_tile(const float* q, const float* k, int64_t wp, float* s, int64_t ld
 #pragma GCC unroll 4
     for (int a = 0; a < A; ++a)
 #pragma GCC unroll 4
-        for (int b = 0; b < B; ++b) s[a * ld + b] = hsum(acc[a][b]);
+        for (int b = 0; b < B; ++b) s[a * ld + b] = _mm512_reduce_add_ps(acc[a][b]);
 }
 
 using ScoreTile = void (*)(const float*, const float*, int64_t, float*, int64_t);

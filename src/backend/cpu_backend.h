@@ -388,9 +388,8 @@ class CpuBackend final : public Backend {
         else
             std::memcpy(pt.q.data(), q.q + h0 * W, size_t(nh * W) * sizeof(float));
         pt.scores.resize(size_t(nh * n));
+        const F16Rows rows{c.data, c.row_bytes(), q.visible.n_dense > 0 ? nullptr : q.visible.rows};
         if (f16) {
-            const F16Rows rows{c.data, c.row_bytes(),
-                               q.visible.n_dense > 0 ? nullptr : q.visible.rows};
             sv.scores_f16(pt.q.data(), nh, W, rows, n, pt.scores.data(), n);
             for (float& v : pt.scores) v *= scale;
         } else {
@@ -402,8 +401,6 @@ class CpuBackend final : public Backend {
         }
         for (int64_t h = 0; h < nh; ++h) sv.softmax(pt.scores.data() + h * n, n, f16);
         if (f16) {
-            const F16Rows rows{c.data, c.row_bytes(),
-                               q.visible.n_dense > 0 ? nullptr : q.visible.rows};
             sv.weighted_sum_f16(pt.scores.data(), n, nh, rows, n, v_width, q.out + h0 * v_width);
             return;
         }

@@ -59,6 +59,7 @@ void f16_to_f32(int64_t n, const uint16_t* src, float* dst);
 float dot_f32_f16(int64_t n, const float* a, const uint16_t* b);
 void f32_to_f16(int64_t n, const float* src, uint16_t* dst);
 void round_f16(int64_t n, const float* x, float* y);
+void softmax(float* x, int64_t n, bool round_f16);
 }  // namespace scalar
 namespace avx2 {
 void axpy_f32(int64_t n, float a, const float* x, float* y);
@@ -68,9 +69,6 @@ float dot_f32_f16(int64_t n, const float* a, const uint16_t* b);
 void f32_to_f16(int64_t n, const float* src, uint16_t* dst);
 void round_f16(int64_t n, const float* x, float* y);
 }  // namespace avx2
-namespace scalar {
-void softmax(float* x, int64_t n, bool round_f16);
-}  // namespace scalar
 // The AVX-512 attention tiles (cpu_attention_avx512.cpp).
 namespace avx512 {
 void scores_f16(const float* q, int64_t nh, int64_t w, const F16Rows& rows, int64_t n, float* s,
