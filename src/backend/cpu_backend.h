@@ -521,7 +521,7 @@ class CpuBackend final : public Backend {
         return reinterpret_cast<float*>(b.get(n * sizeof(float)));
     }
 
-    ByteBuffer act_buf_, act_buf2_, moe_gate_buf_, moe_up_buf_, moe_sh_g_, moe_sh_u_, moe_g_,
+    ByteBuffer act_buf_, act_buf2_, moe_gate_buf_, moe_up_buf_, moe_tok_g_, moe_tok_u_, moe_g_,
         moe_u_, moe_eo_;
     std::atomic<uint64_t> weight_bytes_{0}, matmul_calls_{0};
 };

@@ -61,29 +61,31 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     const bool shared = bool(m.shared_gate);
     const int64_t S = shared ? m.shared_gate.rows : 0;
 
-    // Activations of every slot, in slot order, for the gate and up types.
-    auto gather = [&](ByteBuffer& buf, quant::Type type, size_t& arow) {
-        const uint8_t* a = quantize_acts(act_buf_, type, E, 1, x, E, 0, T, arow);
+    // Activations of every token in the gate and up formats (token order,
+    // kept for the shared expert), and of every slot in slot order.
+    auto same_acts = [](const Weight& a, const Weight& b) {
+        return quant::traits(a.type).vec_dot_type == quant::traits(b.type).vec_dot_type;
+    };
+    auto gather = [&](ByteBuffer& buf, const uint8_t* a, size_t arow) {
         uint8_t* g = buf.get(arow * size_t(P));
         for (int64_t i = 0; i < P; ++i)
             std::memcpy(g + size_t(slot_of[size_t(i)]) * arow, a + size_t(i / K) * arow, arow);
         return static_cast<const uint8_t*>(g);
     };
-    auto same_acts = [](const Weight& a, const Weight& b) {
-        return quant::traits(a.type).vec_dot_type == quant::traits(b.type).vec_dot_type;
-    };
-    size_t arow_g = 0, arow_u = 0;
-    const uint8_t* xg = gather(moe_gate_buf_, m.gate.type, arow_g);
-    const uint8_t* xu = xg;
+    size_t arow_g = 0;
+    const uint8_t* tg = quantize_acts(moe_tok_g_, m.gate.type, E, 1, x, E, 0, T, arow_g);
+    const uint8_t* tu = tg;
+    size_t arow_u = arow_g;
     if (!same_acts(m.up, m.gate))
-        xu = gather(moe_up_buf_, m.up.type, arow_u);
-    else
-        arow_u = arow_g;
+        tu = quantize_acts(moe_tok_u_, m.up.type, E, 1, x, E, 0, T, arow_u);
+    const uint8_t* xg = gather(moe_gate_buf_, tg, arow_g);
+    const uint8_t* xu = tu == tg ? xg : gather(moe_up_buf_, tu, arow_u);
 
-    // A unit is one expert's three matrices applied to its n activation rows.
+    // A unit is one expert's three matrices applied to its n activation rows,
+    // rows [a0, a0 + n) of its phase's activations and outputs.
     struct Unit {
         const Weight *gate, *up, *down;
-        int64_t slice, n, width;  // width: the hidden rows' (gate.rows)
+        int64_t slice, a0, n, width;  // width: the hidden rows' (gate.rows)
         const uint8_t *ag, *au, *ad;
         size_t arow_g, arow_u, arow_d;
         float *g, *u, *o;  // first output row of each projection
@@ -99,21 +101,35 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     std::vector<Unit> units;
     for (int32_t e : active) {
         const int64_t s0 = first[size_t(e)];
-        units.push_back({&m.gate, &m.up, &m.down, e, first[size_t(e + 1)] - s0, F,
+        units.push_back({&m.gate, &m.up, &m.down, e, s0, first[size_t(e + 1)] - s0, F,
                          xg + size_t(s0) * arow_g, xu + size_t(s0) * arow_u, nullptr, arow_g,
                          arow_u, 0, g + s0 * F, u + s0 * F, eo + s0 * E});
     }
     if (shared) {
-        // Token order: the routed activations before the gather serve when
-        // the formats agree.
-        Unit sh{&m.shared_gate, &m.shared_up, &m.shared_down, 0, T, S,
-                nullptr,        nullptr,      nullptr,        0, 0, 0,
-                g + P * F,      u + P * F,    eo + P * E};
-        sh.ag = quantize_acts(moe_sh_g_, m.shared_gate.type, E, 1, x, E, 0, T, sh.arow_g);
-        sh.au = sh.ag;
-        sh.arow_u = sh.arow_g;
-        if (!same_acts(m.shared_up, m.shared_gate))
-            sh.au = quantize_acts(moe_sh_u_, m.shared_up.type, E, 1, x, E, 0, T, sh.arow_u);
+        // Token order: the routed experts' token-order activations serve
+        // where the formats agree.
+        Unit sh{};
+        sh.gate = &m.shared_gate;
+        sh.up = &m.shared_up;
+        sh.down = &m.shared_down;
+        sh.n = T;
+        sh.width = S;
+        sh.g = g + P * F;
+        sh.u = u + P * F;
+        sh.o = eo + P * E;
+        auto token_acts = [&](const Weight& w, ByteBuffer& own, size_t& arow) {
+            if (same_acts(w, m.gate)) {
+                arow = arow_g;
+                return tg;
+            }
+            if (same_acts(w, m.up)) {
+                arow = arow_u;
+                return tu;
+            }
+            return quantize_acts(own, w.type, E, 1, x, E, 0, T, arow);
+        };
+        sh.ag = token_acts(m.shared_gate, act_buf_, sh.arow_g);
+        sh.au = token_acts(m.shared_up, act_buf2_, sh.arow_u);
         units.push_back(sh);
     }
 
@@ -187,7 +203,7 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     const uint8_t* ah = quantize_acts(act_buf_, m.down.type, F, 1, g, F, 0, P, arow_h);
     for (Unit& un : units)
         if (un.down == &m.down) {
-            un.ad = ah + size_t(un.g - g) / size_t(F) * arow_h;
+            un.ad = ah + size_t(un.a0) * arow_h;
             un.arow_d = arow_h;
         }
     if (shared) {
