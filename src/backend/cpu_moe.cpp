@@ -154,29 +154,32 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
             for (int64_t j = 0; j < n; ++j) out_rows[j * ld + r] = tmp[size_t(j)];
         }
     };
-    // fn(unit, r0, r1, thread) over row chunks of every unit (rows_of(unit)
-    // rows each), whole groups when either weight is repacked.
+    // fn(unit, matrix, r0, r1, thread) over row chunks of matrices [0, n_mat)
+    // of every unit (rows_of(unit) rows each), whole groups when the weight
+    // is repacked. A task reads one matrix: one memory stream per task
+    // measured 1.5% faster decode than a task over gate and up rows at once.
     struct Task {
         size_t unit;
+        int mat;
         int64_t r0, r1;
     };
     std::vector<Task> tasks;
-    auto for_unit_rows = [&](auto rows_of, auto weights_of, auto fn) {
+    auto for_unit_rows = [&](int n_mat, auto rows_of, auto weight_of, auto fn) {
         int64_t total = 0;
-        for (const Unit& un : units) total += rows_of(un);
+        for (const Unit& un : units) total += n_mat * rows_of(un);
         const int64_t want = total / (8 * pool_.size());
         tasks.clear();
-        for (size_t i = 0; i < units.size(); ++i) {
-            const auto [w1, w2] = weights_of(units[i]);
-            const int64_t rows = rows_of(units[i]);
-            const int64_t grain = std::max(row_grain(*w1, want), row_grain(*w2, want));
-            for (int64_t r0 = 0; r0 < rows; r0 += grain)
-                tasks.push_back({i, r0, std::min(rows, r0 + grain)});
-        }
+        for (size_t i = 0; i < units.size(); ++i)
+            for (int mat = 0; mat < n_mat; ++mat) {
+                const int64_t rows = rows_of(units[i]);
+                const int64_t grain = row_grain(*weight_of(units[i], mat), want);
+                for (int64_t r0 = 0; r0 < rows; r0 += grain)
+                    tasks.push_back({i, mat, r0, std::min(rows, r0 + grain)});
+            }
         pool_.parallel_for(int64_t(tasks.size()), 1, [&](int64_t b, int64_t e_, int ith) {
             for (int64_t t = b; t < e_; ++t) {
                 const Task& tk = tasks[size_t(t)];
-                fn(units[tk.unit], tk.r0, tk.r1, per_thread_[size_t(ith)].row);
+                fn(units[tk.unit], tk.mat, tk.r0, tk.r1, per_thread_[size_t(ith)].row);
             }
         });
     };
@@ -185,13 +188,13 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     phase.emplace(profile_, "moe.gate_up");
     // Gate and up projections, SwiGLU.
     for_unit_rows(
-        [](const Unit& un) { return un.width; },
-        [](const Unit& un) {
-            return std::pair{un.gate, un.up};
-        },
-        [&](const Unit& un, int64_t r0, int64_t r1, std::vector<float>& tmp) {
-            unit_rows(*un.gate, un.slice, un.ag, un.arow_g, un.n, un.g, un.width, r0, r1, tmp);
-            unit_rows(*un.up, un.slice, un.au, un.arow_u, un.n, un.u, un.width, r0, r1, tmp);
+        2, [](const Unit& un) { return un.width; },
+        [](const Unit& un, int mat) { return mat == 0 ? un.gate : un.up; },
+        [&](const Unit& un, int mat, int64_t r0, int64_t r1, std::vector<float>& tmp) {
+            if (mat == 0)
+                unit_rows(*un.gate, un.slice, un.ag, un.arow_g, un.n, un.g, un.width, r0, r1, tmp);
+            else
+                unit_rows(*un.up, un.slice, un.au, un.arow_u, un.n, un.u, un.width, r0, r1, tmp);
         });
     swiglu(g, u, P, F, F, m.clamp_routed, g);
     if (shared) swiglu(g + P * F, u + P * F, T, S, S, m.clamp_shared, g + P * F);
@@ -210,13 +213,11 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
         Unit& sh = units.back();
         sh.ad = quantize_acts(act_buf2_, m.shared_down.type, S, 1, g + P * F, S, 0, T, sh.arow_d);
     }
-    for_unit_rows([&](const Unit&) { return E; },
-                  [](const Unit& un) {
-                      return std::pair{un.down, un.down};
-                  },
-                  [&](const Unit& un, int64_t r0, int64_t r1, std::vector<float>& tmp) {
-                      unit_rows(*un.down, un.slice, un.ad, un.arow_d, un.n, un.o, E, r0, r1, tmp);
-                  });
+    for_unit_rows(
+        1, [&](const Unit&) { return E; }, [](const Unit& un, int) { return un.down; },
+        [&](const Unit& un, int, int64_t r0, int64_t r1, std::vector<float>& tmp) {
+            unit_rows(*un.down, un.slice, un.ad, un.arow_d, un.n, un.o, E, r0, r1, tmp);
+        });
     weight_bytes_ += active.size() * (m.gate.slice_bytes + m.up.slice_bytes + m.down.slice_bytes);
     if (shared)
         weight_bytes_ +=
