@@ -5,6 +5,7 @@
 // into one call (the CPU determinism promise for prefill against decode).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -168,6 +169,42 @@ TEST(AttentionSimd, SoftmaxMatchesTheScalarOne) {
                 EXPECT_EQ(got[0], 0.0f);
             }
             EXPECT_NEAR(total, 1.0, r16 ? 1e-2 : 1e-5);
+        }
+    }
+}
+
+// SwiGLU (the FFN's activation, vectorised beside the softmax): within a
+// few ulp of silu(g) * u in double, with and without the clamp, in place,
+// at the extremes of e^-g (underflow and overflow), and at every tail length.
+TEST(AttentionSimd, SwigluMatchesDoubleReference) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> d(0.f, 6.f);
+    for (int64_t n : {1, 5, 16, 33, 768}) {
+        std::vector<float> g(static_cast<size_t>(n)), u(static_cast<size_t>(n));
+        for (auto& v : g) v = d(rng);
+        for (auto& v : u) v = d(rng);
+        if (n > 2) {
+            g[0] = -120.0f;  // e^120 overflows: silu is -0
+            g[1] = 95.0f;    // e^-95 underflows: silu is g
+        }
+        for (float clamp : {0.0f, 7.0f}) {
+            std::vector<float> got(static_cast<size_t>(n)), scal(got.size());
+            cpu::simd().swiglu(n, g.data(), u.data(), clamp, got.data());
+            cpu::scalar::swiglu(n, g.data(), u.data(), clamp, scal.data());
+            auto inplace = g;
+            cpu::simd().swiglu(n, inplace.data(), u.data(), clamp, inplace.data());
+            for (int64_t i = 0; i < n; ++i) {
+                double gi = g[size_t(i)], ui = u[size_t(i)];
+                if (clamp > 0) {
+                    gi = std::min(gi, double(clamp));
+                    ui = std::clamp(ui, -double(clamp), double(clamp));
+                }
+                const double want = gi / (1.0 + std::exp(-gi)) * ui;
+                const double tol = 4e-7 * std::fabs(want) + 1e-30;
+                ASSERT_NEAR(got[size_t(i)], want, tol) << n << " " << i << " clamp " << clamp;
+                ASSERT_NEAR(scal[size_t(i)], want, tol) << n << " " << i << " clamp " << clamp;
+                ASSERT_EQ(inplace[size_t(i)], got[size_t(i)]);
+            }
         }
     }
 }

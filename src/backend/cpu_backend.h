@@ -210,7 +210,7 @@ class CpuBackend final : public Backend {
         OpTimer timer_(profile_, "swiglu");
         pool_.parallel_for(n_rows, 16, [&](int64_t b, int64_t e, int) {
             for (int64_t r = b; r < e; ++r)
-                swiglu_row(g + r * in_stride, u + r * in_stride, n, clamp, out + r * n);
+                simd().swiglu(n, g + r * in_stride, u + r * in_stride, clamp, out + r * n);
         });
     }
 
@@ -345,18 +345,6 @@ class CpuBackend final : public Backend {
         std::vector<float> rope, row, q, scores, acc;
         std::vector<int32_t> idx;
     };
-
-    static void swiglu_row(const float* g, const float* u, int64_t n, float clamp, float* out) {
-        if (clamp > 1e-6f) {
-            for (int64_t i = 0; i < n; ++i) {
-                const float gi = std::min(g[i], clamp);
-                const float ui = std::clamp(u[i], -clamp, clamp);
-                out[i] = silu(gi) * ui;
-            }
-        } else {
-            for (int64_t i = 0; i < n; ++i) out[i] = silu(g[i]) * u[i];
-        }
-    }
 
     // Row s of a cache as floats (a pointer into the cache when it is F32).
     static const float* load_row(const CacheRows& c, int64_t s, float* buf) {

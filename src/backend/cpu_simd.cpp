@@ -36,6 +36,18 @@ void round_f16(int64_t n, const float* x, float* y) {
     for (int64_t i = 0; i < n; ++i) y[i] = round_fp16(x[i]);
 }
 
+void swiglu(int64_t n, const float* g, const float* u, float clamp, float* out) {
+    if (clamp > 1e-6f) {
+        for (int64_t i = 0; i < n; ++i) {
+            const float gi = std::min(g[i], clamp);
+            const float ui = std::clamp(u[i], -clamp, clamp);
+            out[i] = gi / (1.0f + std::exp(-gi)) * ui;
+        }
+    } else {
+        for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+}
+
 void softmax(float* x, int64_t n, bool round_f16) {
     float mx = -INFINITY;
     for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
@@ -83,7 +95,8 @@ SimdOps pick() {
                 scalar::round_f16,
                 scores_by_rows<scalar::dot_f32_f16>,
                 scalar::softmax,
-                weighted_sum_by_rows<scalar::axpy_f16>};
+                weighted_sum_by_rows<scalar::axpy_f16>,
+                scalar::swiglu};
     SimdOps ops{avx2::axpy_f32,
                 avx2::axpy_f16,
                 avx2::f16_to_f32,
@@ -92,11 +105,13 @@ SimdOps pick() {
                 avx2::round_f16,
                 scores_by_rows<avx2::dot_f32_f16>,
                 scalar::softmax,
-                weighted_sum_by_rows<avx2::axpy_f16>};
+                weighted_sum_by_rows<avx2::axpy_f16>,
+                scalar::swiglu};
     if (quant::cpu_has_avx512()) {
         ops.scores_f16 = avx512::scores_f16;
         ops.weighted_sum_f16 = avx512::weighted_sum_f16;
         ops.softmax = avx512::softmax;
+        ops.swiglu = avx512::swiglu;
     }
     return ops;
 }

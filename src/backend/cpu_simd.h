@@ -47,11 +47,14 @@ struct SimdOps {
     // chain of fused multiply-adds from zero (the order of axpy_f16 per row)
     void (*weighted_sum_f16)(const float* p, int64_t ld, int64_t nh, const F16Rows& rows, int64_t n,
                              int64_t vw, float* out);
+    // out[i] = silu(g[i]) * u[i]; with clamp > 1e-6, g[i] is first capped at
+    // clamp and u[i] clamped to [-clamp, clamp]. out may alias g or u.
+    void (*swiglu)(int64_t n, const float* g, const float* u, float clamp, float* out);
 };
 
 const SimdOps& simd();
 
-// Implementations (cpu_simd.cpp, cpu_simd_avx2.cpp).
+// Implementations (cpu_simd.cpp, cpu_simd_avx2.cpp, cpu_simd_avx512.cpp).
 namespace scalar {
 void axpy_f32(int64_t n, float a, const float* x, float* y);
 void axpy_f16(int64_t n, float a, const uint16_t* x, float* y);
@@ -60,6 +63,7 @@ float dot_f32_f16(int64_t n, const float* a, const uint16_t* b);
 void f32_to_f16(int64_t n, const float* src, uint16_t* dst);
 void round_f16(int64_t n, const float* x, float* y);
 void softmax(float* x, int64_t n, bool round_f16);
+void swiglu(int64_t n, const float* g, const float* u, float clamp, float* out);
 }  // namespace scalar
 namespace avx2 {
 void axpy_f32(int64_t n, float a, const float* x, float* y);
@@ -69,13 +73,14 @@ float dot_f32_f16(int64_t n, const float* a, const uint16_t* b);
 void f32_to_f16(int64_t n, const float* src, uint16_t* dst);
 void round_f16(int64_t n, const float* x, float* y);
 }  // namespace avx2
-// The AVX-512 attention tiles (cpu_attention_avx512.cpp).
+// The AVX-512 attention tiles and elementwise helpers (cpu_simd_avx512.cpp).
 namespace avx512 {
 void scores_f16(const float* q, int64_t nh, int64_t w, const F16Rows& rows, int64_t n, float* s,
                 int64_t ld);
 void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& rows, int64_t n,
                       int64_t vw, float* out);
 void softmax(float* x, int64_t n, bool round_f16);
+void swiglu(int64_t n, const float* g, const float* u, float clamp, float* out);
 }  // namespace avx512
 
 }  // namespace glm5::backend::cpu

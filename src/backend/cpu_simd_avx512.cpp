@@ -1,7 +1,8 @@
-// AVX-512 tiles of MLA attention over an F16 cache. Blocks of cache rows are
-// converted to F32 once and then used by every head of the query from
-// registers: the row-at-a-time helpers converted each row once per head and
-// kept a quarter of the FMA units busy.
+// AVX-512 row helpers: the tiles of MLA attention over an F16 cache, its
+// softmax, and SwiGLU. Blocks of cache rows are converted to F32 once and
+// then used by every head of the query from registers: the row-at-a-time
+// helpers converted each row once per head and kept a quarter of the FMA
+// units busy.
 //
 // Determinism: a score is a fixed function of its query row and cache row
 // (lane-wise FMAs over 16-value chunks in order, then one fixed horizontal
@@ -135,12 +136,12 @@ constexpr std::array<std::array<ValueTile, 2>, 8> value_tiles(std::integer_seque
 
 constexpr auto kValueTiles = value_tiles(std::make_integer_sequence<int, 8>{});
 
-// e^x for x <= 0 (a score minus its row's maximum): 2^n * e^r with n the
-// nearest integer to x / ln 2 and |r| <= ln 2 / 2 (ln 2 in two parts so r is
-// exact), e^r by its Taylor series to degree 7 (truncation below 1e-8
-// relative). Below -104 e^x is under the smallest float and comes out 0.
-inline __m512 exp_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+// e^x: 2^n * e^r with n the nearest integer to x / ln 2 and |r| <= ln 2 / 2
+// (ln 2 in two parts so r is exact), e^r by its Taylor series to degree 7
+// (truncation below 1e-8 relative). Below -104 e^x is under the smallest
+// float and comes out 0; above 88.5 it overflows to infinity.
+inline __m512 exp_ps(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.5f));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
@@ -168,8 +169,8 @@ void softmax(float* x, int64_t n, bool round_f16) {
     __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
     for (int64_t j = 0; j < n; j += kLanes) {
         const __mmask16 m = lanes(n - j);
-        const __m512 e = _mm512_maskz_mov_ps(
-            m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j), mx)));
+        const __m512 e =
+            _mm512_maskz_mov_ps(m, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j), mx)));
         _mm512_mask_storeu_ps(x + j, m, e);
         s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
         s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
@@ -185,6 +186,24 @@ void softmax(float* x, int64_t n, bool round_f16) {
         if (round_f16)
             v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         _mm512_mask_storeu_ps(x + j, m, v);
+    }
+}
+
+void swiglu(int64_t n, const float* g, const float* u, float clamp, float* out) {
+    const bool clamped = clamp > 1e-6f;
+    const __m512 hi = _mm512_set1_ps(clamp), lo = _mm512_set1_ps(-clamp);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += kLanes) {
+        const __mmask16 m = lanes(n - i);
+        __m512 gv = _mm512_maskz_loadu_ps(m, g + i), uv = _mm512_maskz_loadu_ps(m, u + i);
+        if (clamped) {
+            gv = _mm512_min_ps(gv, hi);
+            uv = _mm512_min_ps(_mm512_max_ps(uv, lo), hi);
+        }
+        // silu(g) = g / (1 + e^-g)
+        const __m512 s =
+            _mm512_div_ps(gv, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, uv));
     }
 }
 
