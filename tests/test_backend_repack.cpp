@@ -3,11 +3,12 @@
 // matrices whose row count leaves a plain tail after the last 16-row group,
 // decode-sized (1 token) and prefill-sized batches, for Q4_K / Q6_K and for
 // Q5_0 / Q8_0 (rows of 192 values as GLM-DSA's per-head attn_k_b, and of an
-// odd block count); and a whole model loaded with --repack gives the plain
-// model's logits.
+// odd block count); matmuls gives the bits of separate matmul calls; and a
+// whole model loaded with --repack gives the plain model's logits.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
@@ -143,6 +144,42 @@ INSTANTIATE_TEST_SUITE_P(Types, BackendRepack,
                          ::testing::Values(quant::Type::Q4_K, quant::Type::Q6_K, quant::Type::Q5_0,
                                            quant::Type::Q8_0),
                          [](const auto& info) { return std::string(quant::name(info.param)); });
+
+// matmuls (several weights against one input, one op) gives the bits of
+// separate matmul calls: formats with different activation types (Q8_K,
+// Q8_0), plain and (where the CPU has the GEMM) repacked layouts, a weight
+// of a few rows beside large ones, one token and a batch.
+TEST(BackendMatmuls, EqualSeparateMatmulsBitwise) {
+    auto be = backend::make_cpu_backend({2});
+    const int64_t cols = 512;
+    std::vector<std::unique_ptr<TwoLayouts>> ws;
+    ws.push_back(std::make_unique<TwoLayouts>(quant::Type::Q4_K, cols, 256, 1, 1));
+    ws.push_back(std::make_unique<TwoLayouts>(quant::Type::Q6_K, cols, 40, 1, 2));
+    ws.push_back(std::make_unique<TwoLayouts>(quant::Type::Q8_0, cols, 8, 1, 3));
+    ws.push_back(std::make_unique<TwoLayouts>(quant::Type::Q5_0, cols, 72, 1, 4));
+    for (bool packed : {false, true}) {
+        if (packed && !repack_here()) continue;  // the plain layouts ran above
+        for (int64_t n : {1, 5}) {
+            const auto x = test::normal_floats(size_t(n * cols), uint32_t(7 + n));
+            std::vector<std::vector<float>> sep, joint;
+            std::vector<backend::Backend::MatmulOut> outs;
+            for (const auto& w : ws) {
+                const Weight& wt = packed ? w->r : w->p;
+                sep.emplace_back(size_t(n * wt.rows));
+                joint.emplace_back(size_t(n * wt.rows), -1.0f);
+                be->matmul(wt, x.data(), cols, n, sep.back().data(), wt.rows);
+            }
+            for (size_t j = 0; j < ws.size(); ++j) {
+                const Weight& wt = packed ? ws[j]->r : ws[j]->p;
+                outs.push_back({&wt, joint[j].data(), wt.rows});
+            }
+            be->matmuls(outs, x.data(), cols, n);
+            for (size_t j = 0; j < ws.size(); ++j)
+                EXPECT_TRUE(bitwise_equal(sep[j], joint[j]))
+                    << "weight " << j << " packed " << packed << " tokens " << n;
+        }
+    }
+}
 
 // --repack on a Q4_K_M model: same logits bits for a prefill batch and for
 // decode steps after it, and the load says how much it repacked.

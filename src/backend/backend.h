@@ -134,6 +134,19 @@ class Backend {
     // weight's activation format first (Q8_0 / Q8_K / F16...), as llama.cpp does.
     virtual void matmul(const Weight& w, const float* x, int64_t x_stride, int64_t n_tok, float* y,
                         int64_t y_stride) = 0;
+    // Several weights against the same input, as one op: for every j,
+    // outs[j].y[t*outs[j].y_stride ..] = outs[j].w . x[t], with the results of
+    // separate matmul calls, bit for bit. The input is rounded once per
+    // activation format and the rows of all the weights share one parallel
+    // pass (decode's projections of one normalised row are too small to be
+    // worth an op each).
+    struct MatmulOut {
+        const Weight* w;
+        float* y;
+        int64_t y_stride;
+    };
+    virtual void matmuls(std::span<const MatmulOut> outs, const float* x, int64_t x_stride,
+                         int64_t n_tok) = 0;
     // Per-slice products: for every slice s and token t,
     // y[t*y_tok + s*y_slice .. +rows) = W[s] . x[t*x_tok + s*x_slice .. +cols).
     virtual void matmul_slices(const Weight& w, const float* x, int64_t x_tok, int64_t x_slice,

@@ -221,6 +221,58 @@ class CpuBackend final : public Backend {
         products(w, 1, x, xs, 0, n_tok, y, ys, 0);
     }
 
+    void matmuls(std::span<const MatmulOut> outs, const float* x, int64_t xs,
+                 int64_t n_tok) override {
+        OpTimer timer_(profile_, "matmuls");
+        if (n_tok <= 0 || outs.empty()) return;
+        // One quantized copy of x per activation format (outs share few).
+        struct Act {
+            quant::Type type;
+            const uint8_t* data;
+            size_t arow;
+        };
+        std::vector<Act> acts;
+        std::vector<size_t> act_of(outs.size());
+        int64_t total = 0;
+        for (size_t j = 0; j < outs.size(); ++j) {
+            const Weight& w = *outs[j].w;
+            const quant::Type at = quant::traits(w.type).vec_dot_type;
+            size_t a = 0;
+            while (a < acts.size() && acts[a].type != at) ++a;
+            if (a == acts.size()) {
+                if (a >= multi_act_.size()) multi_act_.resize(a + 1);
+                size_t arow = 0;
+                const uint8_t* d =
+                    quantize_acts(multi_act_[a], w.type, w.cols, 1, x, xs, 0, n_tok, arow);
+                acts.push_back({at, d, arow});
+            }
+            act_of[j] = a;
+            total += w.rows;
+        }
+        struct Task {
+            size_t out;
+            int64_t r0, r1;
+        };
+        std::vector<Task> tasks;
+        const int64_t want = total / (8 * pool_.size());
+        for (size_t j = 0; j < outs.size(); ++j) {
+            const Weight& w = *outs[j].w;
+            const int64_t grain = row_grain(w, want);
+            for (int64_t r0 = 0; r0 < w.rows; r0 += grain)
+                tasks.push_back({j, r0, std::min(w.rows, r0 + grain)});
+        }
+        pool_.parallel_for(int64_t(tasks.size()), 1, [&](int64_t b, int64_t e, int) {
+            for (int64_t i = b; i < e; ++i) {
+                const Task& tk = tasks[size_t(i)];
+                const MatmulOut& o = outs[tk.out];
+                const Act& a = acts[act_of[tk.out]];
+                product_rows(*o.w, 0, tk.r0, tk.r1, a.data, a.arow, n_tok, o.y, o.y_stride);
+            }
+        });
+        for (const MatmulOut& o : outs) weight_bytes_ += o.w->slice_bytes;
+        matmul_calls_ += outs.size();
+    }
+
     void matmul_slices(const Weight& w, const float* x, int64_t x_tok, int64_t x_slice,
                        int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice) override {
         OpTimer timer_(profile_, "matmul_slices");
@@ -432,41 +484,45 @@ class CpuBackend final : public Backend {
         if (n <= 0) return;
         size_t arow = 0;
         const uint8_t* act = quantize_acts(act_buf_, w.type, w.cols, S, x, x_tok, x_slice, n, arow);
-        const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
-        const quant::VecDotMultiFn multi = quant::vec_dot_multi_fn(w.type);
-        const int64_t rows = w.rows;
-        const int64_t grain = row_grain(w, rows * S / (8 * pool_.size()));
-        const int64_t chunks = (rows + grain - 1) / grain;
+        const int64_t grain = row_grain(w, w.rows * S / (8 * pool_.size()));
+        const int64_t chunks = (w.rows + grain - 1) / grain;
         pool_.parallel_for(S * chunks, 1, [&](int64_t b, int64_t e, int) {
             for (int64_t task = b; task < e; ++task) {
                 const int64_t s = task / chunks;
-                const int64_t r0 = (task % chunks) * grain, r1 = std::min(rows, r0 + grain);
-                if (w.repacked) {
-                    repacked_rows(w, s, r0, r1, act + size_t(s * n) * arow, arow, n,
-                                  y + s * y_slice, y_tok);
-                    continue;
-                }
-                for (int64_t t0 = 0; t0 < n; t0 += 8) {
-                    const int64_t t1 = std::min(n, t0 + 8);
-                    for (int64_t r = r0; r < r1; ++r) {
-                        const uint8_t* wr = w.row(r, s);
-                        const uint8_t* a0 = act + size_t(s * n + t0) * arow;
-                        if (multi && t1 - t0 > 1) {
-                            float o[8];
-                            multi(w.cols, wr, a0, arow, t1 - t0, o);
-                            for (int64_t t = t0; t < t1; ++t)
-                                y[t * y_tok + s * y_slice + r] = o[t - t0];
-                        } else {
-                            for (int64_t t = t0; t < t1; ++t)
-                                y[t * y_tok + s * y_slice + r] =
-                                    dot(w.cols, wr, a0 + size_t(t - t0) * arow);
-                        }
-                    }
-                }
+                const int64_t r0 = (task % chunks) * grain, r1 = std::min(w.rows, r0 + grain);
+                product_rows(w, s, r0, r1, act + size_t(s * n) * arow, arow, n, y + s * y_slice,
+                             y_tok);
             }
         });
         weight_bytes_ += uint64_t(S) * w.slice_bytes;
         matmul_calls_ += 1;
+    }
+
+    // y[t * y_tok + r] = row r of slice s . activation row t (act + t*arow),
+    // for rows [r0, r1).
+    static void product_rows(const Weight& w, int64_t s, int64_t r0, int64_t r1, const uint8_t* act,
+                             size_t arow, int64_t n, float* y, int64_t y_tok) {
+        if (w.repacked) {
+            repacked_rows(w, s, r0, r1, act, arow, n, y, y_tok);
+            return;
+        }
+        const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
+        const quant::VecDotMultiFn multi = quant::vec_dot_multi_fn(w.type);
+        for (int64_t t0 = 0; t0 < n; t0 += 8) {
+            const int64_t t1 = std::min(n, t0 + 8);
+            for (int64_t r = r0; r < r1; ++r) {
+                const uint8_t* wr = w.row(r, s);
+                const uint8_t* a0 = act + size_t(t0) * arow;
+                if (multi && t1 - t0 > 1) {
+                    float o[8];
+                    multi(w.cols, wr, a0, arow, t1 - t0, o);
+                    for (int64_t t = t0; t < t1; ++t) y[t * y_tok + r] = o[t - t0];
+                } else {
+                    for (int64_t t = t0; t < t1; ++t)
+                        y[t * y_tok + r] = dot(w.cols, wr, a0 + size_t(t - t0) * arow);
+                }
+            }
+        }
     }
 
     // Rows per task for a split of a weight's rows: `want` clamped to [1,
@@ -513,6 +569,7 @@ class CpuBackend final : public Backend {
         return reinterpret_cast<float*>(b.get(n * sizeof(float)));
     }
 
+    std::vector<ByteBuffer> multi_act_;  // matmuls: one per activation format
     ByteBuffer act_buf_, act_buf2_, moe_gate_buf_, moe_up_buf_, moe_tok_g_, moe_tok_u_, moe_g_,
         moe_u_, moe_eo_;
     std::atomic<uint64_t> weight_bytes_{0}, matmul_calls_{0};

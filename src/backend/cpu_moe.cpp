@@ -133,27 +133,6 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
         units.push_back(sh);
     }
 
-    // out[j * ld + r] = W row r . act row j, rows [i0, i1) of one slice.
-    auto unit_rows = [&](const Weight& w, int64_t slice, const uint8_t* act, size_t arow, int64_t n,
-                         float* out_rows, int64_t ld, int64_t i0, int64_t i1,
-                         std::vector<float>& tmp) {
-        if (w.repacked) {
-            repacked_rows(w, slice, i0, i1, act, arow, n, out_rows, ld);
-            return;
-        }
-        const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
-        const quant::VecDotMultiFn multi = quant::vec_dot_multi_fn(w.type);
-        tmp.resize(size_t(n));
-        for (int64_t r = i0; r < i1; ++r) {
-            const uint8_t* wr = w.row(r, slice);
-            if (multi && n > 1)
-                multi(w.cols, wr, act, arow, n, tmp.data());
-            else
-                for (int64_t j = 0; j < n; ++j)
-                    tmp[size_t(j)] = dot(w.cols, wr, act + size_t(j) * arow);
-            for (int64_t j = 0; j < n; ++j) out_rows[j * ld + r] = tmp[size_t(j)];
-        }
-    };
     // fn(unit, matrix, r0, r1, thread) over row chunks of matrices [0, n_mat)
     // of every unit (rows_of(unit) rows each), whole groups when the weight
     // is repacked. A task reads one matrix: one memory stream per task
@@ -176,10 +155,10 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
                 for (int64_t r0 = 0; r0 < rows; r0 += grain)
                     tasks.push_back({i, mat, r0, std::min(rows, r0 + grain)});
             }
-        pool_.parallel_for(int64_t(tasks.size()), 1, [&](int64_t b, int64_t e_, int ith) {
+        pool_.parallel_for(int64_t(tasks.size()), 1, [&](int64_t b, int64_t e_, int) {
             for (int64_t t = b; t < e_; ++t) {
                 const Task& tk = tasks[size_t(t)];
-                fn(units[tk.unit], tk.mat, tk.r0, tk.r1, per_thread_[size_t(ith)].row);
+                fn(units[tk.unit], tk.mat, tk.r0, tk.r1);
             }
         });
     };
@@ -190,11 +169,11 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     for_unit_rows(
         2, [](const Unit& un) { return un.width; },
         [](const Unit& un, int mat) { return mat == 0 ? un.gate : un.up; },
-        [&](const Unit& un, int mat, int64_t r0, int64_t r1, std::vector<float>& tmp) {
+        [&](const Unit& un, int mat, int64_t r0, int64_t r1) {
             if (mat == 0)
-                unit_rows(*un.gate, un.slice, un.ag, un.arow_g, un.n, un.g, un.width, r0, r1, tmp);
+                product_rows(*un.gate, un.slice, r0, r1, un.ag, un.arow_g, un.n, un.g, un.width);
             else
-                unit_rows(*un.up, un.slice, un.au, un.arow_u, un.n, un.u, un.width, r0, r1, tmp);
+                product_rows(*un.up, un.slice, r0, r1, un.au, un.arow_u, un.n, un.u, un.width);
         });
     swiglu(g, u, P, F, F, m.clamp_routed, g);
     if (shared) swiglu(g + P * F, u + P * F, T, S, S, m.clamp_shared, g + P * F);
@@ -215,8 +194,8 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     }
     for_unit_rows(
         1, [&](const Unit&) { return E; }, [](const Unit& un, int) { return un.down; },
-        [&](const Unit& un, int, int64_t r0, int64_t r1, std::vector<float>& tmp) {
-            unit_rows(*un.down, un.slice, un.ad, un.arow_d, un.n, un.o, E, r0, r1, tmp);
+        [&](const Unit& un, int, int64_t r0, int64_t r1) {
+            product_rows(*un.down, un.slice, r0, r1, un.ad, un.arow_d, un.n, un.o, E);
         });
     weight_bytes_ += active.size() * (m.gate.slice_bytes + m.up.slice_bytes + m.down.slice_bytes);
     if (shared)

@@ -156,23 +156,34 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     for (int64_t il = 0; il < h.n_layer; ++il) {
         const Layer& L = layers_[size_t(il)];
 
-        // ---- attention input and the query latent
+        // ---- attention input: the projections of the normed row (one op),
+        // the query latent and what the query latent feeds.
         be.rms_norm(x, E, L.attn_norm, T, E, h.eps, xn, E);
-        be.matmul(L.q_a, xn, E, T, qr, h.q_lora);
+        {
+            std::vector<backend::Backend::MatmulOut> outs = {{&L.q_a, qr, h.q_lora},
+                                                             {&L.kv_a, kv, W}};
+            if (L.full) {
+                outs.push_back({&L.idx_k, ik, Di});
+                outs.push_back({&L.idx_proj, iw, Hi});
+            }
+            be.matmuls(outs, xn, E, T);
+        }
         be.rms_norm(qr, h.q_lora, L.q_a_norm, T, h.q_lora, h.eps, qr, h.q_lora);
+        {
+            std::vector<backend::Backend::MatmulOut> outs = {{&L.q_b, q, H * h.k_mla}};
+            if (L.full) outs.push_back({&L.idx_q_b, iq, Hi * Di});
+            be.matmuls(outs, qr, h.q_lora, T);
+        }
 
         // ---- lightning indexer (full layers): which cached tokens each query sees
         if (L.full) {
-            be.matmul(L.idx_q_b, qr, h.q_lora, T, iq, Hi * Di);
             be.rope(iq, T, Hi * Di, Hi, Di, h.n_rot, pos.data(), h.freq_base);
-            be.matmul(L.idx_k, xn, E, T, ik, Di);
             be.layer_norm(ik, L.idx_k_norm, L.idx_k_norm_b, T, Di, 0.0f, ik);
             be.rope(ik, T, Di, 1, Di, h.n_rot, pos.data(), h.freq_base);
             be.hadamard(iq, T * Hi, Di);
             be.hadamard(ik, T, Di);
             for (const Segment& s : segs)
                 be.cache_store(s.state->keys(il), ik + s.first * Di, Di, s.n, pos.data() + s.first);
-            be.matmul(L.idx_proj, xn, E, T, iw, Hi);
             be.scale(iw, 1.0f / std::sqrt(float(Di * Hi)), T * Hi);
 
             // While a query sees no more than top_k tokens it keeps them all.
@@ -195,8 +206,6 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
         }
 
         // ---- MLA, absorbed: queries in latent space against [c | k_rope] rows
-        be.matmul(L.q_b, qr, h.q_lora, T, q, H * h.k_mla);
-        be.matmul(L.kv_a, xn, E, T, kv, W);
         be.rms_norm(kv, W, L.kv_a_norm, T, h.kv_lora, h.eps, kv, W);
         be.rope(kv + h.kv_lora, T, W, 1, h.n_rot, h.n_rot, pos.data(), h.freq_base);
         for (const Segment& s : segs)
@@ -224,8 +233,9 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
         // ---- FFN
         be.rms_norm(x, E, L.ffn_norm, T, E, h.eps, xn, E);
         if (L.dense) {
-            be.matmul(L.ffn_gate, xn, E, T, fg, h.n_ff);
-            be.matmul(L.ffn_up, xn, E, T, fu, h.n_ff);
+            const backend::Backend::MatmulOut gu[] = {{&L.ffn_gate, fg, h.n_ff},
+                                                      {&L.ffn_up, fu, h.n_ff}};
+            be.matmuls(gu, xn, E, T);
             be.swiglu(fg, fu, T, h.n_ff, h.n_ff, 0.0f, fg);
             be.matmul(L.ffn_down, fg, h.n_ff, T, tmp, E);
         } else {
