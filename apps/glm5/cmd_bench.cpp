@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "args.h"
@@ -120,13 +122,29 @@ int cmd_bench(int argc, char** argv) {
     if (n_prompt > 0) run_pp(99);
     if (n_gen > 0) run_tg(99, nullptr);
 
-    std::vector<double> pp, tg, bpt;
+    // The read bandwidth is measured right after each decode repetition and
+    // each repetition's roofline fraction is taken against its own
+    // measurement: on a shared or virtual machine the bandwidth drifts by
+    // tens of percent from minute to minute.
+    std::unique_ptr<ThreadPool> bw_pool;
+    std::unique_ptr<ReadBandwidth> bw;
+    if (n_gen > 0 && a.get_flag("roofline")) {
+        bw_pool = std::make_unique<ThreadPool>(be.n_threads());
+        bw = std::make_unique<ReadBandwidth>(*bw_pool, size_t(bw_bytes));
+    }
+    std::vector<double> pp, tg, bpt, gbs, frac;
     for (int64_t r = 0; r < reps; ++r) {
         if (n_prompt > 0) pp.push_back(run_pp(uint64_t(r + 1)));
         if (n_gen > 0) {
             double b = 0;
             tg.push_back(run_tg(uint64_t(r + 1), &b));
             bpt.push_back(b);
+            if (bw) {
+                // Let the engine's workers go idle first.
+                std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                gbs.push_back(bw->measure());
+                frac.push_back(b * tg.back() / 1e9 / gbs.back());
+            }
         }
     }
 
@@ -148,19 +166,20 @@ int cmd_bench(int argc, char** argv) {
                 (n_par > 1 ? " x" + std::to_string(n_par) + " seqs" : ""),
             stats(tg));
 
-    if (!tg.empty() && a.get_flag("roofline")) {
-        ThreadPool pool(be.n_threads());
-        const BandwidthResult bw = measure_read_bandwidth(pool, size_t(bw_bytes));
+    if (!tg.empty() && bw) {
         const double bytes = stats(bpt).median;
         const double tps = stats(tg).median;
-        const double reached = bytes * tps / 1e9;
+        const auto [lo, hi] = std::minmax_element(gbs.begin(), gbs.end());
         std::snprintf(
             buf, sizeof(buf),
             "\ndecode roofline: %.1f MB of weights read per token (counted by the kernels); "
-            "read bandwidth %.1f GB/s (%s buffer, %d threads)\n"
-            "roofline %.2f t/s; reached %.2f t/s = %.1f GB/s = %.1f%% of the roofline\n",
-            bytes / 1e6, bw.gb_per_s, human_bytes(double(bw.bytes)).c_str(), be.n_threads(),
-            bw.gb_per_s * 1e9 / bytes, tps, reached, 100.0 * reached / bw.gb_per_s);
+            "read bandwidth %.1f GB/s (median; %.1f-%.1f over %zu measurements, one after each "
+            "repetition; %s buffer, %d threads)\n"
+            "roofline %.2f t/s; reached %.2f t/s = %.1f GB/s; %.1f%% of the roofline (median of "
+            "the repetitions, each against its own bandwidth)\n",
+            bytes / 1e6, stats(gbs).median, *lo, *hi, gbs.size(),
+            human_bytes(double(bw->bytes())).c_str(), be.n_threads(),
+            stats(gbs).median * 1e9 / bytes, tps, bytes * tps / 1e9, 100.0 * stats(frac).median);
         out += buf;
     }
     std::fwrite(out.data(), 1, out.size(), stdout);

@@ -4,17 +4,32 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace glm5 {
 
 class ThreadPool;
 
-struct BandwidthResult {
-    double gb_per_s = 0;  // best of the repetitions, 1e9 bytes per second
-    size_t bytes = 0;     // buffer size
-};
+// A buffer held for repeated measurements, so that `glm5 bench` can measure
+// right after each decode repetition: the bandwidth of a virtual machine
+// drifts from minute to minute, and a roofline fraction is only meaningful
+// against the bandwidth of the same moment. The buffer is backed by huge
+// pages where the system has them, as the model's weights are.
+class ReadBandwidth {
+  public:
+    ReadBandwidth(ThreadPool& pool, size_t bytes);
+    ~ReadBandwidth();
+    ReadBandwidth(const ReadBandwidth&) = delete;
+    ReadBandwidth& operator=(const ReadBandwidth&) = delete;
 
-BandwidthResult measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t(1) << 30,
-                                       int reps = 5);
+    size_t bytes() const { return bytes_; }
+    // Best of `reps` full reads, in 1e9 bytes per second.
+    double measure(int reps = 3);
+
+  private:
+    ThreadPool& pool_;
+    uint64_t* buf_ = nullptr;
+    size_t bytes_ = 0;
+};
 
 }  // namespace glm5
