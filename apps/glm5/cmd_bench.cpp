@@ -65,7 +65,8 @@ int cmd_bench(int argc, char** argv) {
     a.option("repetitions", "N", "3", "repetitions of each test", "-r");
     a.option("ubatch", "N", "512", "prompt micro-batch size");
     a.option("parallel", "N", "1",
-             "sequences decoded together in the tg test (one forward per step)");
+             "sequences decoded together in the tg test (one forward per step); above 1, each "
+             "repetition also decodes one sequence alone and the paired speed-up is reported");
     a.flag("roofline", "measure the read bandwidth and report the decode roofline", true);
     a.option("bandwidth-bytes", "BYTES", "1073741824", "buffer size of the bandwidth measurement");
     if (!a.parse(argc, argv, 2)) return 0;
@@ -94,33 +95,33 @@ int cmd_bench(int argc, char** argv) {
         }
         return double(n_prompt) / seconds_since(t0);
     };
-    // n_par sequences, one token each per forward; returns aggregate tokens/s.
-    auto run_tg = [&](uint64_t seed, double* bytes_per_token) {
+    // n_seq sequences, one token each per forward; returns aggregate tokens/s.
+    auto run_tg = [&](int64_t n_seq, uint64_t seed, double* bytes_per_token) {
         std::vector<std::vector<int32_t>> toks;
         std::vector<std::unique_ptr<model::SequenceState>> st;
-        for (int64_t s = 0; s < n_par; ++s) {
+        for (int64_t s = 0; s < n_seq; ++s) {
             toks.push_back(random_tokens(n_gen, V, seed * 131 + uint64_t(s)));
             st.push_back(model.new_state(n_ctx));
         }
         std::vector<float> lg;
-        std::vector<model::SeqInput> in(static_cast<size_t>(n_par));
+        std::vector<model::SeqInput> in(static_cast<size_t>(n_seq));
         be.reset_counters();
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < n_gen; ++i) {
-            for (int64_t s = 0; s < n_par; ++s)
+            for (int64_t s = 0; s < n_seq; ++s)
                 in[size_t(s)] = {st[size_t(s)].get(),
                                  std::span<const int32_t>(&toks[size_t(s)][size_t(i)], 1), false,
                                  true};
             model.forward(in, lg);
         }
-        const double tps = double(n_gen * n_par) / seconds_since(t0);
+        const double tps = double(n_gen * n_seq) / seconds_since(t0);
         if (bytes_per_token)
-            *bytes_per_token = double(be.counters().weight_bytes) / double(n_gen * n_par);
+            *bytes_per_token = double(be.counters().weight_bytes) / double(n_gen * n_seq);
         return tps;
     };
     // Warm-up: touch every code path and page once.
     if (n_prompt > 0) run_pp(99);
-    if (n_gen > 0) run_tg(99, nullptr);
+    if (n_gen > 0) run_tg(n_par, 99, nullptr);
 
     // The read bandwidth is measured right after each decode repetition and
     // each repetition's roofline fraction is taken against its own
@@ -132,12 +133,17 @@ int cmd_bench(int argc, char** argv) {
         bw_pool = std::make_unique<ThreadPool>(be.n_threads());
         bw = std::make_unique<ReadBandwidth>(*bw_pool, size_t(bw_bytes));
     }
-    std::vector<double> pp, tg, bpt, gbs, frac;
+    // With --parallel N > 1 each repetition also decodes one sequence alone,
+    // just before, and the scaling is the median of these paired ratios (for
+    // the same reason as above).
+    std::vector<double> pp, tg, bpt, gbs, frac, scaling;
     for (int64_t r = 0; r < reps; ++r) {
         if (n_prompt > 0) pp.push_back(run_pp(uint64_t(r + 1)));
         if (n_gen > 0) {
+            const double one = n_par > 1 ? run_tg(1, uint64_t(r + 1), nullptr) : 0.0;
             double b = 0;
-            tg.push_back(run_tg(uint64_t(r + 1), &b));
+            tg.push_back(run_tg(n_par, uint64_t(r + 1), &b));
+            if (n_par > 1) scaling.push_back(tg.back() / one);
             bpt.push_back(b);
             if (bw) {
                 // Let the engine's workers go idle first.
@@ -180,6 +186,20 @@ int cmd_bench(int argc, char** argv) {
             bytes / 1e6, stats(gbs).median, *lo, *hi, gbs.size(),
             human_bytes(double(bw->bytes())).c_str(), be.n_threads(),
             stats(gbs).median * 1e9 / bytes, tps, bytes * tps / 1e9, 100.0 * stats(frac).median);
+        out += buf;
+    }
+    if (!scaling.empty()) {
+        std::string each;
+        for (double x : scaling) {
+            char v[32];
+            std::snprintf(v, sizeof(v), "%s%.2f", each.empty() ? "" : ", ", x);
+            each += v;
+        }
+        std::snprintf(
+            buf, sizeof(buf),
+            "\nparallel %lld: %.2fx the aggregate tokens/s of one sequence (median of %zu "
+            "paired repetitions: %s)\n",
+            (long long)n_par, stats(scaling).median, scaling.size(), each.c_str());
         out += buf;
     }
     std::fwrite(out.data(), 1, out.size(), stdout);
