@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu_kernels.h"
 #include "backend/cpu_simd.h"
 #include "core/fp16.h"
 
@@ -205,6 +206,32 @@ TEST(AttentionSimd, SwigluMatchesDoubleReference) {
                 ASSERT_NEAR(scal[size_t(i)], want, tol) << n << " " << i << " clamp " << clamp;
                 ASSERT_EQ(inplace[size_t(i)], got[size_t(i)]);
             }
+        }
+    }
+}
+
+// RMS norm through the picked helper has the bits of the scalar row (the
+// same eight partial sums in double), at every tail length, with and
+// without the weight, in place.
+TEST(AttentionSimd, RmsNormHasTheBitsOfTheScalarRow) {
+    for (int64_t n : {1, 7, 8, 128, 2051}) {
+        const auto x = f16_floats(size_t(n), uint32_t(n));
+        const auto w = f16_floats(size_t(n), uint32_t(n + 1));
+        for (const float* wp : {static_cast<const float*>(nullptr), w.data()}) {
+            std::vector<float> want(x.size()), got(x.size());
+            backend::kernels::rms_norm_row(x.data(), wp, n, 1e-5f, want.data());
+            cpu::simd().rms_norm(x.data(), wp, n, 1e-5f, got.data());
+            auto inplace = x;
+            cpu::simd().rms_norm(inplace.data(), wp, n, 1e-5f, inplace.data());
+            ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << n;
+            ASSERT_EQ(0, std::memcmp(want.data(), inplace.data(), want.size() * sizeof(float)))
+                << n;
+            double ss = 0;
+            for (float v : x) ss += double(v) * v;
+            const double scale = 1.0 / std::sqrt(ss / double(n) + 1e-5);
+            for (int64_t i = 0; i < n; ++i)
+                ASSERT_NEAR(got[size_t(i)], x[size_t(i)] * scale * (wp ? wp[i] : 1.0f),
+                            1e-5 * std::fabs(x[size_t(i)] * scale) + 1e-7);
         }
     }
 }

@@ -155,8 +155,7 @@ class CpuBackend final : public Backend {
                   float eps, float* y, int64_t ys) override {
         OpTimer timer_(profile_, "rms_norm");
         pool_.parallel_for(n_rows, 8, [&](int64_t b, int64_t e, int) {
-            for (int64_t r = b; r < e; ++r)
-                kernels::rms_norm_row(x + r * xs, w, dim, eps, y + r * ys);
+            for (int64_t r = b; r < e; ++r) simd().rms_norm(x + r * xs, w, dim, eps, y + r * ys);
         });
     }
 

@@ -43,7 +43,7 @@ void CpuBackend::pool_compress(const CacheRows& cells, int64_t Dk, int64_t Gw, i
                     acc += logit[size_t(s * Gw + gi)] * rows[size_t(s * cells.width + i)];
                 pooled[size_t(i)] = acc;
             }
-            kernels::rms_norm_row(pooled.data(), norm_w, Dk, eps, pooled.data());
+            simd().rms_norm(pooled.data(), norm_w, Dk, eps, pooled.data());
             const int32_t row = int32_t(j);
             cache_store(pools, pooled.data(), Dk, 1, &row);
         }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu_kernels.h"
 #include "core/fp16.h"
 #include "quant/ops.h"
 
@@ -96,7 +97,8 @@ SimdOps pick() {
                 scores_by_rows<scalar::dot_f32_f16>,
                 scalar::softmax,
                 weighted_sum_by_rows<scalar::axpy_f16>,
-                scalar::swiglu};
+                scalar::swiglu,
+                kernels::rms_norm_row};
     SimdOps ops{avx2::axpy_f32,
                 avx2::axpy_f16,
                 avx2::f16_to_f32,
@@ -106,7 +108,8 @@ SimdOps pick() {
                 scores_by_rows<avx2::dot_f32_f16>,
                 scalar::softmax,
                 weighted_sum_by_rows<avx2::axpy_f16>,
-                scalar::swiglu};
+                scalar::swiglu,
+                avx2::rms_norm};
     if (quant::cpu_has_avx512()) {
         ops.scores_f16 = avx512::scores_f16;
         ops.weighted_sum_f16 = avx512::weighted_sum_f16;

@@ -50,6 +50,8 @@ struct SimdOps {
     // out[i] = silu(g[i]) * u[i]; with clamp > 1e-6, g[i] is first capped at
     // clamp and u[i] clamped to [-clamp, clamp]. out may alias g or u.
     void (*swiglu)(int64_t n, const float* g, const float* u, float clamp, float* out);
+    // y = x / sqrt(mean(x^2) + eps) [* w] (kernels::rms_norm_row, same bits)
+    void (*rms_norm)(const float* x, const float* w, int64_t n, float eps, float* y);
 };
 
 const SimdOps& simd();
@@ -66,6 +68,7 @@ void softmax(float* x, int64_t n, bool round_f16);
 void swiglu(int64_t n, const float* g, const float* u, float clamp, float* out);
 }  // namespace scalar
 namespace avx2 {
+void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y);
 void axpy_f32(int64_t n, float a, const float* x, float* y);
 void axpy_f16(int64_t n, float a, const uint16_t* x, float* y);
 void f16_to_f32(int64_t n, const uint16_t* src, float* dst);

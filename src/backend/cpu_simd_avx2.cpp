@@ -2,6 +2,8 @@
 // only: no inline function here is shared with baseline code.
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "backend/cpu_simd.h"
 
 namespace glm5::backend::cpu::avx2 {
@@ -17,6 +19,33 @@ inline float fma1(float a, float b, float c) {
     return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
 }
 }  // namespace
+
+// The scalar rms_norm_row's arithmetic (cpu_kernels.h), lane for lane: the
+// eight partial sums are the two double vectors' lanes.
+void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 sq = _mm256_mul_ps(v, v);
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
+    }
+    double acc[8];
+    _mm256_storeu_pd(acc, a0);
+    _mm256_storeu_pd(acc + 4, a1);
+    double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; ++i) sum += double(x[i] * x[i]);
+    const float mean = float(sum / double(n));
+    const float scale = 1.0f / std::sqrt(mean + eps);
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
+        if (w) v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
+        _mm256_storeu_ps(y + i, v);
+    }
+    for (; i < n; ++i) y[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
+}
 
 void axpy_f32(int64_t n, float a, const float* x, float* y) {
     const __m256 va = _mm256_set1_ps(a);
