@@ -3,11 +3,14 @@
 # model. Prints the aggregate generated tokens/s of each and their ratio (the engine
 # decodes all slots in one forward, reading the weights once, so N streams should get
 # well over 1x; the target for 4 is >= 2x). Prints numbers, never passes or fails.
+# Each round runs 1 stream and then N, and the ratio reported is the median of the
+# rounds' ratios: the machine's speed drifts, and only runs close in time compare.
 #
 # usage: bench/serve_concurrency.sh [MODEL] [GLM5_BINARY]
 #   MODEL        default bench/out/bench-q4_k_m.gguf (bench/make_bench_models.sh bench/out)
 #   GLM5_BINARY  default $GLM5, then build/glm5
-# env: STREAMS (4), TOKENS per request (64), THREADS (all cores), ROUNDS (3, best kept)
+# env: STREAMS (4), TOKENS per request (64), THREADS (all cores), ROUNDS (3),
+#      GLM5_FLAGS (extra serve flags, default "--no-mmap --repack" as bench/compare.sh)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,6 +20,7 @@ streams=${STREAMS:-4}
 tokens=${TOKENS:-64}
 threads=${THREADS:-$(nproc)}
 rounds=${ROUNDS:-3}
+glm5_flags=${GLM5_FLAGS:---no-mmap --repack}
 for f in "$model" "$glm5"; do
     if [[ ! -e $f ]]; then
         echo "$0: $f does not exist (bench/make_bench_models.sh makes the model; build glm5)" >&2
@@ -36,8 +40,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# shellcheck disable=SC2086  # glm5_flags is a list of flags
 "$glm5" serve -m "$model" --port 0 --threads "$threads" --parallel "$streams" --ctx-size 1024 \
-    --no-log-requests 2>"$work/server.log" &
+    --no-log-requests $glm5_flags 2>"$work/server.log" &
 server_pid=$!
 port=
 for _ in $(seq 1 600); do
@@ -74,15 +79,14 @@ run() {
     awk -v a="$t0" -v b="$t1" -v t="$total" 'BEGIN { printf "%d %.3f\n", t, b - a }'
 }
 
-best() {  # best tokens/s over $rounds runs of $1 streams
-    local n=$1 best_rate=0 line
-    for _ in $(seq 1 "$rounds"); do
-        line=$(run "$n")
-        best_rate=$(echo "$line" | awk -v b="$best_rate" '{ r = $2 > 0 ? $1 / $2 : 0; print (r > b ? r : b) }')
-        echo "  $n stream(s): $(echo "$line" | awk '{ printf "%d tokens in %.2f s = %.1f tokens/s", $1, $2, ($2 > 0 ? $1 / $2 : 0) }')" >&2
-    done
-    echo "$best_rate"
+rate() {  # tokens/s of one run of $1 streams; logs the run
+    local line
+    line=$(run "$1")
+    echo "  $1 stream(s): $(echo "$line" | awk '{ printf "%d tokens in %.2f s = %.1f tokens/s", $1, $2, ($2 > 0 ? $1 / $2 : 0) }')" >&2
+    echo "$line" | awk '{ print ($2 > 0 ? $1 / $2 : 0) }'
 }
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 
 # The engine's own account of a phase (from /metrics): forwards, time per forward,
 # tokens per forward. Tells the model's batch scaling apart from HTTP overhead.
@@ -93,17 +97,26 @@ engine_report() {  # $1 $2: snapshots before and after
         if (f > 0) printf "  engine: %d forwards, %.1f ms per forward, %.2f tokens per forward\n", f, 1000 * s / f, t / f }' >&2
 }
 
-echo "model $(basename "$model"), $threads threads, $tokens tokens per request, best of $rounds" >&2
+echo "model $(basename "$model"), $threads threads, $tokens tokens per request, $rounds rounds, flags: $glm5_flags" >&2
 request 0  # warm-up: pages in the weights
-s0=$(snapshot)
-one=$(best 1)
-s1=$(snapshot)
-engine_report "$s0" "$s1"
-many=$(best "$streams")
-s2=$(snapshot)
-engine_report "$s1" "$s2"
-awk -v a="$one" -v b="$many" -v n="$streams" 'BEGIN {
-    printf "1 stream:   %8.1f tokens/s\n", a
-    printf "%d streams: %8.1f tokens/s aggregate\n", n, b
-    printf "ratio:      %8.2fx (target >= 2x for 4 streams)\n", (a > 0 ? b / a : 0)
+ones=() manys=() ratios=()
+for r in $(seq 1 "$rounds"); do
+    echo "round $r/$rounds" >&2
+    s0=$(snapshot)
+    a=$(rate 1)
+    s1=$(snapshot)
+    engine_report "$s0" "$s1"
+    b=$(rate "$streams")
+    s2=$(snapshot)
+    engine_report "$s1" "$s2"
+    ones+=("$a") manys+=("$b")
+    ratios+=("$(awk -v a="$a" -v b="$b" 'BEGIN { print (a > 0 ? b / a : 0) }')")
+done
+one=$(printf '%s\n' "${ones[@]}" | median)
+many=$(printf '%s\n' "${manys[@]}" | median)
+ratio=$(printf '%s\n' "${ratios[@]}" | median)
+awk -v a="$one" -v b="$many" -v n="$streams" -v q="$ratio" -v each="${ratios[*]}" 'BEGIN {
+    printf "1 stream:   %8.1f tokens/s (median)\n", a
+    printf "%d streams: %8.1f tokens/s aggregate (median)\n", n, b
+    printf "ratio:      %8.2fx (median of the rounds: %s; target >= 2x for 4 streams)\n", q, each
 }'
