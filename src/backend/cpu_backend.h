@@ -232,7 +232,6 @@ class CpuBackend final : public Backend {
         };
         std::vector<Act> acts;
         std::vector<size_t> act_of(outs.size());
-        int64_t total = 0;
         for (size_t j = 0; j < outs.size(); ++j) {
             const Weight& w = *outs[j].w;
             const quant::Type at = quant::traits(w.type).vec_dot_type;
@@ -246,27 +245,15 @@ class CpuBackend final : public Backend {
                 acts.push_back({at, d, arow});
             }
             act_of[j] = a;
-            total += w.rows;
         }
-        struct Task {
-            size_t out;
-            int64_t r0, r1;
-        };
-        std::vector<Task> tasks;
-        const int64_t want = total / (8 * pool_.size());
-        for (size_t j = 0; j < outs.size(); ++j) {
-            const Weight& w = *outs[j].w;
-            const int64_t grain = row_grain(w, want);
-            for (int64_t r0 = 0; r0 < w.rows; r0 += grain)
-                tasks.push_back({j, r0, std::min(w.rows, r0 + grain)});
-        }
-        pool_.parallel_for(int64_t(tasks.size()), 1, [&](int64_t b, int64_t e, int) {
-            for (int64_t i = b; i < e; ++i) {
-                const Task& tk = tasks[size_t(i)];
-                const MatmulOut& o = outs[tk.out];
-                const Act& a = acts[act_of[tk.out]];
-                product_rows(*o.w, 0, tk.r0, tk.r1, a.data, a.arow, n_tok, o.y, o.y_stride);
-            }
+        std::vector<int64_t> off(outs.size() + 1, 0);
+        for (size_t j = 0; j < outs.size(); ++j) off[j + 1] = off[j] + row_units(*outs[j].w);
+        for_segments(off, [&](size_t j, int64_t u0, int64_t u1) {
+            const MatmulOut& o = outs[j];
+            const Act& a = acts[act_of[j]];
+            const int64_t R = unit_rows(*o.w);
+            product_rows(*o.w, 0, u0 * R, std::min(o.w->rows, u1 * R), a.data, a.arow, n_tok, o.y,
+                         o.y_stride);
         });
         for (const MatmulOut& o : outs) weight_bytes_ += o.w->slice_bytes;
         matmul_calls_ += outs.size();
@@ -483,15 +470,13 @@ class CpuBackend final : public Backend {
         if (n <= 0) return;
         size_t arow = 0;
         const uint8_t* act = quantize_acts(act_buf_, w.type, w.cols, S, x, x_tok, x_slice, n, arow);
-        const int64_t grain = row_grain(w, w.rows * S / (8 * pool_.size()));
-        const int64_t chunks = (w.rows + grain - 1) / grain;
-        pool_.parallel_for(S * chunks, 1, [&](int64_t b, int64_t e, int) {
-            for (int64_t task = b; task < e; ++task) {
-                const int64_t s = task / chunks;
-                const int64_t r0 = (task % chunks) * grain, r1 = std::min(w.rows, r0 + grain);
-                product_rows(w, s, r0, r1, act + size_t(s * n) * arow, arow, n, y + s * y_slice,
-                             y_tok);
-            }
+        const int64_t U = row_units(w), R = unit_rows(w);
+        std::vector<int64_t> off(size_t(S + 1));
+        for (int64_t s = 0; s <= S; ++s) off[size_t(s)] = s * U;
+        for_segments(off, [&](size_t s, int64_t u0, int64_t u1) {
+            product_rows(w, int64_t(s), u0 * R, std::min(w.rows, u1 * R),
+                         act + size_t(int64_t(s) * n) * arow, arow, n, y + int64_t(s) * y_slice,
+                         y_tok);
         });
         weight_bytes_ += uint64_t(S) * w.slice_bytes;
         matmul_calls_ += 1;
@@ -524,17 +509,28 @@ class CpuBackend final : public Backend {
         }
     }
 
-    // Rows per task for a split of a weight's rows: `want` clamped to [1,
-    // 1024], whole groups for a repacked weight. Long runs of rows matter in
-    // decode: every task starts a new memory stream, and short ones (64 rows)
-    // left a fifth of the bandwidth unused.
-    static int64_t row_grain(const Weight& w, int64_t want) {
-        int64_t g = std::clamp<int64_t>(want, 1, 1024);
-        if (w.repacked) {
-            const int64_t R = quant::repack_rows(w.type);
-            g = (g + R - 1) / R * R;
-        }
-        return g;
+    // Scheduling units of a weight's rows: whole groups when it is repacked
+    // (the plain rows after the last group are one more unit), 16 rows
+    // otherwise.
+    static int64_t unit_rows(const Weight& w) {
+        return w.repacked ? quant::repack_rows(w.type) : 16;
+    }
+    static int64_t row_units(const Weight& w) { return (w.rows + unit_rows(w) - 1) / unit_rows(w); }
+
+    // Segment i holds units [off[i], off[i + 1]); the units are handed out in
+    // guided chunks (ThreadPool::parallel_for_guided) and fn(i, u0, u1) runs
+    // for each segment's part of a chunk. One list for all the matrices of
+    // an op: the threads finish together whatever the matrices' sizes.
+    template <class F>
+    void for_segments(const std::vector<int64_t>& off, F&& fn) {
+        pool_.parallel_for_guided(off.back(), 1, [&](int64_t b, int64_t e, int) {
+            size_t i = size_t(std::upper_bound(off.begin(), off.end(), b) - off.begin()) - 1;
+            for (; b < e; ++i) {
+                const int64_t end = std::min(e, off[i + 1]);
+                if (end > b) fn(i, b - off[i], end - off[i]);
+                b = end;
+            }
+        });
     }
 
     // y[t * y_tok + r] = row r of slice s . activation row t (act + t*arow),

@@ -99,6 +99,28 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     });
 }
 
+void ThreadPool::parallel_for_guided(int64_t n, int64_t min_grain,
+                                     const std::function<void(int64_t, int64_t, int)>& fn) {
+    if (n <= 0) return;
+    min_grain = std::max<int64_t>(1, min_grain);
+    if (n_threads_ == 1 || n <= min_grain) {
+        fn(0, n, 0);
+        return;
+    }
+    const int64_t div = 2 * int64_t(n_threads_);
+    std::atomic<int64_t> next{0};
+    run([&](int ith, int) {
+        int64_t b = next.load(std::memory_order_relaxed);
+        for (;;) {
+            if (b >= n) break;
+            const int64_t len = std::max(min_grain, (n - b + div - 1) / div);
+            if (!next.compare_exchange_weak(b, b + len, std::memory_order_relaxed)) continue;
+            fn(b, std::min(n, b + len), ith);
+            b = next.load(std::memory_order_relaxed);
+        }
+    });
+}
+
 int ThreadPool::default_threads() {
     cpu_set_t set;
     CPU_ZERO(&set);

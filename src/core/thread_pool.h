@@ -12,7 +12,7 @@
 namespace glm5 {
 
 class ThreadPool {
-public:
+  public:
     // n_threads counts the calling thread: ThreadPool(1) runs everything inline.
     explicit ThreadPool(int n_threads);
     ~ThreadPool();
@@ -31,10 +31,18 @@ public:
     void parallel_for(int64_t n, int64_t grain,
                       const std::function<void(int64_t begin, int64_t end, int ith)>& fn);
 
+    // As parallel_for, with chunks that shrink as the work runs out: each
+    // grab takes half of a thread's share of what is left (at least
+    // min_grain),
+    // so the first chunks are long (one memory stream each in a GEMV) and
+    // the last ones short, and the threads finish close together.
+    void parallel_for_guided(int64_t n, int64_t min_grain,
+                             const std::function<void(int64_t begin, int64_t end, int ith)>& fn);
+
     // Threads to use when the user does not say: the physical cores we may run on.
     static int default_threads();
 
-private:
+  private:
     void worker(int ith);
 
     int n_threads_;
