@@ -64,6 +64,10 @@ int cmd_bench(int argc, char** argv) {
     a.option("n-gen", "N", "64", "generated tokens of the tg test (0: skip)", "-n");
     a.option("repetitions", "N", "3", "repetitions of each test", "-r");
     a.option("ubatch", "N", "512", "prompt micro-batch size");
+    a.option("depth", "N", "0",
+             "tokens already in each sequence's cache before the pp and tg tests (prefilled "
+             "untimed, as llama-bench -d): speed deep into a conversation",
+             "-d");
     a.option("parallel", "N", "1",
              "sequences decoded together in the tg test (one forward per step); above 1, each "
              "repetition also decodes one sequence alone and the paired speed-up is reported");
@@ -76,15 +80,30 @@ int cmd_bench(int argc, char** argv) {
     const int64_t ubatch = a.get_int("ubatch", 1, 1 << 16);
     const int64_t bw_bytes = a.get_int("bandwidth-bytes", 1 << 20, int64_t(1) << 40);
     const int64_t n_par = a.get_int("parallel", 1, 1024);
+    const int64_t depth = a.get_int("depth", 0, 1 << 20);
     LoadedModel m = open_model(a);
     model::Model& model = *m.model;
     backend::Backend& be = model.backend();
     const int64_t V = model.info().n_vocab;
-    const int64_t n_ctx = std::max<int64_t>(n_prompt, n_gen) + 8;
+    const int64_t n_ctx = depth + std::max<int64_t>(n_prompt, n_gen) + 8;
+
+    // A fresh sequence holding `depth` tokens (prefilled in micro-batches, untimed).
+    auto new_seq = [&](uint64_t seed) {
+        auto st = model.new_state(n_ctx);
+        const auto toks = random_tokens(depth, V, seed ^ 0x5eedull);
+        std::vector<float> lg;
+        for (int64_t i = 0; i < depth; i += ubatch) {
+            const int64_t n = std::min(ubatch, depth - i);
+            model::SeqInput in{st.get(), std::span<const int32_t>(toks.data() + i, size_t(n)),
+                               false, false};
+            model.forward({&in, 1}, lg);
+        }
+        return st;
+    };
 
     auto run_pp = [&](uint64_t seed) {
         const auto toks = random_tokens(n_prompt, V, seed);
-        auto st = model.new_state(n_ctx);
+        auto st = new_seq(seed);
         std::vector<float> lg;
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < n_prompt; i += ubatch) {
@@ -101,7 +120,7 @@ int cmd_bench(int argc, char** argv) {
         std::vector<std::unique_ptr<model::SequenceState>> st;
         for (int64_t s = 0; s < n_seq; ++s) {
             toks.push_back(random_tokens(n_gen, V, seed * 131 + uint64_t(s)));
-            st.push_back(model.new_state(n_ctx));
+            st.push_back(new_seq(seed * 131 + uint64_t(s)));
         }
         std::vector<float> lg;
         std::vector<model::SeqInput> in(static_cast<size_t>(n_seq));
@@ -166,9 +185,10 @@ int cmd_bench(int argc, char** argv) {
                       s.sd);
         out += buf;
     };
-    if (!pp.empty()) row("pp" + std::to_string(n_prompt), stats(pp));
+    const std::string at = depth > 0 ? " @ d" + std::to_string(depth) : "";
+    if (!pp.empty()) row("pp" + std::to_string(n_prompt) + at, stats(pp));
     if (!tg.empty())
-        row("tg" + std::to_string(n_gen) +
+        row("tg" + std::to_string(n_gen) + at +
                 (n_par > 1 ? " x" + std::to_string(n_par) + " seqs" : ""),
             stats(tg));
 
