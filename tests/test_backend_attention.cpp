@@ -242,12 +242,18 @@ TEST(AttentionBackend, QueryOutputIndependentOfBatch) {
     BackendOptions opt;
     opt.n_threads = 2;
     auto be = make_cpu_backend(opt);
-    const int64_t rows = 300;
+    // Alone, a query of 1536 or more rows takes the decode path that splits
+    // rows and value columns between the threads (attend_wide); batched,
+    // each query is one task.
+    const int64_t rows = 2100;
     Cache c(rows, kWidth, 8);
     CacheRows cr{reinterpret_cast<uint8_t*>(c.bits.data()), kWidth, CacheType::F16};
-    const std::vector<int32_t> lens = {1, 17, 64, 300};
+    const std::vector<int32_t> lens = {1, 17, 64, 300, 700, 2100};
     const std::vector<int32_t> picked = {5, 250, 31, 7, 199, 120};
-    const int64_t nq = int64_t(lens.size()) + 1;
+    std::vector<int32_t> picked_long;  // a sparse selection of 1680 rows, ascending
+    for (int32_t j = 0; j < int32_t(rows); ++j)
+        if (j % 5 != 0) picked_long.push_back(j);
+    const int64_t nq = int64_t(lens.size()) + 2;
     std::vector<std::vector<float>> qs, outs(static_cast<size_t>(nq));
     std::vector<Backend::AttentionQuery> batch(static_cast<size_t>(nq));
     for (int64_t i = 0; i < nq; ++i) {
@@ -259,8 +265,9 @@ TEST(AttentionBackend, QueryOutputIndependentOfBatch) {
         if (i < int64_t(lens.size())) {
             a.visible.n_dense = lens[size_t(i)];
         } else {
-            a.visible.rows = picked.data();
-            a.visible.n_rows = int32_t(picked.size());
+            const auto& sel = i == int64_t(lens.size()) ? picked : picked_long;
+            a.visible.rows = sel.data();
+            a.visible.n_rows = int32_t(sel.size());
         }
         a.out = outs[size_t(i)].data();
     }
