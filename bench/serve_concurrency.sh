@@ -110,7 +110,7 @@ for r in $(seq 1 "$rounds"); do
     s2=$(snapshot)
     engine_report "$s1" "$s2"
     ones+=("$a") manys+=("$b")
-    ratios+=("$(awk -v a="$a" -v b="$b" 'BEGIN { print (a > 0 ? b / a : 0) }')")
+    ratios+=("$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", (a > 0 ? b / a : 0) }')")
 done
 one=$(printf '%s\n' "${ones[@]}" | median)
 many=$(printf '%s\n' "${manys[@]}" | median)
