@@ -246,15 +246,13 @@ class CpuBackend final : public Backend {
             }
             act_of[j] = a;
         }
-        std::vector<int64_t> off(outs.size() + 1, 0);
-        for (size_t j = 0; j < outs.size(); ++j) off[j + 1] = off[j] + row_units(*outs[j].w);
-        for_segments(off, [&](size_t j, int64_t u0, int64_t u1) {
-            const MatmulOut& o = outs[j];
-            const Act& a = acts[act_of[j]];
-            const int64_t R = unit_rows(*o.w);
-            product_rows(*o.w, 0, u0 * R, std::min(o.w->rows, u1 * R), a.data, a.arow, n_tok, o.y,
-                         o.y_stride);
-        });
+        for_weight_rows(
+            outs.size(), [&](size_t j) -> const Weight& { return *outs[j].w; },
+            [&](size_t j, int64_t r0, int64_t r1) {
+                const Act& a = acts[act_of[j]];
+                product_rows(*outs[j].w, 0, r0, r1, a.data, a.arow, n_tok, outs[j].y,
+                             outs[j].y_stride);
+            });
         for (const MatmulOut& o : outs) weight_bytes_ += o.w->slice_bytes;
         matmul_calls_ += outs.size();
     }
@@ -335,28 +333,15 @@ class CpuBackend final : public Backend {
         const int64_t nq = int64_t(queries.size());
         if (nq < pool_.size() && queries[0].cache.type == CacheType::F16) {
             for (const AttentionQuery& q : queries) {
-                const int64_t n = q.visible.n_dense > 0 ? q.visible.n_dense : q.visible.n_rows;
-                if (n < kWideRows) {
-                    pool_.parallel_for(pool_.size(), 1, [&](int64_t b, int64_t e, int ith) {
-                        for (int64_t g = b; g < e; ++g)
-                            attend(q, g * n_heads / pool_.size(), (g + 1) * n_heads / pool_.size(),
-                                   v_width, scale, per_thread_[size_t(ith)]);
-                    });
-                } else {
+                if (n_visible(q) < kWideRows)
+                    attend_split({&q, 1}, pool_.size(), n_heads, v_width, scale);
+                else
                     attend_wide(q, n_heads, v_width, scale);
-                }
             }
             return;
         }
-        const int64_t groups = std::clamp<int64_t>((pool_.size() + nq - 1) / nq, 1, n_heads);
-        pool_.parallel_for(nq * groups, 1, [&](int64_t b, int64_t e, int ith) {
-            PerThread& pt = per_thread_[size_t(ith)];
-            for (int64_t task = b; task < e; ++task) {
-                const int64_t g = task % groups;
-                attend(queries[size_t(task / groups)], g * n_heads / groups,
-                       (g + 1) * n_heads / groups, v_width, scale, pt);
-            }
-        });
+        attend_split(queries, std::clamp<int64_t>((pool_.size() + nq - 1) / nq, 1, n_heads),
+                     n_heads, v_width, scale);
     }
 
     // ---- mixture of experts ----------------------------------------------------
@@ -410,6 +395,24 @@ class CpuBackend final : public Backend {
         return buf;
     }
 
+    // Each query's heads in `groups` tasks, one attend() per task.
+    void attend_split(std::span<const AttentionQuery> queries, int64_t groups, int64_t n_heads,
+                      int64_t v_width, float scale) {
+        pool_.parallel_for(int64_t(queries.size()) * groups, 1, [&](int64_t b, int64_t e, int ith) {
+            PerThread& pt = per_thread_[size_t(ith)];
+            for (int64_t task = b; task < e; ++task) {
+                const int64_t g = task % groups;
+                attend(queries[size_t(task / groups)], g * n_heads / groups,
+                       (g + 1) * n_heads / groups, v_width, scale, pt);
+            }
+        });
+    }
+
+    // Rows a query reads: the dense prefix, else its selection.
+    static int64_t n_visible(const AttentionQuery& q) {
+        return q.visible.n_dense > 0 ? q.visible.n_dense : q.visible.n_rows;
+    }
+
     // Decode deep into a context (one query, many visible rows, F16 cache):
     // the threads split the rows, then the heads, then the value columns,
     // so each row is read and converted once in each pass instead of once
@@ -425,7 +428,7 @@ class CpuBackend final : public Backend {
     void attend_wide(const AttentionQuery& q, int64_t H, int64_t v_width, float scale) {
         const CacheRows& c = q.cache;
         const int64_t W = c.width;
-        const int64_t n = q.visible.n_dense > 0 ? q.visible.n_dense : q.visible.n_rows;
+        const int64_t n = n_visible(q);
         const int32_t* idx = q.visible.n_dense > 0 ? nullptr : q.visible.rows;
         const SimdOps& sv = simd();
         // Rows [j0, ..) of the visible set, columns from c0 on.
@@ -471,7 +474,7 @@ class CpuBackend final : public Backend {
         const CacheRows& c = q.cache;
         const int64_t W = c.width, nh = h1 - h0;
         const bool f16 = c.type == CacheType::F16;
-        const int64_t n = q.visible.n_dense > 0 ? q.visible.n_dense : q.visible.n_rows;
+        const int64_t n = n_visible(q);
         const SimdOps& sv = simd();
         const quant::VecDotFn dot32 = quant::vec_dot_fn(quant::Type::F32);
         auto row_ptr = [&](int64_t j) {
@@ -541,14 +544,12 @@ class CpuBackend final : public Backend {
         if (n <= 0) return;
         size_t arow = 0;
         const uint8_t* act = quantize_acts(act_buf_, w.type, w.cols, S, x, x_tok, x_slice, n, arow);
-        const int64_t U = row_units(w), R = unit_rows(w);
-        std::vector<int64_t> off(size_t(S + 1));
-        for (int64_t s = 0; s <= S; ++s) off[size_t(s)] = s * U;
-        for_segments(off, [&](size_t s, int64_t u0, int64_t u1) {
-            product_rows(w, int64_t(s), u0 * R, std::min(w.rows, u1 * R),
-                         act + size_t(int64_t(s) * n) * arow, arow, n, y + int64_t(s) * y_slice,
-                         y_tok);
-        });
+        for_weight_rows(
+            size_t(S), [&](size_t) -> const Weight& { return w; },
+            [&](size_t s, int64_t r0, int64_t r1) {
+                product_rows(w, int64_t(s), r0, r1, act + size_t(int64_t(s) * n) * arow, arow, n,
+                             y + int64_t(s) * y_slice, y_tok);
+            });
         weight_bytes_ += uint64_t(S) * w.slice_bytes;
         matmul_calls_ += 1;
     }
@@ -586,19 +587,28 @@ class CpuBackend final : public Backend {
     static int64_t unit_rows(const Weight& w) {
         return w.repacked ? quant::repack_rows(w.type) : 16;
     }
-    static int64_t row_units(const Weight& w) { return (w.rows + unit_rows(w) - 1) / unit_rows(w); }
 
-    // Segment i holds units [off[i], off[i + 1]); the units are handed out in
-    // guided chunks (ThreadPool::parallel_for_guided) and fn(i, u0, u1) runs
-    // for each segment's part of a chunk. One list for all the matrices of
-    // an op: the threads finish together whatever the matrices' sizes.
-    template <class F>
-    void for_segments(const std::vector<int64_t>& off, F&& fn) {
+    // fn(i, r0, r1) over the rows of weights weight_of(0 .. n-1): their
+    // scheduling units form one list, handed out in guided chunks
+    // (ThreadPool::parallel_for_guided), and fn runs for each weight's part
+    // of a chunk. One list for all the matrices of an op: the threads finish
+    // together whatever the matrices' sizes.
+    template <class WeightOf, class F>
+    void for_weight_rows(size_t n, WeightOf&& weight_of, F&& fn) {
+        std::vector<int64_t> off(n + 1, 0);
+        for (size_t i = 0; i < n; ++i) {
+            const Weight& w = weight_of(i);
+            off[i + 1] = off[i] + (w.rows + unit_rows(w) - 1) / unit_rows(w);
+        }
         pool_.parallel_for_guided(off.back(), 1, [&](int64_t b, int64_t e, int) {
             size_t i = size_t(std::upper_bound(off.begin(), off.end(), b) - off.begin()) - 1;
             for (; b < e; ++i) {
                 const int64_t end = std::min(e, off[i + 1]);
-                if (end > b) fn(i, b - off[i], end - off[i]);
+                if (end > b) {
+                    const Weight& w = weight_of(i);
+                    const int64_t R = unit_rows(w);
+                    fn(i, (b - off[i]) * R, std::min(w.rows, (end - off[i]) * R));
+                }
                 b = end;
             }
         });

@@ -134,37 +134,21 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     }
 
     // fn(unit, matrix, r0, r1) over the rows of matrices [0, n_mat) of every
-    // unit (rows_of(unit) rows each), in guided chunks over all of them
-    // (for_segments), whole groups when the weight is repacked.
-    struct Seg {
-        size_t unit;
-        int mat;
-    };
-    std::vector<Seg> segs;
-    std::vector<int64_t> off;
-    auto for_unit_rows = [&](int n_mat, auto rows_of, auto weight_of, auto fn) {
-        segs.clear();
-        off.assign(1, 0);
-        for (size_t i = 0; i < units.size(); ++i)
-            for (int mat = 0; mat < n_mat; ++mat) {
-                const int64_t R = unit_rows(*weight_of(units[i], mat));
-                segs.push_back({i, mat});
-                off.push_back(off.back() + (rows_of(units[i]) + R - 1) / R);
-            }
-        for_segments(off, [&](size_t k, int64_t u0, int64_t u1) {
-            const Seg& sg = segs[k];
-            const Unit& un = units[sg.unit];
-            const int64_t R = unit_rows(*weight_of(un, sg.mat));
-            fn(un, sg.mat, u0 * R, std::min(rows_of(un), u1 * R));
-        });
+    // unit (weight_of(unit, matrix)), all in one guided pass.
+    auto for_unit_rows = [&](int n_mat, auto weight_of, auto fn) {
+        for_weight_rows(
+            units.size() * size_t(n_mat),
+            [&](size_t k) -> const Weight& { return *weight_of(units[k / n_mat], int(k % n_mat)); },
+            [&](size_t k, int64_t r0, int64_t r1) {
+                fn(units[k / n_mat], int(k % n_mat), r0, r1);
+            });
     };
 
     phase.reset();
     phase.emplace(profile_, "moe.gate_up");
     // Gate and up projections, SwiGLU.
     for_unit_rows(
-        2, [](const Unit& un) { return un.width; },
-        [](const Unit& un, int mat) { return mat == 0 ? un.gate : un.up; },
+        2, [](const Unit& un, int mat) { return mat == 0 ? un.gate : un.up; },
         [&](const Unit& un, int mat, int64_t r0, int64_t r1) {
             if (mat == 0)
                 product_rows(*un.gate, un.slice, r0, r1, un.ag, un.arow_g, un.n, un.g, un.width);
@@ -189,7 +173,7 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
         sh.ad = quantize_acts(act_buf2_, m.shared_down.type, S, 1, g + P * F, S, 0, T, sh.arow_d);
     }
     for_unit_rows(
-        1, [&](const Unit&) { return E; }, [](const Unit& un, int) { return un.down; },
+        1, [](const Unit& un, int) { return un.down; },
         [&](const Unit& un, int, int64_t r0, int64_t r1) {
             product_rows(*un.down, un.slice, r0, r1, un.ad, un.arow_d, un.n, un.o, E);
         });
