@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 #include "core/error.h"
 #include "gguf/gguf.h"
@@ -159,21 +160,14 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
         // ---- attention input: the projections of the normed row (one op),
         // the query latent and what the query latent feeds.
         be.rms_norm(x, E, L.attn_norm, T, E, h.eps, xn, E);
-        {
-            std::vector<backend::Backend::MatmulOut> outs = {{&L.q_a, qr, h.q_lora},
-                                                             {&L.kv_a, kv, W}};
-            if (L.full) {
-                outs.push_back({&L.idx_k, ik, Di});
-                outs.push_back({&L.idx_proj, iw, Hi});
-            }
-            be.matmuls(outs, xn, E, T);
-        }
+        // (The indexer's projections, last in each list, only on full layers.)
+        const backend::Backend::MatmulOut from_xn[] = {
+            {&L.q_a, qr, h.q_lora}, {&L.kv_a, kv, W}, {&L.idx_k, ik, Di}, {&L.idx_proj, iw, Hi}};
+        be.matmuls(std::span(from_xn, L.full ? 4 : 2), xn, E, T);
         be.rms_norm(qr, h.q_lora, L.q_a_norm, T, h.q_lora, h.eps, qr, h.q_lora);
-        {
-            std::vector<backend::Backend::MatmulOut> outs = {{&L.q_b, q, H * h.k_mla}};
-            if (L.full) outs.push_back({&L.idx_q_b, iq, Hi * Di});
-            be.matmuls(outs, qr, h.q_lora, T);
-        }
+        const backend::Backend::MatmulOut from_qr[] = {{&L.q_b, q, H * h.k_mla},
+                                                       {&L.idx_q_b, iq, Hi * Di}};
+        be.matmuls(std::span(from_qr, L.full ? 2 : 1), qr, h.q_lora, T);
 
         // ---- lightning indexer (full layers): which cached tokens each query sees
         if (L.full) {
