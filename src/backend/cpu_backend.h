@@ -55,9 +55,7 @@ class ByteBuffer {
 inline float sigmoid(float x) {
     return 1.0f / (1.0f + std::exp(-x));
 }
-inline float silu(float x) {
-    return x / (1.0f + std::exp(-x));
-}
+using kernels::silu;
 
 // GLM5_PROFILE=1 in the environment: wall time per op, printed to stderr
 // when the backend is destroyed (a development aid for performance work).

@@ -22,6 +22,10 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
     return s;
 }
 
+inline float silu(float x) {
+    return x / (1.0f + std::exp(-x));
+}
+
 // y = x / sqrt(mean(x^2) + eps) [* w]; in place allowed.
 inline void rms_norm_row(const float* x, const float* w, int64_t n, float eps, float* y) {
     // Eight partial sums in double, combined in a fixed order: one chain of

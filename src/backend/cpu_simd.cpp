@@ -42,10 +42,10 @@ void swiglu(int64_t n, const float* g, const float* u, float clamp, float* out) 
         for (int64_t i = 0; i < n; ++i) {
             const float gi = std::min(g[i], clamp);
             const float ui = std::clamp(u[i], -clamp, clamp);
-            out[i] = gi / (1.0f + std::exp(-gi)) * ui;
+            out[i] = kernels::silu(gi) * ui;
         }
     } else {
-        for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+        for (int64_t i = 0; i < n; ++i) out[i] = kernels::silu(g[i]) * u[i];
     }
 }
 

@@ -33,9 +33,8 @@ class ThreadPool {
 
     // As parallel_for, with chunks that shrink as the work runs out: each
     // grab takes half of a thread's share of what is left (at least
-    // min_grain),
-    // so the first chunks are long (one memory stream each in a GEMV) and
-    // the last ones short, and the threads finish close together.
+    // min_grain), so the first chunks are long (one memory stream each in a
+    // GEMV) and the last ones short, and the threads finish close together.
     void parallel_for_guided(int64_t n, int64_t min_grain,
                              const std::function<void(int64_t begin, int64_t end, int ith)>& fn);
 

@@ -52,12 +52,14 @@ inline __m512i load(const void* p) {
 // fraction of the bandwidth on these streams. Non-temporal because a weight
 // line is used once per call: prefetchnta measured 2.5-4% faster decode
 // than prefetcht0 (which also fills the outer caches with lines never read
-// again); one block ahead or three were slower than two. The address is computed as an integer:
-// past the end of the matrix it is harmless (prefetches do not fault). Volatile asm rather than
-// _mm_prefetch: GCC counts the prefetch builtin as free of side effects, so
-// a function holding only prefetches that is not inlined early is found
-// const and its calls deleted (which is how the Q5_0 / Q8_0 GEMV's prefetch
-// had silently vanished).
+// again); one block ahead or three were slower than two.
+//
+// The address is computed as an integer: past the end of the matrix it is
+// harmless (prefetches do not fault). Volatile asm rather than _mm_prefetch:
+// GCC counts the prefetch builtin as free of side effects, so a function
+// holding only prefetches that is not inlined early is found const and its
+// calls deleted (which is how the Q5_0 / Q8_0 GEMV's prefetch had silently
+// vanished).
 template <int Bytes>
 inline void prefetch(const void* base, size_t ahead) {
     const uintptr_t p = reinterpret_cast<uintptr_t>(base) + ahead;
