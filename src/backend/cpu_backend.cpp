@@ -21,11 +21,11 @@ OpProfile::~OpProfile() {
     if (!on_ || ops_.empty()) return;
     double total = 0;
     for (const auto& [k, v] : ops_) total += v.first;
-    std::fprintf(stderr, "glm5 op profile (wall time inside each op):\n");
+    std::fprintf(stderr, "glm5 op profile (wall time inside each op, by rows per call):\n");
     for (const auto& [k, v] : ops_)
-        std::fprintf(stderr, "  %-16s %9.3f s %5.1f%%  %10llu calls  %8.2f us/call\n", k.c_str(),
-                     v.first, 100.0 * v.first / total, (unsigned long long)v.second,
-                     1e6 * v.first / double(v.second));
+        std::fprintf(stderr, "  %-16s %6lld rows %9.3f s %5.1f%%  %10llu calls  %8.2f us/call\n",
+                     k.first.c_str(), (long long)k.second, v.first, 100.0 * v.first / total,
+                     (unsigned long long)v.second, 1e6 * v.first / double(v.second));
 }
 
 }  // namespace cpu

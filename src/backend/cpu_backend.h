@@ -57,38 +57,41 @@ inline float sigmoid(float x) {
 }
 using kernels::silu;
 
-// GLM5_PROFILE=1 in the environment: wall time per op, printed to stderr
-// when the backend is destroyed (a development aid for performance work).
+// GLM5_PROFILE=1 in the environment: wall time per op and per rows in the
+// call (tokens for products, attention and the MoE), printed to stderr when
+// the backend is destroyed (a development aid for performance work: batched
+// decode's ops next to single decode's).
 class OpProfile {
   public:
     OpProfile() : on_(std::getenv("GLM5_PROFILE") != nullptr) {}
     ~OpProfile();
     bool on() const { return on_; }
-    void add(const char* op, double s) {
-        auto& e = ops_[op];
+    void add(const char* op, int64_t rows, double s) {
+        auto& e = ops_[{op, rows}];
         e.first += s;
         e.second += 1;
     }
 
   private:
     bool on_;
-    std::map<std::string, std::pair<double, uint64_t>> ops_;
+    std::map<std::pair<std::string, int64_t>, std::pair<double, uint64_t>> ops_;
 };
 
 class OpTimer {
   public:
-    OpTimer(OpProfile& p, const char* op) : p_(p), op_(op) {
+    OpTimer(OpProfile& p, const char* op, int64_t rows) : p_(p), op_(op), rows_(rows) {
         if (p_.on()) t0_ = std::chrono::steady_clock::now();
     }
     ~OpTimer() {
         if (p_.on())
-            p_.add(op_,
+            p_.add(op_, rows_,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
     }
 
   private:
     OpProfile& p_;
     const char* op_;
+    int64_t rows_;
     std::chrono::steady_clock::time_point t0_;
 };
 
@@ -140,7 +143,7 @@ class CpuBackend final : public Backend {
 
     // ---- elementwise ---------------------------------------------------------
     void embed(const Weight& table, std::span<const int32_t> ids, float* out) override {
-        OpTimer timer_(profile_, "embed");
+        OpTimer timer_(profile_, "embed", int64_t(ids.size()));
         if (table.repacked) throw Error("embed: a repacked table has no plain rows");
         const int64_t E = table.cols;
         pool_.parallel_for(int64_t(ids.size()), 16, [&](int64_t b, int64_t e, int) {
@@ -151,7 +154,7 @@ class CpuBackend final : public Backend {
 
     void rms_norm(const float* x, int64_t xs, const float* w, int64_t n_rows, int64_t dim,
                   float eps, float* y, int64_t ys) override {
-        OpTimer timer_(profile_, "rms_norm");
+        OpTimer timer_(profile_, "rms_norm", n_rows);
         pool_.parallel_for(n_rows, 8, [&](int64_t b, int64_t e, int) {
             for (int64_t r = b; r < e; ++r) simd().rms_norm(x + r * xs, w, dim, eps, y + r * ys);
         });
@@ -159,7 +162,7 @@ class CpuBackend final : public Backend {
 
     void layer_norm(const float* x, const float* w, const float* bias, int64_t n_rows, int64_t dim,
                     float eps, float* y) override {
-        OpTimer timer_(profile_, "layer_norm");
+        OpTimer timer_(profile_, "layer_norm", n_rows);
         pool_.parallel_for(n_rows, 8, [&](int64_t b, int64_t e, int) {
             for (int64_t r = b; r < e; ++r)
                 kernels::layer_norm_row(x + r * dim, w, bias, dim, eps, y + r * dim);
@@ -168,7 +171,7 @@ class CpuBackend final : public Backend {
 
     void rope(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads, int64_t head_stride,
               int64_t n_rot, const int32_t* pos, float freq_base) override {
-        OpTimer timer_(profile_, "rope");
+        OpTimer timer_(profile_, "rope", n_tok);
         pool_.parallel_for(n_tok, 4, [&](int64_t b, int64_t e, int ith) {
             std::vector<float>& cs = per_thread_[size_t(ith)].rope;
             cs.resize(size_t(n_rot));
@@ -181,7 +184,7 @@ class CpuBackend final : public Backend {
     }
 
     void hadamard(float* x, int64_t n_vec, int64_t dim) override {
-        OpTimer timer_(profile_, "hadamard");
+        OpTimer timer_(profile_, "hadamard", n_vec);
         pool_.parallel_for(n_vec, 16, [&](int64_t b, int64_t e, int) {
             for (int64_t v = b; v < e; ++v) kernels::hadamard_row(x + v * dim, dim);
         });
@@ -204,7 +207,7 @@ class CpuBackend final : public Backend {
 
     void swiglu(const float* g, const float* u, int64_t n_rows, int64_t n, int64_t in_stride,
                 float clamp, float* out) override {
-        OpTimer timer_(profile_, "swiglu");
+        OpTimer timer_(profile_, "swiglu", n_rows);
         pool_.parallel_for(n_rows, 16, [&](int64_t b, int64_t e, int) {
             for (int64_t r = b; r < e; ++r)
                 simd().swiglu(n, g + r * in_stride, u + r * in_stride, clamp, out + r * n);
@@ -214,13 +217,13 @@ class CpuBackend final : public Backend {
     // ---- matrix products -------------------------------------------------------
     void matmul(const Weight& w, const float* x, int64_t xs, int64_t n_tok, float* y,
                 int64_t ys) override {
-        OpTimer timer_(profile_, "matmul");
+        OpTimer timer_(profile_, "matmul", n_tok);
         products(w, 1, x, xs, 0, n_tok, y, ys, 0);
     }
 
     void matmuls(std::span<const MatmulOut> outs, const float* x, int64_t xs,
                  int64_t n_tok) override {
-        OpTimer timer_(profile_, "matmuls");
+        OpTimer timer_(profile_, "matmuls", n_tok);
         if (n_tok <= 0 || outs.empty()) return;
         // One quantized copy of x per activation format (outs share few).
         struct Act {
@@ -257,14 +260,14 @@ class CpuBackend final : public Backend {
 
     void matmul_slices(const Weight& w, const float* x, int64_t x_tok, int64_t x_slice,
                        int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice) override {
-        OpTimer timer_(profile_, "matmul_slices");
+        OpTimer timer_(profile_, "matmul_slices", n_tok);
         products(w, w.slices, x, x_tok, x_slice, n_tok, y, y_tok, y_slice);
     }
 
     // ---- caches and attention ----------------------------------------------------
     void cache_store(const CacheRows& c, const float* x, int64_t xs, int64_t n_tok,
                      const int32_t* pos) override {
-        OpTimer timer_(profile_, "cache_store");
+        OpTimer timer_(profile_, "cache_store", n_tok);
         for (int64_t t = 0; t < n_tok; ++t) {
             uint8_t* dst = c.data + size_t(pos[t]) * c.row_bytes();
             const float* src = x + t * xs;
@@ -278,7 +281,7 @@ class CpuBackend final : public Backend {
 
     void indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
                         int64_t top_k) override {
-        OpTimer timer_(profile_, "indexer_select");
+        OpTimer timer_(profile_, "indexer_select", int64_t(queries.size()));
         // Scores for every (query, key chunk), then a top-k per query.
         constexpr int64_t kChunk = 256;
         std::vector<int64_t> first_task(queries.size() + 1, 0);
@@ -322,7 +325,7 @@ class CpuBackend final : public Backend {
 
     void mla_attention(std::span<const AttentionQuery> queries, int64_t n_heads, int64_t v_width,
                        float scale) override {
-        OpTimer timer_(profile_, "mla_attention");
+        OpTimer timer_(profile_, "mla_attention", int64_t(queries.size()));
         // Few queries (decode): split each query's heads across threads, one
         // group per thread (every group converts all the rows it reads, so
         // more groups cost more conversions: two per thread were 10% slower

@@ -8,7 +8,7 @@
 namespace glm5::backend::cpu {
 
 void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out) {
-    OpTimer timer_(profile_, "moe");
+    OpTimer timer_(profile_, "moe", T);
     const int64_t E = m.router.cols, X = m.router.rows, K = m.n_used, F = m.gate.rows;
 
     // Route: sigmoid probabilities; the bias only decides which experts run.
@@ -41,7 +41,7 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
 
     // Phases timed apart under GLM5_PROFILE.
     std::optional<OpTimer> phase;
-    phase.emplace(profile_, "moe.route");
+    phase.emplace(profile_, "moe.route", T);
     // Sort the (token, k) pairs by expert: expert e's pairs take the slots
     // [first[e], first[e+1]), so its activations are contiguous rows and each
     // weight row is read once and applied to all of them (the multi kernels).
@@ -145,7 +145,7 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     };
 
     phase.reset();
-    phase.emplace(profile_, "moe.gate_up");
+    phase.emplace(profile_, "moe.gate_up", T);
     // Gate and up projections, SwiGLU.
     for_unit_rows(
         2, [](const Unit& un, int mat) { return mat == 0 ? un.gate : un.up; },
@@ -159,7 +159,7 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
     if (shared) swiglu(g + P * F, u + P * F, T, S, S, m.clamp_shared, g + P * F);
 
     phase.reset();
-    phase.emplace(profile_, "moe.down");
+    phase.emplace(profile_, "moe.down", T);
     // Down projections (the hidden rows are already in unit order).
     size_t arow_h = 0;
     const uint8_t* ah = quantize_acts(act_buf_, m.down.type, F, 1, g, F, 0, P, arow_h);
