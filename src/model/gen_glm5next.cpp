@@ -145,118 +145,62 @@ Layout build_glm5next_layout(const Glm5NextHParams& h) {
 
     const int64_t E = h.n_embd, V = h.n_vocab, S = h.hc;
     auto& T = L.tensors;
-    auto inv_sqrt = [](int64_t n) { return 1.0 / std::sqrt(double(n)); };
-    // A matrix whose input is `norms`-scaled; std = gain / sqrt(ne0).
-    auto mat = [&](std::string name, std::vector<int64_t> ne, double gain,
-                   std::vector<std::string> norms) -> TensorSpec& {
-        TensorSpec s;
-        s.name = std::move(name);
-        s.stddev = gain * inv_sqrt(ne[0]);
-        s.ne = std::move(ne);
-        s.input_norms = std::move(norms);
-        T.push_back(std::move(s));
-        return T.back();
-    };
-    // Any other tensor: mean + std * N(0, 1)-like samples.
-    auto values = [&](std::string name, std::vector<int64_t> ne, double mean,
-                      double stddev) -> TensorSpec& {
-        TensorSpec s;
-        s.name = std::move(name);
-        s.ne = std::move(ne);
-        s.mean = mean;
-        s.stddev = stddev;
-        s.f32_in_float_files = true;
-        T.push_back(std::move(s));
-        return T.back();
-    };
-    auto norm = [&](std::string name, int64_t n) { values(std::move(name), {n}, 1.0, 0.05); };
-
-    {
-        TensorSpec e;
-        e.name = "token_embd.weight";
-        e.ne = {E, V};
-        e.stddev = 1.0;
-        e.is_lookup = true;
-        T.push_back(std::move(e));
-    }
-    norm("output_norm.weight", E);
-    mat("output.weight", {E, V}, 2.5, {"output_norm.weight"});
+    TensorList tl(T, true);
+    tl.embedding_and_head(E, V);
 
     for (int64_t il = 0; il < n_blocks; ++il) {
         const std::string b = "blk." + std::to_string(il) + ".";
         const bool is_nextn = il >= h.n_layer;
         const size_t first = T.size();
         const std::string attn_norm = b + "attn_norm.weight", ffn_norm = b + "ffn_norm.weight";
-        norm(attn_norm, E);
-        norm(ffn_norm, E);
+        tl.norm(attn_norm, E);
+        tl.norm(ffn_norm, E);
         for (const char* sub : {"attn", "ffn"}) {
             const std::string hc = b + "hc_" + sub;
             // The mixing logits read RMSNorm(streams) with no weight.
-            mat(hc + "_fn.weight", {S * E, (2 + S) * S}, 1.0, {}).f32_in_float_files = true;
-            values(hc + "_base.weight", {(2 + S) * S}, 0.0, 0.7);
-            values(hc + "_scale.weight", {3}, 1.0, 0.2);
+            tl.mat(hc + "_fn.weight", {S * E, (2 + S) * S}, 1.0, {}).f32_in_float_files = true;
+            tl.values(hc + "_base.weight", {(2 + S) * S}, 0.0, 0.7);
+            tl.values(hc + "_scale.weight", {3}, 1.0, 0.2);
         }
         if (!h.is_mla(il)) {
             const int64_t H = h.kda_heads, D = h.kda_dim, di = H * D, r = h.kda_rank;
             for (const char* u : {"q", "k", "v"}) {
-                mat(b + "attn_" + u + ".weight", {E, di}, 1.0, {attn_norm});
-                values(b + "ssm_conv1d_" + u + ".weight", {h.conv_k, 1, di}, 0.0,
-                       inv_sqrt(h.conv_k));
+                tl.mat(b + "attn_" + u + ".weight", {E, di}, 1.0, {attn_norm});
+                tl.values(b + "ssm_conv1d_" + u + ".weight", {h.conv_k, 1, di}, 0.0,
+                          TensorList::inv_sqrt(h.conv_k));
             }
-            mat(b + "ssm_f_a.weight", {E, r}, 1.0, {attn_norm});
-            mat(b + "ssm_f_b.weight", {r, di}, 1.0, {});
-            values(b + "ssm_dt.bias", {di}, -2.0, 0.5);
-            values(b + "ssm_a", {1, H}, -1.0, 0.15);  // -exp(A_log): negative
-            mat(b + "ssm_beta.weight", {E, H}, 1.0, {attn_norm});
-            mat(b + "ssm_g_a.weight", {E, r}, 1.0, {attn_norm});
-            mat(b + "ssm_g_b.weight", {r, di}, 1.0, {});
-            norm(b + "ssm_norm.weight", D);
-            mat(b + "attn_output.weight", {di, E}, 0.7, {});
+            tl.mat(b + "ssm_f_a.weight", {E, r}, 1.0, {attn_norm});
+            tl.mat(b + "ssm_f_b.weight", {r, di}, 1.0, {});
+            tl.values(b + "ssm_dt.bias", {di}, -2.0, 0.5);
+            tl.values(b + "ssm_a", {1, H}, -1.0, 0.15);  // -exp(A_log): negative
+            tl.mat(b + "ssm_beta.weight", {E, H}, 1.0, {attn_norm});
+            tl.mat(b + "ssm_g_a.weight", {E, r}, 1.0, {attn_norm});
+            tl.mat(b + "ssm_g_b.weight", {r, di}, 1.0, {});
+            tl.norm(b + "ssm_norm.weight", D);
+            tl.mat(b + "attn_output.weight", {di, E}, 0.7, {});
         } else {
             const int64_t H = h.mla_heads, R = h.kv_lora, Di = h.idx_dim;
             const std::string q_norm = b + "attn_q_a_norm.weight",
                               kv_norm = b + "attn_kv_a_norm.weight";
-            norm(q_norm, h.q_lora);
-            norm(kv_norm, R);
-            mat(b + "attn_q_a.weight", {E, h.q_lora}, 1.0, {attn_norm});
-            mat(b + "attn_q_b.weight", {h.q_lora, H * h.k_mla}, 1.0, {q_norm});
-            mat(b + "attn_kv_a_mqa.weight", {E, R}, 1.0, {attn_norm});
-            mat(b + "attn_k_b.weight", {h.k_mla, R, H}, 1.0, {});
-            mat(b + "attn_v_b.weight", {R, h.v_mla, H}, 1.0, {kv_norm});
-            mat(b + "attn_output.weight", {H * h.v_mla, E}, 0.7, {});
-            mat(b + "indexer.attn_q_b.weight", {h.q_lora, h.idx_heads * Di}, 1.0, {q_norm});
-            mat(b + "indexer.proj.weight", {E, h.idx_heads}, 1.0, {attn_norm}).f32_in_float_files =
-                true;
-            mat(b + "indexer_compressor_kv.weight", {E, Di}, 1.0, {attn_norm});
-            mat(b + "indexer_compressor_gate.weight", {E, Di}, 2.0, {attn_norm});
-            values(b + "indexer_compressor_ape.weight", {Di, h.idx_pool}, 0.0, 0.75);
-            norm(b + "indexer_compressor_norm.weight", Di);
+            tl.norm(q_norm, h.q_lora);
+            tl.norm(kv_norm, R);
+            tl.mat(b + "attn_q_a.weight", {E, h.q_lora}, 1.0, {attn_norm});
+            tl.mat(b + "attn_q_b.weight", {h.q_lora, H * h.k_mla}, 1.0, {q_norm});
+            tl.mat(b + "attn_kv_a_mqa.weight", {E, R}, 1.0, {attn_norm});
+            tl.mat(b + "attn_k_b.weight", {h.k_mla, R, H}, 1.0, {});
+            tl.mat(b + "attn_v_b.weight", {R, h.v_mla, H}, 1.0, {kv_norm});
+            tl.mat(b + "attn_output.weight", {H * h.v_mla, E}, 0.7, {});
+            tl.mat(b + "indexer.attn_q_b.weight", {h.q_lora, h.idx_heads * Di}, 1.0, {q_norm});
+            tl.mat(b + "indexer.proj.weight", {E, h.idx_heads}, 1.0, {attn_norm})
+                .f32_in_float_files = true;
+            tl.mat(b + "indexer_compressor_kv.weight", {E, Di}, 1.0, {attn_norm});
+            tl.mat(b + "indexer_compressor_gate.weight", {E, Di}, 2.0, {attn_norm});
+            tl.values(b + "indexer_compressor_ape.weight", {Di, h.idx_pool}, 0.0, 0.75);
+            tl.norm(b + "indexer_compressor_norm.weight", Di);
         }
-        if (il < h.n_dense) {
-            mat(b + "ffn_gate.weight", {E, h.n_ff}, 1.0, {ffn_norm});
-            mat(b + "ffn_up.weight", {E, h.n_ff}, 1.0, {ffn_norm});
-            mat(b + "ffn_down.weight", {h.n_ff, E}, 0.7, {});
-        } else {
-            const int64_t X = h.n_expert, Fx = h.n_ff_exp, Fs = h.n_ff_exp * h.n_expert_shared;
-            mat(b + "ffn_gate_inp.weight", {E, X}, 1.5, {ffn_norm});
-            values(b + "exp_probs_b.bias", {X}, 0.0, 0.1);
-            mat(b + "ffn_gate_exps.weight", {E, Fx, X}, 1.0, {ffn_norm});
-            mat(b + "ffn_up_exps.weight", {E, Fx, X}, 1.0, {ffn_norm});
-            mat(b + "ffn_down_exps.weight", {Fx, E, X}, 0.5, {});
-            if (Fs > 0) {
-                mat(b + "ffn_gate_shexp.weight", {E, Fs}, 1.0, {ffn_norm});
-                mat(b + "ffn_up_shexp.weight", {E, Fs}, 1.0, {ffn_norm});
-                mat(b + "ffn_down_shexp.weight", {Fs, E}, 0.7, {});
-            }
-        }
-        if (is_nextn) {
-            // eh_proj's input is [rms(embedding) * enorm, rms(hidden) * hnorm].
-            mat(b + "nextn.eh_proj.weight", {2 * E, E}, 1.0,
-                {b + "nextn.enorm.weight", b + "nextn.hnorm.weight"});
-            norm(b + "nextn.enorm.weight", E);
-            norm(b + "nextn.hnorm.weight", E);
-            norm(b + "nextn.shared_head_norm.weight", E);
-        }
+        tl.ffn(b, ffn_norm, E, il < h.n_dense, h.n_ff, h.n_expert, h.n_ff_exp,
+               h.n_ff_exp * h.n_expert_shared);
+        if (is_nextn) tl.nextn(b, E);
         for (size_t i = first; i < T.size(); ++i) T[i].nextn = is_nextn;
     }
 

@@ -198,44 +198,8 @@ Layout build_glm_dsa_layout(const GlmDsaHParams& h) {
 
     const int64_t E = h.n_embd, V = h.n_vocab, H = h.n_head;
     auto& T = L.tensors;
-    auto inv_sqrt = [](int64_t n) { return 1.0 / std::sqrt(double(n)); };
-    // A matrix whose input is `norms`-scaled; std = gain / sqrt(ne0).
-    auto mat = [&](std::string name, std::vector<int64_t> ne, double gain,
-                   std::vector<std::string> norms) -> TensorSpec& {
-        TensorSpec s;
-        s.name = std::move(name);
-        s.stddev = gain * inv_sqrt(ne[0]);
-        s.ne = std::move(ne);
-        s.input_norms = std::move(norms);
-        T.push_back(std::move(s));
-        return T.back();
-    };
-    auto norm = [&](std::string name, int64_t n) {
-        TensorSpec s;
-        s.name = std::move(name);
-        s.ne = {n};
-        s.mean = 1.0;
-        s.stddev = 0.05;
-        T.push_back(std::move(s));
-    };
-    auto bias = [&](std::string name, int64_t n) {
-        TensorSpec s;
-        s.name = std::move(name);
-        s.ne = {n};
-        s.stddev = 0.1;
-        T.push_back(std::move(s));
-    };
-
-    {
-        TensorSpec e;
-        e.name = "token_embd.weight";
-        e.ne = {E, V};
-        e.stddev = 1.0;
-        e.is_lookup = true;
-        T.push_back(std::move(e));
-    }
-    norm("output_norm.weight", E);
-    mat("output.weight", {E, V}, 2.5, {"output_norm.weight"});  // logits std ~2.5
+    TensorList tl(T, false);
+    tl.embedding_and_head(E, V);
 
     for (int64_t il = 0; il < n_blocks; ++il) {
         const std::string b = "blk." + std::to_string(il) + ".";
@@ -243,49 +207,29 @@ Layout build_glm_dsa_layout(const GlmDsaHParams& h) {
         const size_t first = T.size();
         const std::string attn_norm = b + "attn_norm.weight", q_norm = b + "attn_q_a_norm.weight",
                           kv_norm = b + "attn_kv_a_norm.weight", ffn_norm = b + "ffn_norm.weight";
-        norm(attn_norm, E);
-        norm(q_norm, h.q_lora);
-        norm(kv_norm, h.kv_lora);
-        mat(b + "attn_q_a.weight", {E, h.q_lora}, 1.0, {attn_norm});
-        mat(b + "attn_q_b.weight", {h.q_lora, H * (h.qk_nope + h.qk_rope)}, 1.0, {q_norm});
-        mat(b + "attn_kv_a_mqa.weight", {E, h.kv_lora + h.qk_rope}, 1.0, {attn_norm});
-        mat(b + "attn_k_b.weight", {h.qk_nope, h.kv_lora, H}, 1.0, {});  // input: q_nope
-        mat(b + "attn_v_b.weight", {h.kv_lora, h.v_head, H}, 1.0, {kv_norm});
-        mat(b + "attn_output.weight", {H * h.v_head, E}, 0.7, {});
-        norm(ffn_norm, E);
+        tl.norm(attn_norm, E);
+        tl.norm(q_norm, h.q_lora);
+        tl.norm(kv_norm, h.kv_lora);
+        tl.mat(b + "attn_q_a.weight", {E, h.q_lora}, 1.0, {attn_norm});
+        tl.mat(b + "attn_q_b.weight", {h.q_lora, H * (h.qk_nope + h.qk_rope)}, 1.0, {q_norm});
+        tl.mat(b + "attn_kv_a_mqa.weight", {E, h.kv_lora + h.qk_rope}, 1.0, {attn_norm});
+        tl.mat(b + "attn_k_b.weight", {h.qk_nope, h.kv_lora, H}, 1.0, {});  // input: q_nope
+        tl.mat(b + "attn_v_b.weight", {h.kv_lora, h.v_head, H}, 1.0, {kv_norm});
+        tl.mat(b + "attn_output.weight", {H * h.v_head, E}, 0.7, {});
+        tl.norm(ffn_norm, E);
         // The NextN block carries its own indexer (llama.cpp's loader expects it).
         if (is_nextn || pattern[size_t(il)]) {
-            norm(b + "indexer.k_norm.weight", h.idx_head);
-            bias(b + "indexer.k_norm.bias", h.idx_head);
-            mat(b + "indexer.proj.weight", {E, h.idx_n_head}, 1.0, {attn_norm}).f32_in_float_files =
-                true;
-            mat(b + "indexer.attn_k.weight", {E, h.idx_head}, 1.0, {attn_norm});
-            mat(b + "indexer.attn_q_b.weight", {h.q_lora, h.idx_n_head * h.idx_head}, 1.0,
-                {q_norm});
+            tl.norm(b + "indexer.k_norm.weight", h.idx_head);
+            tl.bias(b + "indexer.k_norm.bias", h.idx_head);
+            tl.mat(b + "indexer.proj.weight", {E, h.idx_n_head}, 1.0, {attn_norm})
+                .f32_in_float_files = true;
+            tl.mat(b + "indexer.attn_k.weight", {E, h.idx_head}, 1.0, {attn_norm});
+            tl.mat(b + "indexer.attn_q_b.weight", {h.q_lora, h.idx_n_head * h.idx_head}, 1.0,
+                   {q_norm});
         }
-        if (il < h.n_dense) {
-            mat(b + "ffn_gate.weight", {E, h.n_ff}, 1.0, {ffn_norm});
-            mat(b + "ffn_up.weight", {E, h.n_ff}, 1.0, {ffn_norm});
-            mat(b + "ffn_down.weight", {h.n_ff, E}, 0.7, {});
-        } else {
-            const int64_t X = h.n_expert, Fx = h.n_ff_exp, Fs = h.n_ff_exp * h.n_expert_shared;
-            mat(b + "ffn_gate_inp.weight", {E, X}, 1.5, {ffn_norm});
-            bias(b + "exp_probs_b.bias", X);
-            mat(b + "ffn_gate_exps.weight", {E, Fx, X}, 1.0, {ffn_norm});
-            mat(b + "ffn_up_exps.weight", {E, Fx, X}, 1.0, {ffn_norm});
-            mat(b + "ffn_down_exps.weight", {Fx, E, X}, 0.5, {});
-            mat(b + "ffn_gate_shexp.weight", {E, Fs}, 1.0, {ffn_norm});
-            mat(b + "ffn_up_shexp.weight", {E, Fs}, 1.0, {ffn_norm});
-            mat(b + "ffn_down_shexp.weight", {Fs, E}, 0.7, {});
-        }
-        if (is_nextn) {
-            // eh_proj's input is [rms(embedding) * enorm, rms(hidden) * hnorm].
-            mat(b + "nextn.eh_proj.weight", {2 * E, E}, 1.0,
-                {b + "nextn.enorm.weight", b + "nextn.hnorm.weight"});
-            norm(b + "nextn.enorm.weight", E);
-            norm(b + "nextn.hnorm.weight", E);
-            norm(b + "nextn.shared_head_norm.weight", E);
-        }
+        tl.ffn(b, ffn_norm, E, il < h.n_dense, h.n_ff, h.n_expert, h.n_ff_exp,
+               h.n_ff_exp * h.n_expert_shared);
+        if (is_nextn) tl.nextn(b, E);
         for (size_t i = first; i < T.size(); ++i) T[i].nextn = is_nextn;
     }
 
