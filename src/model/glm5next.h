@@ -116,12 +116,8 @@ class Glm5NextModel final : public Model {
         float dense_clamp = 0.0f;
         backend::MoeWeights moe;
     };
-    struct NextN {
+    struct NextN : NextNMix {
         Layer block;
-        backend::Weight eh_proj;
-        const float* enorm = nullptr;
-        const float* hnorm = nullptr;
-        const float* shared_head_norm = nullptr;
     };
 
     struct Batch;  // the flattened batch of one forward (glm5next.cpp)

@@ -205,12 +205,7 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
         load_layer(il, layers_[size_t(il)], hp_.is_mla[size_t(il)]);
 
     info_.arch = "glm5next";
-    info_.name = f.get_string("general.name", "");
-    if (info_.name.empty()) {
-        info_.name = f.path();
-        if (auto s = info_.name.find_last_of('/'); s != std::string::npos)
-            info_.name.erase(0, s + 1);
-    }
+    info_.name = model_name(f);
     info_.n_vocab = V;
     info_.n_embd = E;
     info_.n_layer = hp_.n_layer;
@@ -228,12 +223,7 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
                         " must be an MLA block (attention.head_count_kv = 1)");
         nextn_ = std::make_unique<NextN>();
         load_layer(il_nextn, nextn_->block, false);
-        nextn_->eh_proj = tensors_.matrix(pn + "nextn.eh_proj.weight", {2 * E, E});
-        nextn_->enorm = tensors_.vector(pn + "nextn.enorm.weight", E);
-        nextn_->hnorm = tensors_.vector(pn + "nextn.hnorm.weight", E);
-        nextn_->shared_head_norm = tensors_.has(pn + "nextn.shared_head_norm.weight")
-                                       ? tensors_.vector(pn + "nextn.shared_head_norm.weight", E)
-                                       : output_norm_;
+        static_cast<NextNMix&>(*nextn_) = load_nextn_mix(tensors_, il_nextn, E, output_norm_);
         info_.nextn_loaded = true;
     }
     info_.weight_bytes = tensors_.bytes_used();

@@ -72,12 +72,8 @@ class GlmDsaModel final : public Model {
         backend::MoeWeights moe;
         bool dense = false;
     };
-    struct NextN {
+    struct NextN : NextNMix {
         Layer block;
-        backend::Weight eh_proj;
-        const float* enorm = nullptr;
-        const float* hnorm = nullptr;
-        const float* shared_head_norm = nullptr;
     };
 
     void load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_indexer);

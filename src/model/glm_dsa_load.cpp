@@ -143,12 +143,7 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
         load_layer(tensors_, il, layers_[size_t(il)], hp_.idx_full[size_t(il)]);
 
     info_.arch = "glm-dsa";
-    info_.name = f.get_string("general.name", "");
-    if (info_.name.empty()) {
-        info_.name = f.path();
-        if (auto s = info_.name.find_last_of('/'); s != std::string::npos)
-            info_.name.erase(0, s + 1);
-    }
+    info_.name = model_name(f);
     info_.n_vocab = V;
     info_.n_embd = E;
     info_.n_layer = hp_.n_layer;
@@ -161,15 +156,9 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
         // The NextN/MTP block: a full decoder block (its indexer tensors are
         // present but the draft attends densely) plus the embedding/hidden mix.
         const int64_t il = hp_.n_layer;
-        const std::string p = "blk." + std::to_string(il) + ".";
         nextn_ = std::make_unique<NextN>();
         load_layer(tensors_, il, nextn_->block, false);
-        nextn_->eh_proj = tensors_.matrix(p + "nextn.eh_proj.weight", {2 * E, E});
-        nextn_->enorm = tensors_.vector(p + "nextn.enorm.weight", E);
-        nextn_->hnorm = tensors_.vector(p + "nextn.hnorm.weight", E);
-        nextn_->shared_head_norm = tensors_.has(p + "nextn.shared_head_norm.weight")
-                                       ? tensors_.vector(p + "nextn.shared_head_norm.weight", E)
-                                       : output_norm_;
+        static_cast<NextNMix&>(*nextn_) = load_nextn_mix(tensors_, il, E, output_norm_);
         info_.nextn_loaded = true;
     }
 }

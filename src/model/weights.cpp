@@ -181,4 +181,26 @@ backend::MoeWeights load_moe(TensorSource& ts, const std::string& p, int64_t E, 
     return m;
 }
 
+NextNMix load_nextn_mix(TensorSource& ts, int64_t il, int64_t n_embd, const float* output_norm) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    const int64_t E = n_embd;
+    NextNMix m;
+    m.eh_proj = ts.matrix(p + "nextn.eh_proj.weight", {2 * E, E});
+    m.enorm = ts.vector(p + "nextn.enorm.weight", E);
+    m.hnorm = ts.vector(p + "nextn.hnorm.weight", E);
+    m.shared_head_norm = ts.has(p + "nextn.shared_head_norm.weight")
+                             ? ts.vector(p + "nextn.shared_head_norm.weight", E)
+                             : output_norm;
+    return m;
+}
+
+std::string model_name(const gguf::File& f) {
+    std::string name = f.get_string("general.name", "");
+    if (name.empty()) {
+        name = f.path();
+        if (auto s = name.find_last_of('/'); s != std::string::npos) name.erase(0, s + 1);
+    }
+    return name;
+}
+
 }  // namespace glm5::model

@@ -77,4 +77,20 @@ backend::MoeWeights load_moe(TensorSource& ts, const std::string& p, int64_t n_e
                              int64_t n_ff_exp, int64_t n_expert, int64_t n_shared,
                              bool bias_required);
 
+// The NextN/MTP block's tensors besides its decoder block: eh_proj mixes
+// [rms(embedding) * enorm, rms(hidden) * hnorm] into the block's input, and
+// shared_head_norm (the model's output_norm when the file has none) precedes
+// the LM head. Each architecture's NextN adds its own block to these.
+struct NextNMix {
+    backend::Weight eh_proj;
+    const float* enorm = nullptr;
+    const float* hnorm = nullptr;
+    const float* shared_head_norm = nullptr;
+};
+// Block il's ("blk.il.") mix tensors.
+NextNMix load_nextn_mix(TensorSource& ts, int64_t il, int64_t n_embd, const float* output_norm);
+
+// The name a model goes by: general.name, or else the file name.
+std::string model_name(const gguf::File& f);
+
 }  // namespace glm5::model
