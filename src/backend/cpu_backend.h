@@ -58,16 +58,18 @@ inline float sigmoid(float x) {
 using kernels::silu;
 
 // GLM5_PROFILE=1 in the environment: wall time per op and per rows in the
-// call (tokens for products, attention and the MoE), printed to stderr when
-// the backend is destroyed (a development aid for performance work: batched
-// decode's ops next to single decode's).
+// call (tokens for products, attention and the MoE; single products also by
+// weight type), printed to stderr when the backend is destroyed (a
+// development aid for performance work: batched decode's ops next to single
+// decode's).
 class OpProfile {
   public:
     OpProfile() : on_(std::getenv("GLM5_PROFILE") != nullptr) {}
     ~OpProfile();
     bool on() const { return on_; }
-    void add(const char* op, int64_t rows, double s) {
-        auto& e = ops_[{op, rows}];
+    // kind (optional) splits an op further, e.g. a product by weight type.
+    void add(const char* op, const char* kind, int64_t rows, double s) {
+        auto& e = ops_[{kind ? std::string(op) + "." + kind : std::string(op), rows}];
         e.first += s;
         e.second += 1;
     }
@@ -79,18 +81,20 @@ class OpProfile {
 
 class OpTimer {
   public:
-    OpTimer(OpProfile& p, const char* op, int64_t rows) : p_(p), op_(op), rows_(rows) {
+    OpTimer(OpProfile& p, const char* op, int64_t rows, const char* kind = nullptr)
+        : p_(p), op_(op), kind_(kind), rows_(rows) {
         if (p_.on()) t0_ = std::chrono::steady_clock::now();
     }
     ~OpTimer() {
         if (p_.on())
-            p_.add(op_, rows_,
+            p_.add(op_, kind_, rows_,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
     }
 
   private:
     OpProfile& p_;
     const char* op_;
+    const char* kind_;
     int64_t rows_;
     std::chrono::steady_clock::time_point t0_;
 };
@@ -217,7 +221,7 @@ class CpuBackend final : public Backend {
     // ---- matrix products -------------------------------------------------------
     void matmul(const Weight& w, const float* x, int64_t xs, int64_t n_tok, float* y,
                 int64_t ys) override {
-        OpTimer timer_(profile_, "matmul", n_tok);
+        OpTimer timer_(profile_, "matmul", n_tok, quant::name(w.type));
         products(w, 1, x, xs, 0, n_tok, y, ys, 0);
     }
 

@@ -71,8 +71,8 @@ void unrepack(Type t, const void* packed, void* dst_rows, int64_t cols, int64_t 
 //
 // Work is ordered token tiles outside, groups inside: a call reads its
 // activations once per group and its weights once per token tile (K-quants:
-// 16 tokens, the group's block decoded once per 8 for Q4_K and once per pass of
-// up to 4 for Q6_K; Q5_0 / Q8_0: up to 64
+// 16 tokens, the group's block decoded once per 16 for Q4_K and once per pass of
+// up to 8 for Q6_K; Q5_0 / Q8_0: up to 64
 // tokens, one pass over the group per token). For large products, call it on
 // blocks that fit the L2 cache together (e.g. 64 tokens x 4-16 groups) and
 // spread such blocks over threads.

@@ -2,8 +2,8 @@
 // repack_kernels.h): weights of the 16 rows in the 16 int32 lanes, one
 // token's 4 activation bytes broadcast to all lanes, vpdpbusd accumulates.
 // Q4_K: a group's super-block is decoded once per tile of up to 16 tokens.
-// Q6_K: passes of up to 4 tokens over the group, each loading every weight
-// vector once in layout order. Q5_0 / Q8_0: see their section below. With
+// Q6_K: one token chunk by chunk; passes of up to 8 tokens one sub-block at
+// a time. Q5_0 / Q8_0: see their section below. With
 // few tokens a large matrix is read from DRAM once per call, and the
 // K-quant kernels prefetch ahead in software (see prefetch()).
 //
@@ -202,46 +202,81 @@ void q4k_tile(int64_t nb, const Q4KGroupBlock* gb, const ActBlock* ab, float* co
 }
 
 // ---------------------------------------------------------------- Q6_K
-// Tokens T0 .. T0 + T - 1 of the activation tile (T <= 4: the 4 x T
-// integer sums of a chunk live in registers). Every weight vector is loaded
-// once, in layout order; the first pass over a group prefetches two blocks
-// ahead (the hardware prefetchers alone left the stream at half the
-// bandwidth with one token, at 60-90% of it with 2-8). Per chunk c of half h the
-// three vectors give the levels u6 = low nibble | top bits << 4 of values
-// 128h + 32j + 4c.. for j = 0..3 (sub-blocks 8h + 2j + c / 4). The level is
-// q = u6 - 32, so per sub-block sum(q * y) = sum(u6 * y) - 32 * bsum, and
-// the correction of the whole block is 32 * sum_j scale_j * bsum_j (one
-// vpdpwssd per pair of sub-blocks). isum = sum_j scale_j * dot_j is the
-// single-row kernel's integer, summed in another order (exact in int32).
-template <int T, int T0>
-void q6k_stream(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* const* out,
-                int64_t off) {
-    static_assert(T >= 1 && T <= 4);
+// Per chunk c of half h the three vectors ql, qh, ql1 give the levels
+// u6 = low nibble | top bits << 4 of values 128h + 32j + 4c.. for j = 0..3
+// (sub-block 8h + 2j + c / 4); q6k_level() makes the one of sub-block row j.
+// The level is q = u6 - 32, so per sub-block sum(q * y) = sum(u6 * y) - 32 *
+// bsum, and the correction of the whole block is 32 * sum_j scale_j * bsum_j
+// (one vpdpwssd per pair of sub-blocks, q6k_finish()). isum = sum_j scale_j *
+// dot_j is the single-row kernel's integer, summed in another order (exact in
+// int32).
+template <int J>
+inline __m512i q6k_level(__m512i l0, __m512i l1, __m512i qh) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+    if constexpr (J == 0)
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(l0, low4), _mm512_slli_epi16(qh, 4), top2,
+                                         0xD8);
+    else if constexpr (J == 1)
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(l1, low4), _mm512_slli_epi16(qh, 2), top2,
+                                         0xD8);
+    else if constexpr (J == 2)
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4), qh, top2,
+                                         0xD8);
+    else
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
+                                         _mm512_srli_epi16(qh, 2), top2, 0xD8);
+}
+
+// Scale of sub-block 8h + 2j + ch in the 16 lanes: word ch of each row's pair.
+inline __m512i q6k_scale(const Q6KGroupBlock& g, int h, int j, int ch) {
+    const __m512i pair = _mm512_cvtepi8_epi16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.scales[4 * h + j])));
+    return ch == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16)
+                   : _mm512_srai_epi32(pair, 16);
+}
+
+// acc + dx * d * (isum - 32 * sum_j scale_j * bsum_j) for one token.
+inline __m512 q6k_finish(__m512 acc, const Q6KGroupBlock& g, __m512 dx, const int16_t* bs, float d,
+                         __m512i isum) {
+    __m512i c0 = _mm512_setzero_si512(), c1 = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i += 2) {
+        c0 = _mm512_dpwssd_epi32(
+            c0,
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.scales[i]))),
+            bcast4(bs + 2 * i));
+        c1 = _mm512_dpwssd_epi32(c1,
+                                 _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+                                     reinterpret_cast<const __m256i*>(g.scales[i + 1]))),
+                                 bcast4(bs + 2 * i + 2));
+    }
+    const __m512i corr = _mm512_slli_epi32(_mm512_add_epi32(c0, c1), 5);
+    return finish(acc, dx, d, _mm512_sub_epi32(isum, corr));
+}
+
+// One token (decode's GEMV): every weight vector is loaded once, in layout
+// order, the four sub-blocks of a chunk in flight together (latency, not
+// registers, bounds one token). The first pass over a group prefetches two
+// blocks ahead (the hardware prefetchers alone left the stream at half the
+// bandwidth).
+template <int T0>
+void q6k_one(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* const* out,
+             int64_t off) {
     const __m512i zero = _mm512_setzero_si512();
-    __m512 acc[T];
-#pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    __m512 acc = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const Q6KGroupBlock& g = gb[b];
         const int8_t* q = ab[b].qs[T0];
         constexpr size_t ahead = 2 * sizeof(Q6KGroupBlock);
-        // Later passes over the group find it in cache.
-        constexpr bool pf = T0 == 0;
+        constexpr bool pf = T0 == 0;                 // later passes over the group find it in cache
         if constexpr (pf) prefetch<320>(&g, ahead);  // d and scales
-        __m512i isum[T];
-#pragma GCC unroll 4
-        for (int t = 0; t < T; ++t) isum[t] = zero;
+        __m512i isum = zero;
 #pragma GCC unroll 1
         for (int h = 0; h < 2; ++h) {
             const Q6KGroupBlock::Half& hf = g.half[h];
 #pragma GCC unroll 2
             for (int ch = 0; ch < 2; ++ch) {
-                __m512i s[4][T];
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j)
-#pragma GCC unroll 4
-                    for (int t = 0; t < T; ++t) s[j][t] = zero;
+                __m512i s[4] = {zero, zero, zero, zero};
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; ++k) {
                     const int c = 4 * ch + k;
@@ -249,60 +284,90 @@ void q6k_stream(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* 
                     const __m512i l0 = load(hf.lq[c].ql), l1 = load(hf.lq[c].ql1);
                     const __m512i qh = load(hf.lq[c].qh);
                     const int8_t* qc = q + 128 * h + 4 * c;
-                    const __m512i w0 = _mm512_ternarylogic_epi32(
-                        _mm512_and_si512(l0, low4), _mm512_slli_epi16(qh, 4), top2, 0xD8);
-                    const __m512i w1 = _mm512_ternarylogic_epi32(
-                        _mm512_and_si512(l1, low4), _mm512_slli_epi16(qh, 2), top2, 0xD8);
-                    const __m512i w2 = _mm512_ternarylogic_epi32(
-                        _mm512_and_si512(_mm512_srli_epi16(l0, 4), low4), qh, top2, 0xD8);
-                    const __m512i w3 =
-                        _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
-                                                  _mm512_srli_epi16(qh, 2), top2, 0xD8);
-#pragma GCC unroll 4
-                    for (int t = 0; t < T; ++t) {
-                        const int8_t* qt = qc + t * QK_K;
-                        s[0][t] = _mm512_dpbusd_epi32(s[0][t], w0, bcast4(qt));
-                        s[1][t] = _mm512_dpbusd_epi32(s[1][t], w1, bcast4(qt + 32));
-                        s[2][t] = _mm512_dpbusd_epi32(s[2][t], w2, bcast4(qt + 64));
-                        s[3][t] = _mm512_dpbusd_epi32(s[3][t], w3, bcast4(qt + 96));
-                    }
+                    s[0] = _mm512_dpbusd_epi32(s[0], q6k_level<0>(l0, l1, qh), bcast4(qc));
+                    s[1] = _mm512_dpbusd_epi32(s[1], q6k_level<1>(l0, l1, qh), bcast4(qc + 32));
+                    s[2] = _mm512_dpbusd_epi32(s[2], q6k_level<2>(l0, l1, qh), bcast4(qc + 64));
+                    s[3] = _mm512_dpbusd_epi32(s[3], q6k_level<3>(l0, l1, qh), bcast4(qc + 96));
                 }
 #pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j) {
-                    // Scale of sub-block 8h + 2j + ch: word ch of each row's pair.
-                    const __m512i pair = _mm512_cvtepi8_epi16(
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.scales[4 * h + j])));
-                    const __m512i sc = ch == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16)
-                                               : _mm512_srai_epi32(pair, 16);
-#pragma GCC unroll 4
-                    for (int t = 0; t < T; ++t)
-                        isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s[j][t], sc));
-                }
+                for (int j = 0; j < 4; ++j)
+                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(s[j], q6k_scale(g, h, j, ch)));
             }
         }
         const __m512 dx =
             _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.d)));
-#pragma GCC unroll 4
-        for (int t = 0; t < T; ++t) {
-            const int16_t* bs = ab[b].bsums[T0 + t];
-            __m512i c0 = zero, c1 = zero;
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i += 2) {
-                c0 = _mm512_dpwssd_epi32(c0,
-                                         _mm512_cvtepi8_epi16(_mm256_loadu_si256(
-                                             reinterpret_cast<const __m256i*>(g.scales[i]))),
-                                         bcast4(bs + 2 * i));
-                c1 = _mm512_dpwssd_epi32(c1,
-                                         _mm512_cvtepi8_epi16(_mm256_loadu_si256(
-                                             reinterpret_cast<const __m256i*>(g.scales[i + 1]))),
-                                         bcast4(bs + 2 * i + 2));
-            }
-            const __m512i corr = _mm512_slli_epi32(_mm512_add_epi32(c0, c1), 5);
-            acc[t] = finish(acc[t], dx, ab[b].d[T0 + t], _mm512_sub_epi32(isum[t], corr));
-        }
+        acc = q6k_finish(acc, g, dx, ab[b].bsums[T0], ab[b].d[T0], isum);
     }
+    _mm512_storeu_ps(out[T0] + off, acc);
+}
+
+// Tokens T0 .. T0 + T - 1 (2 <= T <= 8): one sub-block at a time, T sums in
+// registers. Sub-block j of a chunk reloads the chunk's vectors it needs (L1
+// hits); in flight together, the sub-blocks' 4 x T sums spilled (the earlier
+// chunk-major kernel, which also ran 4 tokens per pass, streamed a large
+// matrix 1.1-1.25x slower at 2-4 tokens and 1.9-2.3x slower at 6-8).
+template <int J, int T>
+inline void q6k_sub_block(const Q6KGroupBlock& g, int h, int ch, const int8_t* q, bool pf,
+                          __m512i* isum) {
+    const Q6KGroupBlock::Half& hf = g.half[h];
+    __m512i s[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) s[t] = _mm512_setzero_si512();
 #pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) _mm512_storeu_ps(out[T0 + t] + off, acc[t]);
+    for (int k = 0; k < 4; ++k) {
+        const int c = 4 * ch + k;
+        if (J == 0 && pf) prefetch<192>(&hf.lq[c], 2 * sizeof(Q6KGroupBlock));
+        const __m512i qh = load(hf.lq[c].qh);
+        // Only the vector this sub-block reads is loaded (q6k_level ignores the other).
+        const __m512i l = load(J % 2 == 0 ? hf.lq[c].ql : hf.lq[c].ql1);
+        const __m512i w = q6k_level<J>(l, l, qh);
+        const int8_t* qc = q + 128 * h + 4 * c + 32 * J;
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) s[t] = _mm512_dpbusd_epi32(s[t], w, bcast4(qc + t * QK_K));
+    }
+    const __m512i sc = q6k_scale(g, h, J, ch);
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+        isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s[t], sc));
+        // Pins the product here: GCC otherwise sinks the multiplies past the
+        // next sub-blocks and spills their sums.
+        asm volatile("" : "+v"(isum[t]));
+    }
+}
+
+template <int T, int T0>
+void q6k_tokens(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* const* out,
+                int64_t off) {
+    static_assert(T >= 2 && T <= 8);
+    TileSums acc;
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) _mm512_store_ps(acc.v[t], _mm512_setzero_ps());
+    for (int64_t b = 0; b < nb; ++b) {
+        const Q6KGroupBlock& g = gb[b];
+        const int8_t* q = ab[b].qs[T0];
+        constexpr bool pf = T0 == 0;
+        if constexpr (pf) prefetch<320>(&g, 2 * sizeof(Q6KGroupBlock));
+        __m512i isum[T];
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+        for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 1
+            for (int ch = 0; ch < 2; ++ch) {
+                q6k_sub_block<0, T>(g, h, ch, q, pf, isum);
+                q6k_sub_block<1, T>(g, h, ch, q, pf, isum);
+                q6k_sub_block<2, T>(g, h, ch, q, pf, isum);
+                q6k_sub_block<3, T>(g, h, ch, q, pf, isum);
+            }
+        const __m512 dx =
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.d)));
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t)
+            _mm512_store_ps(acc.v[t], q6k_finish(_mm512_load_ps(acc.v[t]), g, dx,
+                                                 ab[b].bsums[T0 + t], ab[b].d[T0 + t], isum[t]));
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(out[T0 + t] + off, _mm512_load_ps(acc.v[t]));
 }
 
 // ---------------------------------------------------------------- Q8_0 / Q5_0
@@ -535,18 +600,18 @@ struct Q4KTile {
     }
 };
 
-// Tokens T0 .. T0 + T - 1 in passes of 4 over the group, the later passes
-// from cache. More tokens per pass spill the sums: the earlier 8-token tile
-// ran at 0.94x of two passes in cache and 0.8x from DRAM, and 16 tokens as
-// two passes of 8 at 0.87x of four passes of 4.
+// Tokens T0 .. T0 + T - 1 in passes of up to 8 over the group, the later
+// passes from cache.
 template <int T, int T0>
 void q6k_passes(int64_t nb, const Q6KGroupBlock* g, const ActBlock* ab, float* const* out,
                 int64_t off) {
-    if constexpr (T <= 4) {
-        q6k_stream<T, T0>(nb, g, ab, out, off);
+    if constexpr (T == 1) {
+        q6k_one<T0>(nb, g, ab, out, off);
+    } else if constexpr (T <= 8) {
+        q6k_tokens<T, T0>(nb, g, ab, out, off);
     } else {
-        q6k_stream<4, T0>(nb, g, ab, out, off);
-        q6k_passes<T - 4, T0 + 4>(nb, g, ab, out, off);
+        q6k_tokens<8, T0>(nb, g, ab, out, off);
+        q6k_passes<T - 8, T0 + 8>(nb, g, ab, out, off);
     }
 }
 
