@@ -45,14 +45,17 @@ inline __m512i load(const void* p) {
     return _mm512_loadu_si512(p);
 }
 
-// Asks for the Bytes at base + ahead into L1, as non-temporal data. The
+// Asks for the Bytes at base + ahead into L1 (and the outer caches). The
 // K-quant kernels stream a matrix once per call (memory bound when it is
 // large and the tokens few) and prefetch the block two ahead of the one they
 // compute, a few lines per step: the hardware prefetchers alone reach a
-// fraction of the bandwidth on these streams. Non-temporal because a weight
-// line is used once per call: prefetchnta measured 2.5-4% faster decode
-// than prefetcht0 (which also fills the outer caches with lines never read
-// again); one block ahead or three were slower than two.
+// fraction of the bandwidth on these streams. prefetcht0, not prefetchnta:
+// on one host NTA had measured 2.5-4% faster decode, but on another it was
+// 15-19% slower (single decode on the bench model, 2 threads) and, with 2-8
+// tokens per pass (longer between prefetch and use), 1.1-1.9x slower, the
+// lines apparently leaving L1 before they were read. With NTA one block
+// ahead or three were slower than two (three by 2x); with T0 four ahead
+// measured no better than two.
 //
 // The address is computed as an integer: past the end of the matrix it is
 // harmless (prefetches do not fault). Volatile asm rather than _mm_prefetch:
@@ -65,7 +68,7 @@ inline void prefetch(const void* base, size_t ahead) {
     const uintptr_t p = reinterpret_cast<uintptr_t>(base) + ahead;
 #pragma GCC unroll 8
     for (int i = 0; i < Bytes; i += 64)
-        asm volatile("prefetchnta %0" : : "m"(*reinterpret_cast<const char*>(p + size_t(i))));
+        asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(p + size_t(i))));
 }
 
 // 4 activation bytes in every lane (vpdpbusd's embedded broadcast).
