@@ -58,7 +58,7 @@ inline float sigmoid(float x) {
 using kernels::silu;
 
 // GLM5_PROFILE=1 in the environment: wall time per op and per rows in the
-// call (tokens for products, attention and the MoE; single products also by
+// call (tokens for products, attention and the MoE; single and sliced products by
 // weight type), printed to stderr when the backend is destroyed (a
 // development aid for performance work: batched decode's ops next to single
 // decode's).
@@ -264,7 +264,7 @@ class CpuBackend final : public Backend {
 
     void matmul_slices(const Weight& w, const float* x, int64_t x_tok, int64_t x_slice,
                        int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice) override {
-        OpTimer timer_(profile_, "matmul_slices", n_tok);
+        OpTimer timer_(profile_, "matmul_slices", n_tok, quant::name(w.type));
         products(w, w.slices, x, x_tok, x_slice, n_tok, y, y_tok, y_slice);
     }
 

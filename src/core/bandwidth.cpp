@@ -12,6 +12,20 @@
 namespace glm5 {
 
 namespace {
+// Each thread asks for the line 4 KiB ahead of the one it reads, as the
+// weight kernels prefetch their blocks: the hardware prefetchers alone
+// measured about 14 GB/s on a host where prefetched streams read 18 (and
+// where decode then reached 108-113% of that lower "roofline").
+constexpr size_t kAheadWords = 4096 / sizeof(uint64_t);
+
+inline void prefetch_line(const uint64_t* p) {
+#if defined(__x86_64__) || defined(__i386__)
+    asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(p)));
+#else
+    __builtin_prefetch(p);
+#endif
+}
+
 // Thread ith's share [b, e) of n words.
 void share(size_t n, int ith, int nt, size_t& b, size_t& e) {
     b = n / size_t(nt) * size_t(ith);
@@ -50,6 +64,8 @@ double ReadBandwidth::measure(int reps) {
             uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
             size_t i = b;
             for (; i + 8 <= e; i += 8) {
+                // Past the end of the share is still inside the buffer or harmless.
+                prefetch_line(buf_ + std::min(i + kAheadWords, n - 1));
                 a0 += buf_[i];
                 a1 += buf_[i + 1];
                 a2 += buf_[i + 2];
