@@ -138,6 +138,32 @@ TEST(QuantRepack, RoundTripIsLossless) {
             }
 }
 
+// The threaded repack of a stack of matrices (the loader's path) writes the
+// bytes of one repack() per slice: several pieces per slice, a tail, and more
+// threads than pieces.
+TEST(QuantRepack, SlicesOnThreadsMatchOneCallPerSlice) {
+    for (Type t : {Type::Q4_K, Type::Q8_0})
+        for (int64_t rows : {int64_t(2 * 1024 + 16 + 5), int64_t(40)}) {
+            const int64_t cols = is_legacy(t) ? 64 : 256, slices = 3;
+            const size_t rb = row_size(t, cols), packed = repacked_bytes(t, cols, rows);
+            std::vector<uint8_t> w;
+            for (int64_t s = 0; s < slices; ++s) {
+                const auto ws = make_weights(t, cols, rows, uint32_t(s + 11), true);
+                w.insert(w.end(), ws.begin(), ws.end());
+            }
+            ASSERT_EQ(w.size(), rb * size_t(rows * slices));
+            std::vector<uint8_t> want(packed * size_t(slices)), got(want.size(), 0xAA);
+            for (int64_t s = 0; s < slices; ++s)
+                repack(t, w.data() + size_t(s * rows) * rb, want.data() + size_t(s) * packed, cols,
+                       rows);
+            for (int n_threads : {1, 3, 16}) {
+                std::fill(got.begin(), got.end(), uint8_t(0xAA));
+                repack_slices(t, w.data(), got.data(), cols, rows, slices, n_threads);
+                ASSERT_EQ(got, want) << name(t) << " rows " << rows << " threads " << n_threads;
+            }
+        }
+}
+
 // Every output of the GEMM against the single-row kernel, bit for bit.
 void check_gemm(Type t, int64_t cols, int64_t rows, int64_t n_tok, bool raw, uint32_t seed) {
     const auto w = make_weights(t, cols, rows, seed, raw);

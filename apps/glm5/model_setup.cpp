@@ -56,8 +56,10 @@ void add_model_flags(Args& a, bool model_required) {
            "copy the weights into memory instead of serving them from the file mapping "
            "(faster where file-backed pages are slow; needs RAM for the whole model)");
     a.flag("repack",
-           "repack Q4_K/Q6_K matrices at load into an interleaved layout for the AVX-512 GEMM "
-           "(same results, faster; needs RAM for those weights)");
+           "repack Q4_K/Q6_K/Q5_0/Q8_0 matrices at load into an interleaved layout for the "
+           "AVX-512 VNNI GEMM (same results, faster; needs RAM for those weights, and is skipped "
+           "when they would not fit)",
+           true);
 }
 
 LoadedModel open_model(const Args& a, const std::string& path_override) {
@@ -74,6 +76,7 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     lo.load_nextn = a.get_flag("spec");
     lo.in_memory = a.get_flag("no-mmap");
     lo.repack = a.get_flag("repack");
+    lo.repack_if_fits = true;
     backend::BackendOptions bo;
     bo.n_threads = int(a.get_int("threads", 1, 1024));
 
@@ -91,10 +94,14 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
              info.name.c_str(), info.arch.c_str(), blocks.c_str(),
              human_bytes(double(info.weight_bytes)).c_str(), (long long)info.n_vocab, ct.c_str(),
              m.backend->n_threads());
-    if (lo.repack)
-        log_info("glm5: --repack: %s of weights repacked for the interleaved GEMM%s\n",
-                 human_bytes(double(info.repacked_bytes)).c_str(),
-                 info.repacked_bytes ? "" : " (none: no Q4_K/Q6_K matrix, or no AVX-512 VNNI)");
+    if (info.repacked_bytes)
+        log_info("glm5: %s of weights repacked for the interleaved GEMM (--no-repack: as stored)\n",
+                 human_bytes(double(info.repacked_bytes)).c_str());
+    if (!info.repack_skipped.empty())
+        log_info(
+            "glm5: weights not repacked (%s): served from the file as stored, at lower "
+            "speed\n",
+            info.repack_skipped.c_str());
     return m;
 }
 

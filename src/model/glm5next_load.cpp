@@ -194,7 +194,7 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
       cache_type_(opt.cache_type),
       dense_attention_(opt.dense_attention),
       file_(f),
-      tensors_(f, opt.in_memory, opt.repack) {
+      tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);
     output_norm_ = tensors_.vector("output_norm.weight", E);
@@ -228,6 +228,7 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
     }
     info_.weight_bytes = tensors_.bytes_used();
     info_.repacked_bytes = tensors_.bytes_repacked();
+    info_.repack_skipped = tensors_.repack_skipped();
 }
 
 const float* Glm5NextModel::load_floats(const std::string& name,

@@ -132,7 +132,7 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
       hp_(GlmDsaHParams::from_gguf(f)),
       cache_type_(opt.cache_type),
       dense_attention_(opt.dense_attention),
-      tensors_(f, opt.in_memory, opt.repack) {
+      tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);
     output_norm_ = tensors_.vector("output_norm.weight", E);
@@ -151,6 +151,7 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
     info_.has_nextn = hp_.n_nextn > 0;
     info_.weight_bytes = tensors_.bytes_used();
     info_.repacked_bytes = tensors_.bytes_repacked();
+    info_.repack_skipped = tensors_.repack_skipped();
 
     if (opt.load_nextn && hp_.n_nextn > 0) {
         // The NextN/MTP block: a full decoder block (its indexer tensors are

@@ -28,6 +28,9 @@ struct ModelInfo {
     bool nextn_loaded = false;    // ... and its weights were loaded (--spec)
     uint64_t weight_bytes = 0;    // bytes of weights the trunk uses
     uint64_t repacked_bytes = 0;  // of which repacked at load (--repack)
+    // Why nothing was repacked although asked for (repack_if_fits and the
+    // copies would not fit in memory); empty otherwise.
+    std::string repack_skipped;
 };
 
 // An opaque copy of the part of a sequence's state that a rewind cannot
@@ -77,10 +80,14 @@ struct LoadOptions {
     // --no-mmap: copy the weights into anonymous memory instead of serving
     // them from the read-only file mapping (the default).
     bool in_memory = false;
-    // --repack: the matrices the CPU has an interleaved GEMM for (Q4_K, Q6_K
-    // with AVX-512 VNNI) are repacked into memory at load; results are
-    // bit-identical, only faster.
+    // --repack: the matrices the CPU has an interleaved GEMM for (Q4_K, Q6_K,
+    // Q5_0, Q8_0 with AVX-512 VNNI) are repacked into memory at load; results
+    // are bit-identical, only faster.
     bool repack = false;
+    // With repack: when the copies would not fit in available memory, serve
+    // the weights from the file as they are (ModelInfo::repack_skipped says
+    // why) instead of refusing. The CLI's default.
+    bool repack_if_fits = false;
     // Diagnostic: attend to every cached token, ignoring the sparse selection
     // (used to show that the selection really drops tokens).
     bool dense_attention = false;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "core/error.h"
 #include "gguf/gguf.h"
@@ -48,7 +49,7 @@ std::string gib(uint64_t b) {
 
 }  // namespace
 
-TensorSource::TensorSource(const gguf::File& f, bool in_memory, bool repack)
+TensorSource::TensorSource(const gguf::File& f, bool in_memory, bool repack, bool repack_if_fits)
     : file_(f), in_memory_(in_memory), repack_(repack) {
     if (!in_memory_ && !repack_) return;
     uint64_t total = 0;
@@ -57,10 +58,16 @@ TensorSource::TensorSource(const gguf::File& f, bool in_memory, bool repack)
     const uint64_t avail = available_memory();
     // Reading the file fills the page cache too, but the kernel can drop
     // that; the copies themselves must fit.
-    if (avail > 0 && total > avail)
-        throw ResourceError(f.path() + ": " + (in_memory_ ? "--no-mmap" : "--repack") + " needs " +
-                            gib(total) + " of memory for the weights, but only " + gib(avail) +
-                            " is available; run without it to serve the weights from the file");
+    if (avail == 0 || total <= avail) return;
+    if (!in_memory_ && repack_if_fits) {
+        repack_ = false;
+        repack_skipped_ = "repacking needs " + gib(total) + " of memory, but only " + gib(avail) +
+                          " is available";
+        return;
+    }
+    throw ResourceError(f.path() + ": " + (in_memory_ ? "--no-mmap" : "--repack") + " needs " +
+                        gib(total) + " of memory for the weights, but only " + gib(avail) +
+                        " is available; run without it to serve the weights from the file");
 }
 
 TensorSource::~TensorSource() {
@@ -127,9 +134,9 @@ backend::Weight TensorSource::matrix(const std::string& name, std::initializer_l
         w.rows >= quant::repack_rows(w.type)) {
         const size_t packed = quant::repacked_bytes(w.type, w.cols, w.rows);
         w.data = own(packed * size_t(w.slices), name, [&](uint8_t* p) {
-            for (int64_t s = 0; s < w.slices; ++s)
-                quant::repack(w.type, t.data + size_t(s) * w.slice_bytes, p + size_t(s) * packed,
-                              w.cols, w.rows);
+            // On every core: one thread repacked at about 0.4 GB/s.
+            quant::repack_slices(w.type, t.data, p, w.cols, w.rows, w.slices,
+                                 int(std::max(1u, std::thread::hardware_concurrency())));
         });
         w.slice_bytes = packed;
         w.repacked = true;

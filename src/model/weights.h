@@ -26,8 +26,11 @@ class TensorSource {
     // explicit --no-mmap mode) instead of serving it from the file mapping.
     // Refuses (ResourceError, with the numbers) when the copies cannot fit.
     // repack: matrices the CPU has an interleaved GEMM for (quant/repack.h)
-    // are repacked into anonymous memory unless asked for as Layout::Plain.
-    explicit TensorSource(const gguf::File& f, bool in_memory = false, bool repack = false);
+    // are repacked into anonymous memory unless asked for as Layout::Plain;
+    // refused like in_memory when they cannot fit, unless repack_if_fits,
+    // which then repacks nothing and says why in repack_skipped().
+    explicit TensorSource(const gguf::File& f, bool in_memory = false, bool repack = false,
+                          bool repack_if_fits = false);
     ~TensorSource();
     TensorSource(const TensorSource&) = delete;
     TensorSource& operator=(const TensorSource&) = delete;
@@ -51,6 +54,7 @@ class TensorSource {
     uint64_t bytes_used() const { return bytes_used_; }
     // Bytes (in the file) of the matrices repacked so far.
     uint64_t bytes_repacked() const { return bytes_repacked_; }
+    const std::string& repack_skipped() const { return repack_skipped_; }
 
   private:
     const gguf::TensorInfo& find(const std::string& name) const;
@@ -67,6 +71,7 @@ class TensorSource {
     uint64_t bytes_repacked_ = 0;
     bool in_memory_ = false;
     bool repack_ = false;
+    std::string repack_skipped_;
     std::vector<std::pair<void*, size_t>> copies_;  // anonymous mappings we own
 };
 
