@@ -141,6 +141,34 @@ TEST(CliRun, BadInputIsRefusedWithExitCode2) {
     }
 }
 
+// Weights whose in-memory copies do not fit (available memory forced down):
+// --no-mmap is refused with the numbers and exit code 2; the default repack
+// steps aside, says why, and the logits are those of a normal run.
+TEST(CliRun, CopiesThatDoNotFitInMemory) {
+    const std::string model = data_path("glm-dsa/small-q4_k_m.gguf");
+    const std::string args = "logits --model " + model + " --tokens 1,2,3,4 --threads 2";
+    const std::string tight = "GLM5_MEM_AVAILABLE=100000";
+
+    const CliResult refused = run_glm5(args + " --no-mmap", "", tight);
+    EXPECT_EQ(refused.code, 2) << refused.err;
+    EXPECT_NE(refused.err.find("--no-mmap needs"), std::string::npos) << refused.err;
+    EXPECT_NE(refused.err.find("is available"), std::string::npos) << refused.err;
+    EXPECT_TRUE(refused.out.empty());
+
+    const CliResult normal = run_glm5(args);
+    ASSERT_EQ(normal.code, 0) << normal.err;
+    const CliResult fallback = run_glm5(args, "", tight);
+    ASSERT_EQ(fallback.code, 0) << fallback.err;
+    EXPECT_EQ(fallback.out, normal.out) << "the same logits, repacked or not";
+    EXPECT_EQ(fallback.err.find("weights repacked"), std::string::npos) << fallback.err;
+    // Where this CPU has a repacked GEMM, the default run repacked and the
+    // tight one says why it did not.
+    const bool repacks = normal.err.find("weights repacked") != std::string::npos;
+    EXPECT_EQ(repacks, fallback.err.find("weights not repacked") != std::string::npos)
+        << normal.err << "\n"
+        << fallback.err;
+}
+
 TEST(CliRun, UnsupportedArchitectureIsRefused) {
     // Rewrite general.architecture of a small GGUF through the writer.
     const std::string d = tmp_dir("arch");
