@@ -5,6 +5,8 @@
 # well over 1x; the target for 4 is >= 2x). Prints numbers, never passes or fails.
 # Each round runs 1 stream and then N, and the ratio reported is the median of the
 # rounds' ratios: the machine's speed drifts, and only runs close in time compare.
+# The same ratio inside the engine (tokens per second of forward time, from /metrics)
+# follows, telling the model's batch scaling apart from HTTP and client overhead.
 #
 # usage: bench/serve_concurrency.sh [MODEL] [GLM5_BINARY]
 #   MODEL        default bench/out/bench-q4_k_m.gguf (bench/make_bench_models.sh bench/out)
@@ -96,10 +98,13 @@ engine_report() {  # $1 $2: snapshots before and after
     echo "$1 $2" | awk '{ f = $4 - $1; s = $5 - $2; t = $6 - $3;
         if (f > 0) printf "  engine: %d forwards, %.1f ms per forward, %.2f tokens per forward\n", f, 1000 * s / f, t / f }' >&2
 }
+engine_rate() {  # $1 $2: snapshots; generated tokens per second of forward time
+    echo "$1 $2" | awk '{ s = $5 - $2; print (s > 0 ? ($6 - $3) / s : 0) }'
+}
 
 echo "model $(basename "$model"), $threads threads, $tokens tokens per request, $rounds rounds, flags: $glm5_flags" >&2
 request 0  # warm-up: pages in the weights
-ones=() manys=() ratios=()
+ones=() manys=() ratios=() engine_ratios=()
 for r in $(seq 1 "$rounds"); do
     echo "round $r/$rounds" >&2
     s0=$(snapshot)
@@ -111,12 +116,19 @@ for r in $(seq 1 "$rounds"); do
     engine_report "$s1" "$s2"
     ones+=("$a") manys+=("$b")
     ratios+=("$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", (a > 0 ? b / a : 0) }')")
+    # The same ratio inside the engine: tokens per second of forward time,
+    # without HTTP, client start-up and scheduling gaps.
+    ea=$(engine_rate "$s0" "$s1") eb=$(engine_rate "$s1" "$s2")
+    engine_ratios+=("$(awk -v a="$ea" -v b="$eb" 'BEGIN { printf "%.2f", (a > 0 ? b / a : 0) }')")
 done
 one=$(printf '%s\n' "${ones[@]}" | median)
 many=$(printf '%s\n' "${manys[@]}" | median)
 ratio=$(printf '%s\n' "${ratios[@]}" | median)
-awk -v a="$one" -v b="$many" -v n="$streams" -v q="$ratio" -v each="${ratios[*]}" 'BEGIN {
+eratio=$(printf '%s\n' "${engine_ratios[@]}" | median)
+awk -v a="$one" -v b="$many" -v n="$streams" -v q="$ratio" -v each="${ratios[*]}" \
+    -v e="$eratio" -v eeach="${engine_ratios[*]}" 'BEGIN {
     printf "1 stream:   %8.1f tokens/s (median)\n", a
     printf "%d streams: %8.1f tokens/s aggregate (median)\n", n, b
     printf "ratio:      %8.2fx (median of the rounds: %s; target >= 2x for 4 streams)\n", q, each
+    printf "in-engine:  %8.2fx (tokens per second of forward time; rounds: %s)\n", e, eeach
 }'
