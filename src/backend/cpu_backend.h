@@ -201,9 +201,7 @@ class CpuBackend final : public Backend {
                         size_t(n_cols) * sizeof(float));
     }
 
-    void add(float* y, const float* x, int64_t n) override {
-        for (int64_t i = 0; i < n; ++i) y[i] += x[i];
-    }
+    void add(float* y, const float* x, int64_t n) override { kernels::add_row(y, x, n); }
 
     void scale(float* y, float s, int64_t n) override {
         for (int64_t i = 0; i < n; ++i) y[i] *= s;

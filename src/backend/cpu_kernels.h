@@ -9,6 +9,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace glm5::backend::kernels {
 
 inline float dot_f32(const float* a, const float* b, int64_t n) {
@@ -20,6 +24,36 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
     float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     for (; i < n; ++i) s += a[i] * b[i];
     return s;
+}
+
+// y[i] += x[i], and o[i] = src[i] * w (first) or o[i] += src[i] * w: each
+// product and sum rounded on its own (the bits of the plain loops), in SSE
+// lanes where the baseline has them, since the project's -O2 leaves such
+// loops scalar when it cannot prove the pointers apart.
+inline void add_row(float* y, const float* x, int64_t n) {
+    int64_t i = 0;
+#if defined(__SSE2__)
+    for (; i + 4 <= n; i += 4)
+        _mm_storeu_ps(y + i, _mm_add_ps(_mm_loadu_ps(y + i), _mm_loadu_ps(x + i)));
+#endif
+    for (; i < n; ++i) y[i] += x[i];
+}
+
+inline void weigh_row(float* o, const float* src, float w, int64_t n, bool first) {
+    int64_t i = 0;
+#if defined(__SSE2__)
+    const __m128 vw = _mm_set1_ps(w);
+    if (first)
+        for (; i + 4 <= n; i += 4) _mm_storeu_ps(o + i, _mm_mul_ps(_mm_loadu_ps(src + i), vw));
+    else
+        for (; i + 4 <= n; i += 4)
+            _mm_storeu_ps(o + i,
+                          _mm_add_ps(_mm_loadu_ps(o + i), _mm_mul_ps(_mm_loadu_ps(src + i), vw)));
+#endif
+    if (first)
+        for (; i < n; ++i) o[i] = src[i] * w;
+    else
+        for (; i < n; ++i) o[i] += src[i] * w;
 }
 
 inline float silu(float x) {

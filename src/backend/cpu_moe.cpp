@@ -5,44 +5,7 @@
 #include <functional>
 #include <optional>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 namespace glm5::backend::cpu {
-
-namespace {
-
-// o = src * w (first) or o += src * w, element by element: a product and a
-// sum, each rounded, in SSE lanes where there are (the same bits as the
-// scalar loop; the project's -O2 does not vectorize these loops itself).
-void weigh_into(float* o, const float* src, float w, int64_t n, bool first) {
-    int64_t i = 0;
-#if defined(__SSE2__)
-    const __m128 vw = _mm_set1_ps(w);
-    if (first)
-        for (; i + 4 <= n; i += 4) _mm_storeu_ps(o + i, _mm_mul_ps(_mm_loadu_ps(src + i), vw));
-    else
-        for (; i + 4 <= n; i += 4)
-            _mm_storeu_ps(o + i,
-                          _mm_add_ps(_mm_loadu_ps(o + i), _mm_mul_ps(_mm_loadu_ps(src + i), vw)));
-#endif
-    if (first)
-        for (; i < n; ++i) o[i] = src[i] * w;
-    else
-        for (; i < n; ++i) o[i] += src[i] * w;
-}
-
-void add_into(float* o, const float* src, int64_t n) {
-    int64_t i = 0;
-#if defined(__SSE2__)
-    for (; i + 4 <= n; i += 4)
-        _mm_storeu_ps(o + i, _mm_add_ps(_mm_loadu_ps(o + i), _mm_loadu_ps(src + i)));
-#endif
-    for (; i < n; ++i) o[i] += src[i];
-}
-
-}  // namespace
 
 void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out) {
     OpTimer timer_(profile_, "moe", T);
@@ -235,9 +198,9 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
             const int64_t n = std::min(kCols, E - c0);
             float* o = out + t * E + c0;
             for (int64_t k = 0; k < K; ++k)
-                weigh_into(o, eo + slot_of[size_t(t * K + k)] * E + c0, wts[size_t(t * K + k)], n,
-                           k == 0);
-            if (shared) add_into(o, eo + (P + t) * E + c0, n);
+                kernels::weigh_row(o, eo + slot_of[size_t(t * K + k)] * E + c0,
+                                   wts[size_t(t * K + k)], n, k == 0);
+            if (shared) kernels::add_row(o, eo + (P + t) * E + c0, n);
         }
     });
 }
