@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "quant/ops.h"
 #include "quant/quant.h"
 #include "quant/repack.h"
@@ -158,7 +159,8 @@ TEST(QuantRepack, SlicesOnThreadsMatchOneCallPerSlice) {
                        rows);
             for (int n_threads : {1, 3, 16}) {
                 std::fill(got.begin(), got.end(), uint8_t(0xAA));
-                repack_slices(t, w.data(), got.data(), cols, rows, slices, n_threads);
+                glm5::ThreadPool pool(n_threads);
+                repack_slices(t, w.data(), got.data(), cols, rows, slices, pool);
                 ASSERT_EQ(got, want) << name(t) << " rows " << rows << " threads " << n_threads;
             }
         }

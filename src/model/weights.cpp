@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <thread>
 
 #include "core/error.h"
 #include "gguf/gguf.h"
@@ -142,9 +141,9 @@ backend::Weight TensorSource::matrix(const std::string& name, std::initializer_l
         w.rows >= quant::repack_rows(w.type)) {
         const size_t packed = quant::repacked_bytes(w.type, w.cols, w.rows);
         w.data = own(packed * size_t(w.slices), name, [&](uint8_t* p) {
-            // On every core: one thread repacked at about 0.4 GB/s.
-            quant::repack_slices(w.type, t.data, p, w.cols, w.rows, w.slices,
-                                 int(std::max(1u, std::thread::hardware_concurrency())));
+            if (!repack_pool_)
+                repack_pool_ = std::make_unique<ThreadPool>(ThreadPool::default_threads());
+            quant::repack_slices(w.type, t.data, p, w.cols, w.rows, w.slices, *repack_pool_);
         });
         w.slice_bytes = packed;
         w.repacked = true;

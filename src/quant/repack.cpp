@@ -4,13 +4,11 @@
 #include "quant/repack.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "quant/common.h"
 #include "quant/ops.h"
 #include "quant/repack_kernels.h"
@@ -246,28 +244,23 @@ void repack(Type t, const void* src_rows, void* dst, int64_t cols, int64_t rows)
 }
 
 void repack_slices(Type t, const void* src, void* dst, int64_t cols, int64_t rows, int64_t slices,
-                   int n_threads) {
+                   ThreadPool& pool) {
     // Pieces of 64 groups; the last piece of a slice also takes its tail rows.
     constexpr int64_t kPieceRows = 64 * kRows;
     const int64_t per_slice = std::max<int64_t>(1, rows / kPieceRows);
     const int64_t n = slices * per_slice;
     const size_t rb = row_size(t, cols), gb = repacked_group_bytes(t, cols);
     const size_t packed = repacked_bytes(t, cols, rows);
-    auto piece = [&](int64_t i) {
-        const int64_t s = i / per_slice, k = i % per_slice;
-        const int64_t r0 = k * kPieceRows, r1 = k + 1 == per_slice ? rows : r0 + kPieceRows;
-        repack(t, static_cast<const uint8_t*>(src) + (size_t(s) * size_t(rows) + size_t(r0)) * rb,
-               static_cast<uint8_t*>(dst) + size_t(s) * packed + size_t(r0 / kRows) * gb, cols,
-               r1 - r0);
-    };
-    std::atomic<int64_t> next{0};
-    auto work = [&] {
-        for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) piece(i);
-    };
-    std::vector<std::thread> threads;
-    for (int64_t k = 1; k < std::min<int64_t>(n, n_threads); ++k) threads.emplace_back(work);
-    work();
-    for (auto& th : threads) th.join();
+    pool.parallel_for(n, 1, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) {
+            const int64_t s = i / per_slice, k = i % per_slice;
+            const int64_t r0 = k * kPieceRows, r1 = k + 1 == per_slice ? rows : r0 + kPieceRows;
+            repack(t,
+                   static_cast<const uint8_t*>(src) + (size_t(s) * size_t(rows) + size_t(r0)) * rb,
+                   static_cast<uint8_t*>(dst) + size_t(s) * packed + size_t(r0 / kRows) * gb, cols,
+                   r1 - r0);
+        }
+    });
 }
 
 void repacked_row(Type t, const void* packed, int64_t cols, int64_t rows, int64_t r, void* out) {

@@ -29,6 +29,10 @@
 
 #include "quant/types.h"
 
+namespace glm5 {
+class ThreadPool;
+}
+
 namespace glm5::quant {
 
 // Rows per group (16) for a type this CPU can repack, 0 otherwise.
@@ -53,11 +57,11 @@ size_t repacked_bytes(Type t, int64_t cols, int64_t rows);
 void repack(Type t, const void* src_rows, void* dst, int64_t cols, int64_t rows);
 
 // repack() of `slices` matrices stored one after another (src: `rows` plain
-// rows each; dst: repacked_bytes(t, cols, rows) each), on up to n_threads
-// threads in pieces of whole groups: the same bytes as one repack() call per
-// slice.
+// rows each; dst: repacked_bytes(t, cols, rows) each), spread over the
+// pool's threads in pieces of whole groups: the same bytes as one repack()
+// call per slice.
 void repack_slices(Type t, const void* src, void* dst, int64_t cols, int64_t rows, int64_t slices,
-                   int n_threads);
+                   ThreadPool& pool);
 
 // The plain-layout rows after the last whole group (rows % R of them).
 const void* repacked_tail(Type t, const void* packed, int64_t cols, int64_t rows);
