@@ -207,26 +207,27 @@ void q4k_tile(int64_t nb, const Q4KGroupBlock* gb, const ActBlock* ab, float* co
 // ---------------------------------------------------------------- Q6_K
 // Per chunk c of half h the three vectors ql, qh, ql1 give the levels
 // u6 = low nibble | top bits << 4 of values 128h + 32j + 4c.. for j = 0..3
-// (sub-block 8h + 2j + c / 4); q6k_level() makes the one of sub-block row j.
+// (sub-block 8h + 2j + c / 4); q6k_level<j>(l, qh) makes row j's from l = ql
+// (j even) or ql1 (j odd).
 // The level is q = u6 - 32, so per sub-block sum(q * y) = sum(u6 * y) - 32 *
 // bsum, and the correction of the whole block is 32 * sum_j scale_j * bsum_j
 // (one vpdpwssd per pair of sub-blocks, q6k_finish()). isum = sum_j scale_j *
 // dot_j is the single-row kernel's integer, summed in another order (exact in
 // int32).
 template <int J>
-inline __m512i q6k_level(__m512i l0, __m512i l1, __m512i qh) {
+inline __m512i q6k_level(__m512i l, __m512i qh) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
     if constexpr (J == 0)
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(l0, low4), _mm512_slli_epi16(qh, 4), top2,
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(l, low4), _mm512_slli_epi16(qh, 4), top2,
                                          0xD8);
     else if constexpr (J == 1)
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(l1, low4), _mm512_slli_epi16(qh, 2), top2,
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(l, low4), _mm512_slli_epi16(qh, 2), top2,
                                          0xD8);
     else if constexpr (J == 2)
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4), qh, top2,
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4), qh, top2,
                                          0xD8);
     else
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4),
                                          _mm512_srli_epi16(qh, 2), top2, 0xD8);
 }
 
@@ -287,10 +288,10 @@ void q6k_one(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* con
                     const __m512i l0 = load(hf.lq[c].ql), l1 = load(hf.lq[c].ql1);
                     const __m512i qh = load(hf.lq[c].qh);
                     const int8_t* qc = q + 128 * h + 4 * c;
-                    s[0] = _mm512_dpbusd_epi32(s[0], q6k_level<0>(l0, l1, qh), bcast4(qc));
-                    s[1] = _mm512_dpbusd_epi32(s[1], q6k_level<1>(l0, l1, qh), bcast4(qc + 32));
-                    s[2] = _mm512_dpbusd_epi32(s[2], q6k_level<2>(l0, l1, qh), bcast4(qc + 64));
-                    s[3] = _mm512_dpbusd_epi32(s[3], q6k_level<3>(l0, l1, qh), bcast4(qc + 96));
+                    s[0] = _mm512_dpbusd_epi32(s[0], q6k_level<0>(l0, qh), bcast4(qc));
+                    s[1] = _mm512_dpbusd_epi32(s[1], q6k_level<1>(l1, qh), bcast4(qc + 32));
+                    s[2] = _mm512_dpbusd_epi32(s[2], q6k_level<2>(l0, qh), bcast4(qc + 64));
+                    s[3] = _mm512_dpbusd_epi32(s[3], q6k_level<3>(l1, qh), bcast4(qc + 96));
                 }
 #pragma GCC unroll 4
                 for (int j = 0; j < 4; ++j)
@@ -321,9 +322,7 @@ inline void q6k_sub_block(const Q6KGroupBlock& g, int h, int ch, const int8_t* q
         const int c = 4 * ch + k;
         if (J == 0 && pf) prefetch<192>(&hf.lq[c], 2 * sizeof(Q6KGroupBlock));
         const __m512i qh = load(hf.lq[c].qh);
-        // Only the vector this sub-block reads is loaded (q6k_level ignores the other).
-        const __m512i l = load(J % 2 == 0 ? hf.lq[c].ql : hf.lq[c].ql1);
-        const __m512i w = q6k_level<J>(l, l, qh);
+        const __m512i w = q6k_level<J>(load(J % 2 == 0 ? hf.lq[c].ql : hf.lq[c].ql1), qh);
         const int8_t* qc = q + 128 * h + 4 * c + 32 * J;
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) s[t] = _mm512_dpbusd_epi32(s[t], w, bcast4(qc + t * QK_K));
