@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "gguf/gguf.h"
 #include "quant/quant.h"
 #include "quant/repack.h"
@@ -44,16 +45,6 @@ uint64_t available_memory() {
     return 0;
 }
 
-// GiB, or MiB below one GiB (a small model's numbers stay readable).
-std::string gib(uint64_t b) {
-    char buf[32];
-    if (b >= (uint64_t(1) << 30))
-        std::snprintf(buf, sizeof(buf), "%.2f GiB", double(b) / double(uint64_t(1) << 30));
-    else
-        std::snprintf(buf, sizeof(buf), "%.2f MiB", double(b) / double(uint64_t(1) << 20));
-    return buf;
-}
-
 }  // namespace
 
 TensorSource::TensorSource(const gguf::File& f, bool in_memory, bool repack, bool repack_if_fits)
@@ -68,12 +59,13 @@ TensorSource::TensorSource(const gguf::File& f, bool in_memory, bool repack, boo
     if (avail == 0 || total <= avail) return;
     if (!in_memory_ && repack_if_fits) {
         repack_ = false;
-        repack_skipped_ = "repacking needs " + gib(total) + " of memory, but only " + gib(avail) +
-                          " is available";
+        repack_skipped_ = "repacking needs " + human_bytes(double(total)) +
+                          " of memory, but only " + human_bytes(double(avail)) + " is available";
         return;
     }
     throw ResourceError(f.path() + ": " + (in_memory_ ? "--no-mmap" : "--repack") + " needs " +
-                        gib(total) + " of memory for the weights, but only " + gib(avail) +
+                        human_bytes(double(total)) + " of memory for the weights, but only " +
+                        human_bytes(double(avail)) +
                         " is available; run without it to serve the weights from the file");
 }
 
@@ -85,7 +77,8 @@ const uint8_t* TensorSource::own(size_t bytes, const std::string& what,
                                  const std::function<void(uint8_t*)>& fill) {
     const size_t n = (bytes + 4095) / 4096 * 4096;
     void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw ResourceError("cannot allocate " + gib(n) + " for tensor " + what);
+    if (p == MAP_FAILED)
+        throw ResourceError("cannot allocate " + human_bytes(double(n)) + " for tensor " + what);
     ::madvise(p, n, MADV_HUGEPAGE);  // fewer TLB misses on big matrices, where available
     fill(static_cast<uint8_t*>(p));
     ::mprotect(p, n, PROT_READ);
