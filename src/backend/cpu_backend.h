@@ -386,7 +386,8 @@ class CpuBackend final : public Backend {
         size_t cap = 0, used = 0;
     };
     struct PerThread {
-        std::vector<float> rope, row, q, scores, acc;
+        ByteBuffer q;
+        std::vector<float> rope, row, scores, acc;
         std::vector<int32_t> idx;
     };
 
@@ -440,14 +441,15 @@ class CpuBackend final : public Backend {
             if (idx) return F16Rows{base, c.row_bytes(), idx + j0};
             return F16Rows{base + size_t(j0) * c.row_bytes(), c.row_bytes(), nullptr};
         };
-        wide_q_.resize(size_t(H * W));
-        sv.round_f16(H * W, q.q, wide_q_.data());
+        // Aligned: every thread's scores_f16 reads it in place.
+        float* const wq = reinterpret_cast<float*>(wide_q_.get(size_t(H * W) * sizeof(float)));
+        sv.round_f16(H * W, q.q, wq);
         wide_scores_.resize(size_t(H * n));
         float* sc = wide_scores_.data();
         const int64_t T = pool_.size();
         const int64_t rgrain = (n / (4 * T) + 15) / 16 * 16;
         pool_.parallel_for(n, std::max<int64_t>(16, rgrain), [&](int64_t b, int64_t e, int) {
-            sv.scores_f16(wide_q_.data(), H, W, rows_from(b, 0), e - b, sc + b, n);
+            sv.scores_f16(wq, H, W, rows_from(b, 0), e - b, sc + b, n);
             for (int64_t h = 0; h < H; ++h)
                 for (int64_t j = b; j < e; ++j) sc[h * n + j] *= scale;
         });
@@ -484,22 +486,23 @@ class CpuBackend final : public Backend {
             const int64_t r = q.visible.n_dense > 0 ? j : q.visible.rows[j];
             return c.data + size_t(r) * c.row_bytes();
         };
-        // An F16 K cache makes the query F16 too (the activation of an F16 product).
-        pt.q.resize(size_t(nh * W));
+        // An F16 K cache makes the query F16 too (the activation of an F16
+        // product). 64-byte aligned: scores_f16 reads it in place.
+        float* const qh = reinterpret_cast<float*>(pt.q.get(size_t(nh * W) * sizeof(float)));
         if (f16)
-            sv.round_f16(nh * W, q.q + h0 * W, pt.q.data());
+            sv.round_f16(nh * W, q.q + h0 * W, qh);
         else
-            std::memcpy(pt.q.data(), q.q + h0 * W, size_t(nh * W) * sizeof(float));
+            std::memcpy(qh, q.q + h0 * W, size_t(nh * W) * sizeof(float));
         pt.scores.resize(size_t(nh * n));
         const F16Rows rows{c.data, c.row_bytes(), q.visible.n_dense > 0 ? nullptr : q.visible.rows};
         if (f16) {
-            sv.scores_f16(pt.q.data(), nh, W, rows, n, pt.scores.data(), n);
+            sv.scores_f16(qh, nh, W, rows, n, pt.scores.data(), n);
             for (float& v : pt.scores) v *= scale;
         } else {
             for (int64_t j = 0; j < n; ++j) {
                 const uint8_t* r = row_ptr(j);
                 for (int64_t h = 0; h < nh; ++h)
-                    pt.scores[size_t(h * n + j)] = dot32(W, pt.q.data() + h * W, r) * scale;
+                    pt.scores[size_t(h * n + j)] = dot32(W, qh + h * W, r) * scale;
             }
         }
         for (int64_t h = 0; h < nh; ++h) sv.softmax(pt.scores.data() + h * n, n, f16);
@@ -648,8 +651,9 @@ class CpuBackend final : public Backend {
         return reinterpret_cast<float*>(b.get(n * sizeof(float)));
     }
 
-    std::vector<float> wide_q_, wide_scores_;  // attend_wide
-    std::vector<ByteBuffer> multi_act_;        // matmuls: one per activation format
+    ByteBuffer wide_q_;  // attend_wide
+    std::vector<float> wide_scores_;
+    std::vector<ByteBuffer> multi_act_;  // matmuls: one per activation format
     ByteBuffer act_buf_, act_buf2_, moe_gate_buf_, moe_up_buf_, moe_tok_g_, moe_tok_u_, moe_g_,
         moe_u_, moe_eo_;
     std::atomic<uint64_t> weight_bytes_{0}, matmul_calls_{0};

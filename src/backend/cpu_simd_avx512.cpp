@@ -73,6 +73,17 @@ void convert(const F16Rows& rows, int64_t j0, int64_t nr, int64_t w, int64_t wp,
     }
 }
 
+// Asks for rows [j0, j0 + nr) (their first w values) while the block
+// before them is computed: in decode the cache rows come from DRAM (the
+// layer's weights have streamed through every cache since they were last
+// read), and a block's compute is long enough to cover the latency.
+void prefetch_rows(const F16Rows& rows, int64_t j0, int64_t nr, int64_t w) {
+    for (int64_t r = 0; r < nr; ++r) {
+        const char* p = reinterpret_cast<const char*>(rows.row(j0 + r));
+        for (int64_t b = 0; b < w * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+    }
+}
+
 // s[a*ld + b] = q row a . k row b, A query rows by B cache rows, both wp wide.
 template <int A, int B>
 void score_tile(const float* q, const float* k, int64_t wp, float* s, int64_t ld) {
@@ -222,13 +233,21 @@ void scores_f16(const float* q, int64_t nh, int64_t w, const F16Rows& rows, int6
                 int64_t ld) {
     Scratch& sc = scratch();
     const int64_t wp = padded(w);
-    // The query rows padded with zeros like the converted cache rows.
-    float* const sq = aligned(sc.q, size_t(nh * wp));
-    std::fill(sq, sq + nh * wp, 0.0f);
-    for (int64_t h = 0; h < nh; ++h) std::memcpy(sq + h * wp, q + h * w, size_t(w) * sizeof(float));
+    // The query rows padded with zeros like the converted cache rows; rows of
+    // whole vectors on a cache line (the MLA width) are read in place: in
+    // decode the copy was one more cold buffer per query.
+    const float* sq = q;
+    if (wp != w || reinterpret_cast<uintptr_t>(q) % 64 != 0) {
+        float* const pq = aligned(sc.q, size_t(nh * wp));
+        std::fill(pq, pq + nh * wp, 0.0f);
+        for (int64_t h = 0; h < nh; ++h)
+            std::memcpy(pq + h * wp, q + h * w, size_t(w) * sizeof(float));
+        sq = pq;
+    }
     float* const sr = aligned(sc.rows, size_t(kScoreRows * wp));
     for (int64_t j0 = 0; j0 < n; j0 += kScoreRows) {
         const int64_t nr = std::min(kScoreRows, n - j0);
+        prefetch_rows(rows, j0 + kScoreRows, std::min(kScoreRows, n - j0 - kScoreRows), w);
         convert(rows, j0, nr, w, wp, sr);
         for (int64_t h0 = 0; h0 < nh; h0 += 4) {
             const int64_t a = std::min<int64_t>(4, nh - h0);
@@ -245,7 +264,10 @@ void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& row
                       int64_t vw, float* out) {
     Scratch& sc = scratch();
     const int64_t vp = padded(vw);
-    float* const so = aligned(sc.out, size_t(nh * vp));
+    // Sums in whole vectors: out itself when its rows are (the MLA width),
+    // else a padded buffer copied out at the end.
+    const bool direct = vp == vw;
+    float* const so = direct ? out : aligned(sc.out, size_t(nh * vp));
     std::fill(so, so + nh * vp, 0.0f);
     float* const sr = aligned(sc.rows, size_t(kValueRows * vp));
     for (int64_t j0 = 0; j0 < n; j0 += kValueRows) {
@@ -260,8 +282,9 @@ void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& row
             }
         }
     }
-    for (int64_t h = 0; h < nh; ++h)
-        std::memcpy(out + h * vw, so + h * vp, size_t(vw) * sizeof(float));
+    if (!direct)
+        for (int64_t h = 0; h < nh; ++h)
+            std::memcpy(out + h * vw, so + h * vp, size_t(vw) * sizeof(float));
 }
 
 }  // namespace glm5::backend::cpu::avx512
