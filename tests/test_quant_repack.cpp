@@ -244,3 +244,44 @@ TEST(QuantRepack, GemmBitIdenticalToSingleRowKernel) {
 }
 
 }  // namespace
+
+namespace {
+
+// Q4_K at the largest half sub-block sums: every level 15 against activations
+// of all -128 or all +127, so each 16-value half-dot is +-30720 or 30480 (the
+// GEMM scales those halves as int16: one more bit of headroom would be gone).
+TEST(QuantRepack, Q4KGemmExactAtTheLargestHalfSums) {
+    if (!repack_supported(Type::Q4_K, 512)) GTEST_SKIP() << "no repacked GEMM on this CPU";
+    const int64_t cols = 512, rows = 32;
+    auto w = test::random_blocks(Type::Q4_K, cols * rows, 7);
+    for (size_t b = 0; b < w.size(); b += sizeof(BlockQ4_K))
+        std::memset(reinterpret_cast<BlockQ4_K*>(w.data() + b)->qs, 0xFF, QK_K / 2);
+    std::vector<uint8_t> packed(repacked_bytes(Type::Q4_K, cols, rows));
+    repack(Type::Q4_K, w.data(), packed.data(), cols, rows);
+    const size_t rb = row_size(Type::Q4_K, cols), arow = row_size(Type::Q8_K, cols);
+    const VecDotFn dot = vec_dot_fn(Type::Q4_K);
+    for (int64_t n_tok : {1, 2, 3, 4, 16}) {
+        std::vector<uint8_t> acts(arow * size_t(n_tok));
+        for (int64_t tk = 0; tk < n_tok; ++tk) {
+            auto* blocks = reinterpret_cast<BlockQ8_K*>(acts.data() + arow * size_t(tk));
+            const int8_t level = tk % 2 == 0 ? -128 : 127;
+            for (int64_t b = 0; b < cols / QK_K; ++b) {
+                blocks[b].d = 0.5f + float(tk);
+                std::memset(blocks[b].qs, static_cast<uint8_t>(level), QK_K);
+                for (auto& s : blocks[b].bsums) s = int16_t(16 * level);
+            }
+        }
+        std::vector<float> y(size_t(rows * n_tok));
+        gemm_repacked(Type::Q4_K, cols, packed.data(), rows / 16, acts.data(), arow, n_tok,
+                      y.data(), size_t(rows));
+        for (int64_t tk = 0; tk < n_tok; ++tk)
+            for (int64_t r = 0; r < rows; ++r) {
+                const float want =
+                    dot(cols, w.data() + size_t(r) * rb, acts.data() + size_t(tk) * arow);
+                ASSERT_EQ(bits(want), bits(y[size_t(tk * rows + r)]))
+                    << "n_tok " << n_tok << " token " << tk << " row " << r;
+            }
+    }
+}
+
+}  // namespace
