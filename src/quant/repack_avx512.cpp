@@ -143,20 +143,36 @@ constexpr int kQ4KSplit = T <= 2 ? 2 : 1;
 // (the high half meets the zero) -- 2 instructions where vpmulld + vpaddd
 // cost 3 micro-ops on the ports the vpdpbusd need: 1.11-1.17x faster GEMM at
 // 2-8 tokens with the same integers.
+// s = w . (the 4 bytes at q in every lane), from zero / accumulated: the
+// bytes through vpdpbusd's embedded broadcast (GCC loads them with a
+// separate vpbroadcastd), the zero an xor idiom (GCC copies a zero register).
+inline __m512i dp_first(__m512i w, const int8_t* q) {
+    __m512i s;
+    asm("vpxord %0, %0, %0\n\tvpdpbusd %2%{1to16%}, %1, %0"
+        : "=&v"(s)
+        : "v"(w), "m"(*reinterpret_cast<const int32_t*>(q)));
+    return s;
+}
+
+inline void dp_next(__m512i& s, __m512i w, const int8_t* q) {
+    asm("vpdpbusd %2%{1to16%}, %1, %0"
+        : "+v"(s)
+        : "v"(w), "m"(*reinterpret_cast<const int32_t*>(q)));
+}
+
 template <int T>
 inline void q4k_sub_block(const __m512i* w, __m512i sc, const int8_t* q, __m512i* isum) {
-    const __m512i zero = _mm512_setzero_si512();
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
         const int8_t* qt = q + t * QK_K;
-        __m512i s0 = _mm512_dpbusd_epi32(zero, w[0], bcast4(qt));
-        __m512i s1 = _mm512_dpbusd_epi32(zero, w[1], bcast4(qt + 4));
-        s0 = _mm512_dpbusd_epi32(s0, w[2], bcast4(qt + 8));
-        s1 = _mm512_dpbusd_epi32(s1, w[3], bcast4(qt + 12));
-        s0 = _mm512_dpbusd_epi32(s0, w[4], bcast4(qt + 16));
-        s1 = _mm512_dpbusd_epi32(s1, w[5], bcast4(qt + 20));
-        s0 = _mm512_dpbusd_epi32(s0, w[6], bcast4(qt + 24));
-        s1 = _mm512_dpbusd_epi32(s1, w[7], bcast4(qt + 28));
+        __m512i s0 = dp_first(w[0], qt);
+        __m512i s1 = dp_first(w[1], qt + 4);
+        dp_next(s0, w[2], qt + 8);
+        dp_next(s1, w[3], qt + 12);
+        dp_next(s0, w[4], qt + 16);
+        dp_next(s1, w[5], qt + 20);
+        dp_next(s0, w[6], qt + 24);
+        dp_next(s1, w[7], qt + 28);
         isum[t] = _mm512_dpwssd_epi32(isum[t], s0, sc);
         __m512i& other = isum[(kQ4KSplit<T> - 1) * T + t];
         other = _mm512_dpwssd_epi32(other, s1, sc);
@@ -297,7 +313,7 @@ void q6k_one(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* con
             const Q6KGroupBlock::Half& hf = g.half[h];
 #pragma GCC unroll 2
             for (int ch = 0; ch < 2; ++ch) {
-                __m512i s[4] = {zero, zero, zero, zero};
+                __m512i s[4];
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; ++k) {
                     const int c = 4 * ch + k;
@@ -305,10 +321,15 @@ void q6k_one(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* con
                     const __m512i l0 = load(hf.lq[c].ql), l1 = load(hf.lq[c].ql1);
                     const __m512i qh = load(hf.lq[c].qh);
                     const int8_t* qc = q + 128 * h + 4 * c;
-                    s[0] = _mm512_dpbusd_epi32(s[0], q6k_level<0>(l0, qh), bcast4(qc));
-                    s[1] = _mm512_dpbusd_epi32(s[1], q6k_level<1>(l1, qh), bcast4(qc + 32));
-                    s[2] = _mm512_dpbusd_epi32(s[2], q6k_level<2>(l0, qh), bcast4(qc + 64));
-                    s[3] = _mm512_dpbusd_epi32(s[3], q6k_level<3>(l1, qh), bcast4(qc + 96));
+                    const __m512i v[4] = {q6k_level<0>(l0, qh), q6k_level<1>(l1, qh),
+                                          q6k_level<2>(l0, qh), q6k_level<3>(l1, qh)};
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; ++j) {
+                        if (k == 0)
+                            s[j] = dp_first(v[j], qc + 32 * j);
+                        else
+                            dp_next(s[j], v[j], qc + 32 * j);
+                    }
                 }
 #pragma GCC unroll 4
                 for (int j = 0; j < 4; ++j)
@@ -332,8 +353,6 @@ inline void q6k_sub_block(const Q6KGroupBlock& g, int h, int ch, const int8_t* q
                           __m512i* isum) {
     const Q6KGroupBlock::Half& hf = g.half[h];
     __m512i s[T];
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) s[t] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
         const int c = 4 * ch + k;
@@ -342,7 +361,12 @@ inline void q6k_sub_block(const Q6KGroupBlock& g, int h, int ch, const int8_t* q
         const __m512i w = q6k_level<J>(load(J % 2 == 0 ? hf.lq[c].ql : hf.lq[c].ql1), qh);
         const int8_t* qc = q + 128 * h + 4 * c + 32 * J;
 #pragma GCC unroll 16
-        for (int t = 0; t < T; ++t) s[t] = _mm512_dpbusd_epi32(s[t], w, bcast4(qc + t * QK_K));
+        for (int t = 0; t < T; ++t) {
+            if (k == 0)
+                s[t] = dp_first(w, qc + t * QK_K);
+            else
+                dp_next(s[t], w, qc + t * QK_K);
+        }
     }
     const __m512i sc = q6k_scale(g, h, J, ch);
 #pragma GCC unroll 16
