@@ -24,7 +24,8 @@ TEST(QuantMulti, BitIdenticalToSingleRowKernel) {
         const VecDotFn single = vec_dot_fn(t);
         std::mt19937 rng(raw);
         std::normal_distribution<float> nd(0.0f, 1.0f);
-        for (int64_t n : {256, 512, 2048, 768}) {
+        // (100 and 200: float rows with a 16-value and a scalar tail.)
+        for (int64_t n : {256, 512, 2048, 768, 100, 200}) {
             if (n % tt->block_size) continue;
             std::vector<float> wf(static_cast<size_t>(n));
             for (auto& v : wf) v = nd(rng) * 0.05f;

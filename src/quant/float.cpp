@@ -90,12 +90,32 @@ float bf16_dot_ref(int64_t n, const void* w, const void* a) {
     return float(sum);
 }
 
-const FormatOps kF32 = {f32_copy,    f32_quantize,          f32_activation,
-                        f32_dot_ref, kernels::dot_f32_avx2, kernels::dot_f32_avx512};
-const FormatOps kF16 = {f16_dequantize, f16_quantize,          f16_activation,
-                        f16_dot_ref,    kernels::dot_f16_avx2, kernels::dot_f16_avx512};
-const FormatOps kBF16 = {bf16_dequantize, bf16_quantize,          bf16_activation,
-                         bf16_dot_ref,    kernels::dot_bf16_avx2, kernels::dot_bf16_avx512};
+// The multi kernels read a weight row once for several tokens (the MoE
+// router and F16 models' products in batched decode).
+const FormatOps kF32 = {f32_copy,
+                        f32_quantize,
+                        f32_activation,
+                        f32_dot_ref,
+                        kernels::dot_f32_avx2,
+                        kernels::dot_f32_avx512,
+                        nullptr,
+                        kernels::dot_f32_multi_avx512};
+const FormatOps kF16 = {f16_dequantize,
+                        f16_quantize,
+                        f16_activation,
+                        f16_dot_ref,
+                        kernels::dot_f16_avx2,
+                        kernels::dot_f16_avx512,
+                        nullptr,
+                        kernels::dot_f16_multi_avx512};
+const FormatOps kBF16 = {bf16_dequantize,
+                         bf16_quantize,
+                         bf16_activation,
+                         bf16_dot_ref,
+                         kernels::dot_bf16_avx2,
+                         kernels::dot_bf16_avx512,
+                         nullptr,
+                         kernels::dot_bf16_multi_avx512};
 
 }  // namespace
 
