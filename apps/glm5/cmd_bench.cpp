@@ -155,12 +155,13 @@ int cmd_bench(int argc, char** argv) {
     // With --parallel N > 1 each repetition also decodes one sequence alone,
     // just before, and the scaling is the median of these paired ratios (for
     // the same reason as above).
-    std::vector<double> pp, tg, bpt, gbs, frac, scaling;
+    std::vector<double> pp, tg, bpt, bpt_one, gbs, frac, scaling;
     for (int64_t r = 0; r < reps; ++r) {
         if (n_prompt > 0) pp.push_back(run_pp(uint64_t(r + 1)));
         if (n_gen > 0) {
-            const double one = n_par > 1 ? run_tg(1, uint64_t(r + 1), nullptr) : 0.0;
-            double b = 0;
+            double b = 0, b_one = 0;
+            const double one = n_par > 1 ? run_tg(1, uint64_t(r + 1), &b_one) : 0.0;
+            if (n_par > 1) bpt_one.push_back(b_one);
             tg.push_back(run_tg(n_par, uint64_t(r + 1), &b));
             if (n_par > 1) scaling.push_back(tg.back() / one);
             bpt.push_back(b);
@@ -221,6 +222,19 @@ int cmd_bench(int argc, char** argv) {
             "paired repetitions: %s)\n",
             (long long)n_par, stats(scaling).median, scaling.size(), each.c_str());
         out += buf;
+        // Where decode is bound by reading the weights, N sequences cannot
+        // scale past the bytes a token reads alone over the bytes per token
+        // of the batch (which reads every expert any of them picked).
+        const double alone = stats(bpt_one).median, shared = stats(bpt).median;
+        if (alone > 0 && shared > 0) {
+            const double ceiling = alone / shared;
+            std::snprintf(buf, sizeof(buf),
+                          "weights read per token: %.1f MB alone, %.1f MB with %lld sequences: "
+                          "a bandwidth ceiling of %.2fx; the scaling reached %.0f%% of it\n",
+                          alone / 1e6, shared / 1e6, (long long)n_par, ceiling,
+                          100.0 * stats(scaling).median / ceiling);
+            out += buf;
+        }
     }
     std::fwrite(out.data(), 1, out.size(), stdout);
     return 0;
