@@ -203,3 +203,32 @@ TEST(CliRun, EmbeddedDefaultModelIsGeneratedOnFirstUse) {
 }
 
 }  // namespace
+
+namespace {
+
+// bench --parallel: the paired scaling and its bandwidth ceiling, which can
+// lie neither below 1 (the batch reads no more bytes per token than one
+// sequence alone) nor above N (every shared weight is read once).
+TEST(CliRun, BenchParallelPrintsScalingAndCeiling) {
+    const std::string model = data_path("glm-dsa/small-q4_k_m.gguf");
+    const CliResult r = run_glm5("bench --model " + model +
+                                 " -p 0 -n 4 -r 1 --parallel 2 --no-roofline --threads 2");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("parallel 2: "), std::string::npos) << r.out;
+    const size_t at = r.out.find("weights read per token: ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    double alone = 0, shared = 0, ceiling = 0;
+    ASSERT_EQ(std::sscanf(r.out.c_str() + at,
+                          "weights read per token: %lf MB alone, %lf MB with 2 sequences: a "
+                          "bandwidth ceiling of %lfx",
+                          &alone, &shared, &ceiling),
+              3)
+        << r.out;
+    EXPECT_GT(alone, shared);
+    // (The MB figures are printed to 0.1.)
+    EXPECT_NEAR(ceiling, alone / shared, 0.005 + ceiling * (0.05 / alone + 0.05 / shared));
+    EXPECT_GT(ceiling, 1.0);
+    EXPECT_LE(ceiling, 2.0);
+}
+
+}  // namespace
