@@ -382,7 +382,8 @@ TEST(GeneratorWrite, TinyIsDeterministicAndCarriesTheFixtureMetadata) {
             << k << ": " << g->metadata()[i].second.to_display() << " vs " << v.to_display();
     }
     const std::string tmpl = g->get_string("tokenizer.chat_template");
-    EXPECT_EQ(glm5::text::check_chat_template(tmpl), "") << "generated template differs from the renderer";
+    EXPECT_EQ(glm5::text::check_chat_template(tmpl), "")
+        << "generated template differs from the renderer";
     // Tensors: names, shapes, types as the fixture.
     ASSERT_EQ(g->tensors().size(), fx->tensors().size());
     for (const auto& t : fx->tensors()) {

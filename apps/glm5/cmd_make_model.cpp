@@ -219,8 +219,7 @@ int cmd_make_model(int argc, char** argv) {
                      (unsigned long long)o.seed,
                      (long long)(next ? o.glm5next.n_layer : o.glm_dsa.n_layer),
                      (long long)(next ? o.glm5next.n_nextn : o.glm_dsa.n_nextn),
-                     double(p.n_params) * 1e-9,
-                     gb(p.tensor_bytes).c_str(), counts.c_str(),
+                     double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str(), counts.c_str(),
                      !p.imatrix                                  ? ""
                      : o.blocks == model::gen::BlockSource::Pool ? "; uniform imatrix (pool)"
                                                                  : "; derived imatrix",

@@ -9,13 +9,13 @@
 namespace glm5 {
 
 class Error : public std::runtime_error {
-public:
+  public:
     explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
 // A model that does not fit the machine: apps exit with code 2 after printing it.
 class ResourceError : public Error {
-public:
+  public:
     explicit ResourceError(const std::string& msg) : Error(msg) {}
 };
 

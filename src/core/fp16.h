@@ -35,9 +35,9 @@ inline uint16_t fp32_to_fp16(float f) {
     const uint32_t x = f32_bits(f);
     const uint16_t sign = uint16_t((x >> 16) & 0x8000);
     const uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return uint16_t(sign | 0x7e00);  // NaN -> quiet NaN
+    if (ax > 0x7f800000u) return uint16_t(sign | 0x7e00);   // NaN -> quiet NaN
     if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00);  // rounds to >= 65520: inf
-    if (ax >= 0x38800000u) {                                 // normal half
+    if (ax >= 0x38800000u) {                                // normal half
         // Re-bias the exponent, then round the 13 dropped mantissa bits to nearest even.
         uint32_t v = ax - 0x38000000u;
         const uint32_t rest = v & 0x1fffu;
@@ -57,7 +57,9 @@ inline uint16_t fp32_to_fp16(float f) {
     return uint16_t(sign | v);
 }
 
-inline float bf16_to_fp32(uint16_t h) { return f32_from_bits(uint32_t(h) << 16); }
+inline float bf16_to_fp32(uint16_t h) {
+    return f32_from_bits(uint32_t(h) << 16);
+}
 
 inline uint16_t fp32_to_bf16(float f) {
     const uint32_t x = f32_bits(f);
@@ -66,6 +68,8 @@ inline uint16_t fp32_to_bf16(float f) {
 }
 
 // Round a float through binary16 and back (what an F16 matmul does to its input).
-inline float round_fp16(float f) { return fp16_to_fp32(fp32_to_fp16(f)); }
+inline float round_fp16(float f) {
+    return fp16_to_fp32(fp32_to_fp16(f));
+}
 
 }  // namespace glm5

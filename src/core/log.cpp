@@ -14,8 +14,12 @@ void vlog(const char* fmt, va_list ap) {
 }
 }  // namespace
 
-void set_log_level(LogLevel level) { g_level.store(int(level)); }
-LogLevel log_level() { return LogLevel(g_level.load()); }
+void set_log_level(LogLevel level) {
+    g_level.store(int(level));
+}
+LogLevel log_level() {
+    return LogLevel(g_level.load());
+}
 
 void log_info(const char* fmt, ...) {
     if (g_level.load() < int(LogLevel::Info)) return;

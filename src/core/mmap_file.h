@@ -9,7 +9,7 @@
 namespace glm5 {
 
 class MappedFile {
-public:
+  public:
     MappedFile() = default;
     // Throws glm5::Error naming the path when the file cannot be opened or mapped.
     explicit MappedFile(const std::string& path);
@@ -26,7 +26,7 @@ public:
     // Ask the kernel to read the whole mapping ahead (used before benchmarks).
     void prefetch() const;
 
-private:
+  private:
     std::string path_;
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;

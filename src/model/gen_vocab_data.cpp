@@ -2,6 +2,9 @@
 // (and the chat template of tests/data/glm-dsa/tiny.gguf). Do not edit.
 #include "model/gen_vocab.h"
 
+// Generated tables, laid out by this script.
+// clang-format off
+
 namespace glm5::model::gen {
 
 namespace {
@@ -1331,3 +1334,5 @@ const BaseVocab& glm_dsa_base_vocab() {
 }
 
 }  // namespace glm5::model::gen
+
+// clang-format on

@@ -10,6 +10,8 @@ constexpr int QK = 32;     // legacy block size
 constexpr int QK_K = 256;  // k-quant / i-quant super-block size
 constexpr int K_SCALE_SIZE = 12;
 
+// One line per layout, to read as a table.
+// clang-format off
 struct BlockQ4_0 { uint16_t d; uint8_t qs[QK / 2]; };
 struct BlockQ4_1 { uint16_t d, m; uint8_t qs[QK / 2]; };
 struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; };
@@ -33,6 +35,7 @@ struct BlockIQ1_S { uint16_t d; uint8_t qs[QK_K / 8]; uint16_t qh[QK_K / 32]; };
 struct BlockIQ1_M { uint8_t qs[QK_K / 8]; uint8_t qh[QK_K / 16]; uint8_t scales[QK_K / 32]; };
 struct BlockIQ4_NL { uint16_t d; uint8_t qs[QK / 2]; };
 struct BlockIQ4_XS { uint16_t d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; };
+// clang-format on
 
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 &&
               sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);

@@ -41,20 +41,22 @@ enum class Type : uint32_t {
 };
 
 struct TypeTraits {
-    const char* name;       // "Q4_K"
-    int64_t block_size;     // values per block (1 for plain floats/ints)
-    size_t type_size;       // bytes per block
-    bool quantized;         // a block format
-    bool weight_format;     // the engine computes with it as a weight (dequantize + dot)
-    Type vec_dot_type;      // activation format its dot product takes
-    bool needs_imatrix;     // quantizing it without importance data gives poor results
+    const char* name;    // "Q4_K"
+    int64_t block_size;  // values per block (1 for plain floats/ints)
+    size_t type_size;    // bytes per block
+    bool quantized;      // a block format
+    bool weight_format;  // the engine computes with it as a weight (dequantize + dot)
+    Type vec_dot_type;   // activation format its dot product takes
+    bool needs_imatrix;  // quantizing it without importance data gives poor results
 };
 
 // Traits of a type the engine knows; nullptr for an id it does not know (the
 // GGUF reader refuses such files).
 const TypeTraits* find_traits(uint32_t raw_type);
 const TypeTraits& traits(Type t);
-inline const char* name(Type t) { return traits(t).name; }
+inline const char* name(Type t) {
+    return traits(t).name;
+}
 
 // Case-insensitive lookup by name ("q4_k", "IQ2_XXS", "f16").
 std::optional<Type> type_from_name(std::string_view name);

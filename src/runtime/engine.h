@@ -144,7 +144,7 @@ class Engine {
     std::deque<std::unique_ptr<Job>> queue_;
     std::vector<std::unique_ptr<Slot>> slots_;  // active
     std::list<Retained> retained_;              // most recently used first
-    int busy_ = 0;  // admitted requests not yet finished
+    int busy_ = 0;                              // admitted requests not yet finished
     bool stopping_ = false;
     bool accepting_ = true;
     uint64_t next_id_ = 1;
