@@ -519,7 +519,9 @@ void check_signs(Type t, const std::vector<float>& x, const Quantized& q, const 
         const double least = *std::min_element(imp, imp + 8);
         ASSERT_LE(imp[wrong], least * (1 + 1e-5) + 1e-30) << name(t) << " group " << g;
     }
-    if (parity) EXPECT_GT(odd_groups, 0);
+    if (parity) {
+        EXPECT_GT(odd_groups, 0);
+    }
 }
 
 TEST(IQuantQuantize, GridFormatSignsFollowTheInput) {

@@ -101,7 +101,9 @@ TEST(IQuantSimd, MatchesReferenceOnRandomBlocks) {
         }
     }
     // On any x86-64 CPU with AVX2 this compares every format at least once.
-    if (cpu_has_avx2()) EXPECT_GE(checked, int(iquant_types().size()) * 3);
+    if (cpu_has_avx2()) {
+        EXPECT_GE(checked, int(iquant_types().size()) * 3);
+    }
 }
 
 // Realistic operands: weights quantized from Gaussian rows, activations
