@@ -6,7 +6,9 @@
 # Each round runs 1 stream and then N, and the ratio reported is the median of the
 # rounds' ratios: the machine's speed drifts, and only runs close in time compare.
 # The same ratio inside the engine (tokens per second of forward time, from /metrics)
-# follows, telling the model's batch scaling apart from HTTP and client overhead.
+# follows, telling the model's batch scaling apart from HTTP and client overhead, and
+# the bandwidth ceiling of the ratio (weight bytes per generated token of one stream
+# over those of the batch, from /metrics).
 #
 # usage: bench/serve_concurrency.sh [MODEL] [GLM5_BINARY]
 #   MODEL        default bench/out/bench-q4_k_m.gguf (bench/make_bench_models.sh bench/out)
@@ -93,18 +95,24 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] :
 # The engine's own account of a phase (from /metrics): forwards, time per forward,
 # tokens per forward. Tells the model's batch scaling apart from HTTP overhead.
 metric() { curl -sf "http://127.0.0.1:$port/metrics" | awk -v n="$1" '$1 == n { print $2 }'; }
-snapshot() { echo "$(metric glm5_forwards_total) $(metric glm5_forward_seconds_total) $(metric glm5_generated_tokens_total)"; }
+snapshot() {
+    echo "$(metric glm5_forwards_total) $(metric glm5_forward_seconds_total)" \
+        "$(metric glm5_generated_tokens_total) $(metric glm5_weight_bytes_read_total)"
+}
 engine_report() {  # $1 $2: snapshots before and after
-    echo "$1 $2" | awk '{ f = $4 - $1; s = $5 - $2; t = $6 - $3;
+    echo "$1 $2" | awk '{ f = $5 - $1; s = $6 - $2; t = $7 - $3;
         if (f > 0) printf "  engine: %d forwards, %.1f ms per forward, %.2f tokens per forward\n", f, 1000 * s / f, t / f }' >&2
 }
+engine_bytes() {  # $1 $2: snapshots; weight bytes read per generated token
+    echo "$1 $2" | awk '{ t = $7 - $3; print (t > 0 ? ($8 - $4) / t : 0) }'
+}
 engine_rate() {  # $1 $2: snapshots; generated tokens per second of forward time
-    echo "$1 $2" | awk '{ s = $5 - $2; print (s > 0 ? ($6 - $3) / s : 0) }'
+    echo "$1 $2" | awk '{ s = $6 - $2; print (s > 0 ? ($7 - $3) / s : 0) }'
 }
 
 echo "model $(basename "$model"), $threads threads, $tokens tokens per request, $rounds rounds, flags: $glm5_flags" >&2
 request 0  # warm-up: pages in the weights
-ones=() manys=() ratios=() engine_ratios=()
+ones=() manys=() ratios=() engine_ratios=() ceilings=()
 for r in $(seq 1 "$rounds"); do
     echo "round $r/$rounds" >&2
     s0=$(snapshot)
@@ -120,15 +128,22 @@ for r in $(seq 1 "$rounds"); do
     # without HTTP, client start-up and scheduling gaps.
     ea=$(engine_rate "$s0" "$s1") eb=$(engine_rate "$s1" "$s2")
     engine_ratios+=("$(awk -v a="$ea" -v b="$eb" 'BEGIN { printf "%.2f", (a > 0 ? b / a : 0) }')")
+    # Where decode is bound by reading the weights, the ratio cannot pass the
+    # weight bytes per token of one stream over those of the batch.
+    ba=$(engine_bytes "$s0" "$s1") bb=$(engine_bytes "$s1" "$s2")
+    ceilings+=("$(awk -v a="$ba" -v b="$bb" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')")
 done
 one=$(printf '%s\n' "${ones[@]}" | median)
 many=$(printf '%s\n' "${manys[@]}" | median)
 ratio=$(printf '%s\n' "${ratios[@]}" | median)
 eratio=$(printf '%s\n' "${engine_ratios[@]}" | median)
+ceiling=$(printf '%s\n' "${ceilings[@]}" | median)
 awk -v a="$one" -v b="$many" -v n="$streams" -v q="$ratio" -v each="${ratios[*]}" \
-    -v e="$eratio" -v eeach="${engine_ratios[*]}" 'BEGIN {
+    -v e="$eratio" -v eeach="${engine_ratios[*]}" -v c="$ceiling" 'BEGIN {
     printf "1 stream:   %8.1f tokens/s (median)\n", a
     printf "%d streams: %8.1f tokens/s aggregate (median)\n", n, b
     printf "ratio:      %8.2fx (median of the rounds: %s; target >= 2x for 4 streams)\n", q, each
     printf "in-engine:  %8.2fx (tokens per second of forward time; rounds: %s)\n", e, eeach
+    if (c > 0)
+        printf "ceiling:    %8.2fx (weight bytes per token, one stream over %d; the ratio is %.0f%% of it)\n", c, n, 100 * q / c
 }'

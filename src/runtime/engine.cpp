@@ -100,6 +100,7 @@ EngineStats Engine::stats() const {
     s.retained_entries = int(retained_.size());
     s.retained_bytes = 0;
     for (const auto& r : retained_) s.retained_bytes += r.bytes;
+    s.weight_bytes = model_.backend().counters().weight_bytes;
     return s;
 }
 

@@ -103,7 +103,8 @@ struct EngineStats {
     uint64_t forwards = 0;
     int queue_depth = 0, busy_slots = 0, retained_entries = 0;
     size_t retained_bytes = 0;
-    double busy_seconds = 0;  // time spent in forwards
+    double busy_seconds = 0;    // time spent in forwards
+    uint64_t weight_bytes = 0;  // weight bytes the forwards read (the backend's count)
 };
 
 class Engine {

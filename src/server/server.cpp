@@ -301,6 +301,9 @@ std::string Server::metrics_text() {
            "Prompt tokens admitted per second over the last 10 s.", prompt_rate);
     metric("forwards_total", "counter", "Model forwards (one per engine step).", s.forwards);
     metric("forward_seconds_total", "counter", "Seconds spent in model forwards.", s.busy_seconds);
+    metric("weight_bytes_read_total", "counter",
+           "Weight bytes the forwards read (counted by the kernels; a batch reads each once).",
+           s.weight_bytes);
     metric("queue_depth", "gauge", "Requests waiting for a slot.", s.queue_depth);
     metric("busy_slots", "gauge", "Slots bound to a request.", s.busy_slots);
     metric("slots", "gauge", "Slots (--parallel).", engine_.options().n_parallel);

@@ -37,6 +37,7 @@ const streamOf = async (p, extra) => collectChat(await srv.client.chat.completio
 describe('concurrency', () => {
   test('concurrent streams equal the same requests served alone', async () => {
     const alone = [];
+    const first = await metrics(srv.url);
     for (const p of prompts) alone.push((await streamOf(p)).content);
     const before = await metrics(srv.url);
     // Six streams on four slots: two of them queue first.
@@ -51,6 +52,15 @@ describe('concurrency', () => {
     const generated = after.glm5_generated_tokens_total - before.glm5_generated_tokens_total;
     assert.equal(generated, 64 * prompts.length);
     assert.ok(forwards < 0.6 * generated, `${forwards} forwards for ${generated} tokens`);
+    // ... and read the weights once per batch: fewer weight bytes per token
+    // than the same requests one at a time.
+    const perToken = (a, b) =>
+      (b.glm5_weight_bytes_read_total - a.glm5_weight_bytes_read_total) /
+      (b.glm5_generated_tokens_total - a.glm5_generated_tokens_total);
+    const aloneBytes = perToken(first, before);
+    const togetherBytes = perToken(before, after);
+    assert.ok(aloneBytes > 0, 'the weight bytes are counted');
+    assert.ok(togetherBytes < 0.8 * aloneBytes, `${togetherBytes} bytes a token batched, ${aloneBytes} alone`);
     // The same request four times at once: four identical replies.
     const same = await Promise.all([0, 1, 2, 3].map(() => streamOf(prompts[1])));
     for (const r of same) assert.equal(r.content, alone[1]);
