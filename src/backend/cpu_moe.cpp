@@ -197,18 +197,17 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
             const int64_t t = task / n_blk, c0 = task % n_blk * kCols;
             const int64_t n = std::min(kCols, E - c0);
             float* o = out + t * E + c0;
+            // Source k < K: the token's k-th selected expert; K: the shared one.
+            auto src = [&](int64_t k) {
+                return eo + (k < K ? slot_of[size_t(t * K + k)] : P + t) * E + c0;
+            };
             // The sources were written by both threads in the down phase:
             // ask for all of them before the first is read.
-            for (int64_t k = 0; k <= K; ++k) {
-                const float* src = k < K ? eo + slot_of[size_t(t * K + k)] * E + c0
-                                         : (shared ? eo + (P + t) * E + c0 : nullptr);
-                if (src)
-                    for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(src + i, 0, 3);
-            }
+            for (int64_t k = 0; k < K + (shared ? 1 : 0); ++k)
+                for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(src(k) + i, 0, 3);
             for (int64_t k = 0; k < K; ++k)
-                kernels::weigh_row(o, eo + slot_of[size_t(t * K + k)] * E + c0,
-                                   wts[size_t(t * K + k)], n, k == 0);
-            if (shared) kernels::add_row(o, eo + (P + t) * E + c0, n);
+                kernels::weigh_row(o, src(k), wts[size_t(t * K + k)], n, k == 0);
+            if (shared) kernels::add_row(o, src(K), n);
         }
     });
 }

@@ -14,27 +14,11 @@ namespace glm5::quant::kernels {
 
 namespace {
 
-template <typename T, typename Load, typename Scalar>
-float dot_generic(int64_t n, const T* x, const T* y, Load load, Scalar scalar) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        acc0 = _mm512_fmadd_ps(load(x + i), load(y + i), acc0);
-        acc1 = _mm512_fmadd_ps(load(x + i + 16), load(y + i + 16), acc1);
-        acc2 = _mm512_fmadd_ps(load(x + i + 32), load(y + i + 32), acc2);
-        acc3 = _mm512_fmadd_ps(load(x + i + 48), load(y + i + 48), acc3);
-    }
-    for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(load(x + i), load(y + i), acc0);
-    float sum =
-        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
-    for (; i < n; ++i) sum += scalar(x[i]) * scalar(y[i]);
-    return sum;
-}
-
-// dot_generic of one weight row against n_act activation rows (a + t *
-// stride), NT at a time: each weight vector is loaded once for NT tokens,
-// and every token's sums run exactly as in dot_generic (same lanes, same
-// order, same reduction), so each result has its bits.
+// One weight row against NT activation rows (a + t * stride): per token four
+// 16-lane accumulators over 64-value steps, then 16-value steps into the
+// first, one fixed reduction and a scalar tail. Each weight vector is loaded
+// once for the NT tokens; every token's sums run the same way whatever NT,
+// so the single-row dot (NT = 1) and the multi kernel give the same bits.
 template <int NT, typename T, typename Load, typename Scalar>
 void dot_tokens(int64_t n, const T* x, const uint8_t* a, size_t stride, float* out, Load load,
                 Scalar scalar) {
@@ -96,18 +80,24 @@ const auto scalar_bf16 = [](uint16_t h) { return bf16_to_fp32(h); };
 }  // namespace
 
 float dot_f32_avx512(int64_t n, const void* w, const void* a) {
-    return dot_generic(n, static_cast<const float*>(w), static_cast<const float*>(a), load_f32,
-                       scalar_f32);
+    float out;
+    dot_tokens<1>(n, static_cast<const float*>(w), static_cast<const uint8_t*>(a), 0, &out,
+                  load_f32, scalar_f32);
+    return out;
 }
 
 float dot_f16_avx512(int64_t n, const void* w, const void* a) {
-    return dot_generic(n, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(a),
-                       load_f16, scalar_f16);
+    float out;
+    dot_tokens<1>(n, static_cast<const uint16_t*>(w), static_cast<const uint8_t*>(a), 0, &out,
+                  load_f16, scalar_f16);
+    return out;
 }
 
 float dot_bf16_avx512(int64_t n, const void* w, const void* a) {
-    return dot_generic(n, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(a),
-                       load_bf16, scalar_bf16);
+    float out;
+    dot_tokens<1>(n, static_cast<const uint16_t*>(w), static_cast<const uint8_t*>(a), 0, &out,
+                  load_bf16, scalar_bf16);
+    return out;
 }
 
 void dot_f32_multi_avx512(int64_t n, const void* w, const void* a, size_t stride, int64_t n_act,
