@@ -71,7 +71,7 @@ inline void prefetch(const void* base, size_t ahead) {
         asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(p + size_t(i))));
 }
 
-// 4 activation bytes in every lane (vpdpbusd's embedded broadcast).
+// 4 bytes in every lane (the Q6_K bsums pairs of q6k_finish's vpdpwssd).
 inline __m512i bcast4(const void* p) {
     int32_t v;
     std::memcpy(&v, p, 4);
