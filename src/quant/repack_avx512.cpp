@@ -78,10 +78,11 @@ inline __m512i bcast4(const void* p) {
     return _mm512_set1_epi32(v);
 }
 
-// s = w . (the 4 bytes at q in every lane), from zero / accumulated, for the
-// K-quant kernels: the bytes through vpdpbusd's embedded broadcast (GCC loads
-// them with a separate vpbroadcastd), the zero an xor idiom (GCC copies a
-// zero register). 1.13-1.22x faster Q4_K GEMM, 1.05-1.19x Q6_K, in cache.
+// s = w . (the 4 bytes at q in every lane), from zero / accumulated: the
+// bytes through vpdpbusd's embedded broadcast (GCC loads them with a separate
+// vpbroadcastd, or shuffles them out of a wider load: one more port 5 op per
+// dot), the zero an xor idiom (GCC copies a zero register). In cache: Q4_K
+// GEMM 1.13-1.22x faster, Q6_K 1.05-1.19x, Q5_0 at 4 tokens 1.04-1.11x.
 inline __m512i dp_first(__m512i w, const int8_t* q) {
     __m512i s;
     asm("vpxord %0, %0, %0\n\tvpdpbusd %2%{1to16%}, %1, %0"
@@ -462,22 +463,16 @@ void load_legacy_acts(const BlockQ8_0* const* acts, int64_t nt, int64_t nb, int 
 }
 
 // Integer dots of one block's 8 groups of 4 values (w: levels + K of the 16
-// rows) with the token's block: exact, the offset K removed. The token's 4
-// bytes reach every lane through an in-lane shuffle of a 16-byte broadcast
-// (measured 10-15% faster than one broadcast load per group of 4 values).
+// rows) with the token's block: exact, the offset K removed (the sums start
+// from the bias). An earlier in-lane shuffle of a 16-byte broadcast had beaten
+// a separate broadcast load per group; the embedded broadcast beats both.
 inline void legacy_dots(const __m512i* w, const LegacyAct& y, __m512i* dot) {
-    const __m512i lo =
-        _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(y.q)));
-    const __m512i hi =
-        _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(y.q + 4)));
-    const __m512i q[8] = {
-        _mm512_shuffle_epi32(lo, _MM_PERM_AAAA), _mm512_shuffle_epi32(lo, _MM_PERM_BBBB),
-        _mm512_shuffle_epi32(lo, _MM_PERM_CCCC), _mm512_shuffle_epi32(lo, _MM_PERM_DDDD),
-        _mm512_shuffle_epi32(hi, _MM_PERM_AAAA), _mm512_shuffle_epi32(hi, _MM_PERM_BBBB),
-        _mm512_shuffle_epi32(hi, _MM_PERM_CCCC), _mm512_shuffle_epi32(hi, _MM_PERM_DDDD)};
 #pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c)
-        dot[c] = _mm512_dpbusd_epi32(_mm512_set1_epi32(y.bias[c]), w[c], q[c]);
+    for (int c = 0; c < 8; ++c) {
+        __m512i s = _mm512_set1_epi32(y.bias[c]);
+        dp_next(s, w[c], reinterpret_cast<const int8_t*>(y.q + c));
+        dot[c] = s;
+    }
 }
 
 // One token against one group: the 16 rows' results. Src gives block b's 8
@@ -525,8 +520,10 @@ inline __m512 legacy_row(int64_t nb, const Src& src, const LegacyAct* a) {
 }
 
 // Block b of a group: pair b / 2, or the single block after the pairs.
+// Forced inline with the Src::block callers: GCC kept it a call that passed
+// the 8 level vectors through memory, 1.12-1.22x slower for Q5_0.
 template <typename Pair, typename One, typename F>
-inline void legacy_unit(const uint8_t* group, int64_t nb, int64_t b, F f) {
+[[gnu::always_inline]] inline void legacy_unit(const uint8_t* group, int64_t nb, int64_t b, F f) {
     if (b % 2 == 0) prefetch<sizeof(Pair)>(group + size_t(b / 2) * sizeof(Pair), 4 * sizeof(Pair));
     if (nb % 2 == 1 && b == nb - 1)
         f(*reinterpret_cast<const One*>(group + size_t(nb / 2) * sizeof(Pair)), 0);
@@ -542,12 +539,13 @@ inline __m512 scales16(const uint16_t* d) {
 struct Q80Src {
     const uint8_t* group;
     int64_t nb;
-    void block(int64_t b, __m512i* w, __m512& dx) const {
-        legacy_unit<Q80GroupPair, Q80GroupOne>(group, nb, b, [&](const auto& u, int e) {
+    [[gnu::always_inline]] void block(int64_t b, __m512i* w, __m512& dx) const {
+        auto levels = [&](const auto& u, int e) [[gnu::always_inline]] {
 #pragma GCC unroll 8
             for (int c = 0; c < 8; ++c) w[c] = load(u.qs[e][c]);
             dx = scales16(u.d[e]);
-        });
+        };
+        legacy_unit<Q80GroupPair, Q80GroupOne>(group, nb, b, levels);
     }
 };
 
@@ -555,8 +553,8 @@ struct Q80Src {
 struct Q50Src {
     const uint8_t* group;
     int64_t nb;
-    void block(int64_t b, __m512i* w, __m512& dx) const {
-        legacy_unit<Q50GroupPair, Q50GroupOne>(group, nb, b, [&](const auto& u, int e) {
+    [[gnu::always_inline]] void block(int64_t b, __m512i* w, __m512& dx) const {
+        auto levels = [&](const auto& u, int e) [[gnu::always_inline]] {
             const __m512i low4 = _mm512_set1_epi8(0x0F), five = _mm512_set1_epi8(0x10);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; ++c) {
@@ -567,7 +565,8 @@ struct Q50Src {
                 w[c + 4] = _mm512_mask_add_epi8(hi, _cvtu64_mask64(u.qh[e][c + 4]), hi, five);
             }
             dx = scales16(u.d[e]);
-        });
+        };
+        legacy_unit<Q50GroupPair, Q50GroupOne>(group, nb, b, levels);
     }
 };
 
