@@ -181,62 +181,80 @@ inline void q4k_sub_block(const __m512i* w, __m512i sc, const int8_t* q, __m512i
     }
 }
 
-template <int T>
-void q4k_tile(int64_t nb, const Q4KGroupBlock* gb, const ActBlock* ab, float* const* out,
-              int64_t off) {
-    TileSums acc;
-    for (int t = 0; t < T; ++t) _mm512_store_ps(acc.v[t], _mm512_setzero_ps());
+// Groups gb[0 .. S) side by side (kStreams), each a stream of its own: the
+// k-th 512 bytes of every group's block in turn. Each group's sums are the
+// single group's, in the same order.
+template <int T, int S>
+void q4k_tile(int64_t nb, const Q4KGroupBlock* const* gb, const ActBlock* ab, float* const* out,
+              const int64_t* off) {
+    TileSums acc[S];
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s)
+        for (int t = 0; t < T; ++t) _mm512_store_ps(acc[s].v[t], _mm512_setzero_ps());
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; ++b) {
-        const Q4KGroupBlock& g = gb[b];
         const ActBlock& a = ab[b];
         constexpr size_t ahead = 2 * sizeof(Q4KGroupBlock);
-        prefetch<320>(&g, ahead);  // d, dmin, scales and mins
-        __m512i isum[kQ4KSplit<T> * T];
+        __m512i isum[S][kQ4KSplit<T> * T];
+#pragma GCC unroll 4
+        for (int s = 0; s < S; ++s) {
+            prefetch<320>(&gb[s][b], ahead);  // d, dmin, scales and mins
 #pragma GCC unroll 16
-        for (int t = 0; t < kQ4KSplit<T> * T; ++t) isum[t] = _mm512_setzero_si512();
+            for (int t = 0; t < kQ4KSplit<T> * T; ++t) isum[s][t] = _mm512_setzero_si512();
+        }
 #pragma GCC unroll 1
         for (int k = 0; k < 4; ++k) {
-            prefetch<512>(&g.qs[k][0], ahead);
-            __m512i w[8];
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; ++c) w[c] = _mm512_and_si512(load(g.qs[k][c]), low4);
-            q4k_sub_block<T>(w,
-                             _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                                 reinterpret_cast<const __m128i*>(g.scales[2 * k]))),
-                             a.qs[0] + 64 * k, isum);
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; ++c)
-                w[c] = _mm512_and_si512(_mm512_srli_epi16(load(g.qs[k][c]), 4), low4);
-            q4k_sub_block<T>(w,
-                             _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                                 reinterpret_cast<const __m128i*>(g.scales[2 * k + 1]))),
-                             a.qs[0] + 64 * k + 32, isum);
-        }
-        if constexpr (kQ4KSplit<T> == 2)
-#pragma GCC unroll 2
-            for (int t = 0; t < T; ++t) isum[t] = _mm512_add_epi32(isum[t], isum[T + t]);
-        __m512i mp[4];
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i)
-            mp[i] = _mm512_cvtepu8_epi16(
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.mins[i])));
-        const __m512 dx =
-            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.d)));
-        const __m512 mx =
-            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.dmin)));
-        const __m512i zero = _mm512_setzero_si512();
+            for (int s = 0; s < S; ++s) {
+                const Q4KGroupBlock& g = gb[s][b];
+                prefetch<512>(&g.qs[k][0], ahead);
+                __m512i w[8];
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; ++c) w[c] = _mm512_and_si512(load(g.qs[k][c]), low4);
+                q4k_sub_block<T>(w,
+                                 _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                     reinterpret_cast<const __m128i*>(g.scales[2 * k]))),
+                                 a.qs[0] + 64 * k, isum[s]);
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; ++c)
+                    w[c] = _mm512_and_si512(_mm512_srli_epi16(load(g.qs[k][c]), 4), low4);
+                q4k_sub_block<T>(w,
+                                 _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                     reinterpret_cast<const __m128i*>(g.scales[2 * k + 1]))),
+                                 a.qs[0] + 64 * k + 32, isum[s]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int s = 0; s < S; ++s) {
+            const Q4KGroupBlock& g = gb[s][b];
+            if constexpr (kQ4KSplit<T> == 2)
+#pragma GCC unroll 2
+                for (int t = 0; t < T; ++t)
+                    isum[s][t] = _mm512_add_epi32(isum[s][t], isum[s][T + t]);
+            __m512i mp[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i)
+                mp[i] = _mm512_cvtepu8_epi16(
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.mins[i])));
+            const __m512 dx =
+                _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.d)));
+            const __m512 mx =
+                _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.dmin)));
+            const __m512i zero = _mm512_setzero_si512();
 #pragma GCC unroll 16
-        for (int t = 0; t < T; ++t) {
-            __m512i sm = _mm512_dpwssd_epi32(zero, mp[0], _mm512_set1_epi32(a.pairs[t][0]));
-            sm = _mm512_dpwssd_epi32(sm, mp[1], _mm512_set1_epi32(a.pairs[t][1]));
-            sm = _mm512_dpwssd_epi32(sm, mp[2], _mm512_set1_epi32(a.pairs[t][2]));
-            sm = _mm512_dpwssd_epi32(sm, mp[3], _mm512_set1_epi32(a.pairs[t][3]));
-            _mm512_store_ps(acc.v[t],
-                            finish(_mm512_load_ps(acc.v[t]), dx, mx, a.d[t], isum[t], sm));
+            for (int t = 0; t < T; ++t) {
+                __m512i sm = _mm512_dpwssd_epi32(zero, mp[0], _mm512_set1_epi32(a.pairs[t][0]));
+                sm = _mm512_dpwssd_epi32(sm, mp[1], _mm512_set1_epi32(a.pairs[t][1]));
+                sm = _mm512_dpwssd_epi32(sm, mp[2], _mm512_set1_epi32(a.pairs[t][2]));
+                sm = _mm512_dpwssd_epi32(sm, mp[3], _mm512_set1_epi32(a.pairs[t][3]));
+                _mm512_store_ps(acc[s].v[t], finish(_mm512_load_ps(acc[s].v[t]), dx, mx, a.d[t],
+                                                    isum[s][t], sm));
+            }
         }
     }
-    for (int t = 0; t < T; ++t) _mm512_storeu_ps(out[t] + off, _mm512_load_ps(acc.v[t]));
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s)
+        for (int t = 0; t < T; ++t) _mm512_storeu_ps(out[t] + off[s], _mm512_load_ps(acc[s].v[t]));
 }
 
 // ---------------------------------------------------------------- Q6_K
@@ -297,52 +315,66 @@ inline __m512 q6k_finish(__m512 acc, const Q6KGroupBlock& g, __m512 dx, const in
 // order, the four sub-blocks of a chunk in flight together (latency, not
 // registers, bounds one token). The first pass over a group prefetches two
 // blocks ahead (the hardware prefetchers alone left the stream at half the
-// bandwidth).
-template <int T0>
-void q6k_one(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* const* out,
-             int64_t off) {
+// bandwidth). S groups side by side as in q4k_tile, a half-chunk of each in
+// turn.
+template <int T0, int S>
+void q6k_one(int64_t nb, const Q6KGroupBlock* const* gb, const ActBlock* ab, float* const* out,
+             const int64_t* off) {
     const __m512i zero = _mm512_setzero_si512();
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[S];
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) acc[s] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        const Q6KGroupBlock& g = gb[b];
         const int8_t* q = ab[b].qs[T0];
         constexpr size_t ahead = 2 * sizeof(Q6KGroupBlock);
-        constexpr bool pf = T0 == 0;                 // later passes over the group find it in cache
-        if constexpr (pf) prefetch<320>(&g, ahead);  // d and scales
-        __m512i isum = zero;
+        constexpr bool pf = T0 == 0;  // later passes over the group find it in cache
+        __m512i isum[S];
+#pragma GCC unroll 4
+        for (int s = 0; s < S; ++s) {
+            if constexpr (pf) prefetch<320>(&gb[s][b], ahead);  // d and scales
+            isum[s] = zero;
+        }
 #pragma GCC unroll 1
         for (int h = 0; h < 2; ++h) {
-            const Q6KGroupBlock::Half& hf = g.half[h];
 #pragma GCC unroll 2
             for (int ch = 0; ch < 2; ++ch) {
-                __m512i s[4];
+#pragma GCC unroll 1
+                for (int s = 0; s < S; ++s) {
+                    const Q6KGroupBlock::Half& hf = gb[s][b].half[h];
+                    __m512i sj[4];
 #pragma GCC unroll 4
-                for (int k = 0; k < 4; ++k) {
-                    const int c = 4 * ch + k;
-                    if constexpr (pf) prefetch<192>(&hf.lq[c], ahead);
-                    const __m512i l0 = load(hf.lq[c].ql), l1 = load(hf.lq[c].ql1);
-                    const __m512i qh = load(hf.lq[c].qh);
-                    const int8_t* qc = q + 128 * h + 4 * c;
-                    const __m512i v[4] = {q6k_level<0>(l0, qh), q6k_level<1>(l1, qh),
-                                          q6k_level<2>(l0, qh), q6k_level<3>(l1, qh)};
+                    for (int k = 0; k < 4; ++k) {
+                        const int c = 4 * ch + k;
+                        if constexpr (pf) prefetch<192>(&hf.lq[c], ahead);
+                        const __m512i l0 = load(hf.lq[c].ql), l1 = load(hf.lq[c].ql1);
+                        const __m512i qh = load(hf.lq[c].qh);
+                        const int8_t* qc = q + 128 * h + 4 * c;
+                        const __m512i v[4] = {q6k_level<0>(l0, qh), q6k_level<1>(l1, qh),
+                                              q6k_level<2>(l0, qh), q6k_level<3>(l1, qh)};
 #pragma GCC unroll 4
-                    for (int j = 0; j < 4; ++j) {
-                        if (k == 0)
-                            s[j] = dp_first(v[j], qc + 32 * j);
-                        else
-                            dp_next(s[j], v[j], qc + 32 * j);
+                        for (int j = 0; j < 4; ++j) {
+                            if (k == 0)
+                                sj[j] = dp_first(v[j], qc + 32 * j);
+                            else
+                                dp_next(sj[j], v[j], qc + 32 * j);
+                        }
                     }
-                }
 #pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j)
-                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(s[j], q6k_scale(g, h, j, ch)));
+                    for (int j = 0; j < 4; ++j)
+                        isum[s] = _mm512_add_epi32(
+                            isum[s], _mm512_mullo_epi32(sj[j], q6k_scale(gb[s][b], h, j, ch)));
+                }
             }
         }
-        const __m512 dx =
-            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.d)));
-        acc = q6k_finish(acc, g, dx, ab[b].bsums[T0], ab[b].d[T0], isum);
+#pragma GCC unroll 4
+        for (int s = 0; s < S; ++s) {
+            const __m512 dx =
+                _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[s][b].d)));
+            acc[s] = q6k_finish(acc[s], gb[s][b], dx, ab[b].bsums[T0], ab[b].d[T0], isum[s]);
+        }
     }
-    _mm512_storeu_ps(out[T0] + off, acc);
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) _mm512_storeu_ps(out[T0] + off[s], acc[s]);
 }
 
 // Tokens T0 .. T0 + T - 1 (2 <= T <= 8): one sub-block at a time, T sums in
@@ -630,55 +662,96 @@ size_t legacy_bytes(int64_t nb, size_t pair, size_t one) {
     return size_t(nb / 2) * pair + size_t(nb % 2) * one;
 }
 
-// Tile kernels for 1..kTile tokens, so a remainder costs one decode too.
-template <typename Group, template <int> class K, int... Ts>
+// Tile kernels for 1..kTile tokens (so a remainder costs one decode too),
+// one group at a time; and for the fewest tokens, kStreams groups side by
+// side. Two threads reading one stream each drew 14-16 GB/s from DRAM on
+// the development host, four interleaved streams each (512-byte pieces)
+// 18-22. Coarser pieces lose it (a whole 2.3 KB block: 15-17 GB/s), so the
+// interleave lives inside the kernels. GEMV on a large matrix: Q4_K
+// 1.18-1.28x faster at 1-4 tokens (0.92-0.97x in cache); Q6_K 1.18-1.24x
+// at one token (0.8x in cache), but only 1.05x at two and none at four,
+// where its compute hides the memory: Q6_K streams one token only.
+constexpr int kStreams = 4;
+
+using TileFn = void (*)(int64_t, const uint8_t* const*, const ActBlock*, float* const*,
+                        const int64_t*);
+
+template <template <int, int> class K, int S, int... Ts>
 constexpr auto tile_table(std::integer_sequence<int, Ts...>) {
-    return std::array{&K<Ts + 1>::run...};
+    return std::array<TileFn, sizeof...(Ts)>{&K<Ts + 1, S>::run...};
 }
 
-template <int T>
+template <int T, int S>
 struct Q4KTile {
-    static void run(int64_t nb, const void* gb, const ActBlock* ab, float* const* out,
-                    int64_t off) {
-        q4k_tile<T>(nb, static_cast<const Q4KGroupBlock*>(gb), ab, out, off);
+    static void run(int64_t nb, const uint8_t* const* gb, const ActBlock* ab, float* const* out,
+                    const int64_t* off) {
+        q4k_tile<T, S>(nb, reinterpret_cast<const Q4KGroupBlock* const*>(gb), ab, out, off);
     }
 };
 
 // Tokens T0 .. T0 + T - 1 in passes of up to 8 over the group, the later
-// passes from cache.
-template <int T, int T0>
-void q6k_passes(int64_t nb, const Q6KGroupBlock* g, const ActBlock* ab, float* const* out,
-                int64_t off) {
+// passes from cache; only one token reads groups side by side.
+template <int T, int T0, int S>
+void q6k_passes(int64_t nb, const Q6KGroupBlock* const* g, const ActBlock* ab, float* const* out,
+                const int64_t* off) {
+    static_assert(T == 1 || S == 1);
     if constexpr (T == 1) {
-        q6k_one<T0>(nb, g, ab, out, off);
+        q6k_one<T0, S>(nb, g, ab, out, off);
     } else if constexpr (T <= 8) {
-        q6k_tokens<T, T0>(nb, g, ab, out, off);
+        q6k_tokens<T, T0>(nb, g[0], ab, out, off[0]);
     } else {
-        q6k_tokens<8, T0>(nb, g, ab, out, off);
-        q6k_passes<T - 8, T0 + 8>(nb, g, ab, out, off);
+        q6k_tokens<8, T0>(nb, g[0], ab, out, off[0]);
+        q6k_passes<T - 8, T0 + 8, S>(nb, g, ab, out, off);
     }
 }
 
-template <int T>
+template <int T, int S>
 struct Q6KTile {
-    static void run(int64_t nb, const void* gb, const ActBlock* ab, float* const* out,
-                    int64_t off) {
-        q6k_passes<T, 0>(nb, static_cast<const Q6KGroupBlock*>(gb), ab, out, off);
+    static void run(int64_t nb, const uint8_t* const* gb, const ActBlock* ab, float* const* out,
+                    const int64_t* off) {
+        q6k_passes<T, 0, S>(nb, reinterpret_cast<const Q6KGroupBlock* const*>(gb), ab, out, off);
     }
 };
 
-using TileFn = void (*)(int64_t, const void*, const ActBlock*, float* const*, int64_t);
+// The kernels of K<T, S> for 1..kTile tokens one group at a time, and for
+// 1..Streamed tokens kStreams groups side by side.
+template <template <int, int> class K, int Streamed>
+struct TileTables {
+    static constexpr auto one = tile_table<K, 1>(std::make_integer_sequence<int, kTile>());
+    static constexpr auto streams =
+        tile_table<K, kStreams>(std::make_integer_sequence<int, Streamed>());
+};
 
+// Groups [0, n_groups): with few tokens in kStreams runs of q groups read
+// side by side (group i of each run together), then the rest one at a time.
+template <template <int, int> class K, int Streamed>
 void gemm(int64_t nb, const uint8_t* groups, size_t group_bytes, int64_t n_groups,
-          const BlockQ8_K* const* acts, int64_t n_tok, float* const* y_rows, const TileFn* tiles) {
+          const BlockQ8_K* const* acts, int64_t n_tok, float* const* y_rows) {
     thread_local std::vector<ActBlock> tile;
     if (tile.size() < size_t(nb)) tile.resize(size_t(nb));
     for (int64_t t0 = 0; t0 < n_tok; t0 += kTile) {
         const int64_t nt = std::min<int64_t>(kTile, n_tok - t0);
         load_tile(acts + t0, nt, nb, tile.data());
-        for (int64_t g = 0; g < n_groups; ++g)
-            tiles[nt - 1](nb, groups + size_t(g) * group_bytes, tile.data(), y_rows + t0,
-                          kRows * g);
+        int64_t g = 0;
+        if (nt <= Streamed && n_groups >= kStreams) {
+            const int64_t q = n_groups / kStreams;
+            for (int64_t i = 0; i < q; ++i) {
+                const uint8_t* gb[kStreams];
+                int64_t off[kStreams];
+                for (int s = 0; s < kStreams; ++s) {
+                    gb[s] = groups + size_t(s * q + i) * group_bytes;
+                    off[s] = kRows * (s * q + i);
+                }
+                TileTables<K, Streamed>::streams[size_t(nt - 1)](nb, gb, tile.data(), y_rows + t0,
+                                                                 off);
+            }
+            g = kStreams * q;
+        }
+        for (; g < n_groups; ++g) {
+            const uint8_t* gb = groups + size_t(g) * group_bytes;
+            const int64_t off = kRows * g;
+            TileTables<K, Streamed>::one[size_t(nt - 1)](nb, &gb, tile.data(), y_rows + t0, &off);
+        }
     }
 }
 
@@ -700,18 +773,14 @@ void gemm_q5_0_avx512(int64_t nb, const void* groups, int64_t n_groups,
 
 void gemm_q4_K_avx512(int64_t nb, const Q4KGroupBlock* groups, int64_t n_groups,
                       const BlockQ8_K* const* acts, int64_t n_tok, float* const* y_rows) {
-    static constexpr auto kTiles =
-        tile_table<Q4KGroupBlock, Q4KTile>(std::make_integer_sequence<int, kTile>());
-    gemm(nb, reinterpret_cast<const uint8_t*>(groups), size_t(nb) * sizeof(Q4KGroupBlock), n_groups,
-         acts, n_tok, y_rows, kTiles.data());
+    gemm<Q4KTile, 4>(nb, reinterpret_cast<const uint8_t*>(groups),
+                     size_t(nb) * sizeof(Q4KGroupBlock), n_groups, acts, n_tok, y_rows);
 }
 
 void gemm_q6_K_avx512(int64_t nb, const Q6KGroupBlock* groups, int64_t n_groups,
                       const BlockQ8_K* const* acts, int64_t n_tok, float* const* y_rows) {
-    static constexpr auto kTiles =
-        tile_table<Q6KGroupBlock, Q6KTile>(std::make_integer_sequence<int, kTile>());
-    gemm(nb, reinterpret_cast<const uint8_t*>(groups), size_t(nb) * sizeof(Q6KGroupBlock), n_groups,
-         acts, n_tok, y_rows, kTiles.data());
+    gemm<Q6KTile, 1>(nb, reinterpret_cast<const uint8_t*>(groups),
+                     size_t(nb) * sizeof(Q6KGroupBlock), n_groups, acts, n_tok, y_rows);
 }
 
 }  // namespace glm5::quant::repacked
