@@ -38,6 +38,20 @@ constexpr int kTile = 16;  // tokens per decoded group block
 // Groups the few-token kernels read side by side (see the tile tables).
 constexpr int kStreams = 4;
 
+// Groups [0, n) as kStreams runs of q = n / kStreams: f(gs) with group i of
+// every run (gs[s] = s * q + i) for each i, so the runs are read side by
+// side; returns the groups covered (the rest go one at a time).
+template <typename F>
+int64_t side_by_side(int64_t n, F f) {
+    const int64_t q = n / kStreams;
+    for (int64_t i = 0; i < q; ++i) {
+        int64_t gs[kStreams];
+        for (int s = 0; s < kStreams; ++s) gs[s] = s * q + i;
+        f(static_cast<const int64_t*>(gs));
+    }
+    return kStreams * q;
+}
+
 inline __m512 unfused(__m512 v) {
     asm("" : "+v"(v));
     return v;
@@ -672,18 +686,15 @@ void legacy_gemm(int64_t nb, const uint8_t* groups, size_t group_bytes, int64_t 
         load_legacy_acts(acts + t0, nt, nb, K, act.data());
         int64_t g = 0;
         if (nt == 1 && n_groups >= kStreams && nb >= kLegacyStreamBlocks) {
-            // One token: kStreams runs of q groups read side by side.
-            const int64_t q = n_groups / kStreams;
-            for (int64_t i = 0; i < q; ++i) {
+            g = side_by_side(n_groups, [&](const int64_t* gs) {
                 Src src[kStreams];
                 float* out[kStreams];
                 for (int s = 0; s < kStreams; ++s) {
-                    src[s] = Src{groups + size_t(s * q + i) * group_bytes, nb};
-                    out[s] = y_rows[t0] + kRows * (s * q + i);
+                    src[s] = Src{groups + size_t(gs[s]) * group_bytes, nb};
+                    out[s] = y_rows[t0] + kRows * gs[s];
                 }
                 legacy_rows(nb, src, act.data(), out);
-            }
-            g = kStreams * q;
+            });
         }
         for (; g < n_groups; ++g) {
             const Src src{groups + size_t(g) * group_bytes, nb};
@@ -785,18 +796,16 @@ void gemm(int64_t nb, const uint8_t* groups, size_t group_bytes, int64_t n_group
         load_tile(acts + t0, nt, nb, tile.data());
         int64_t g = 0;
         if (nt <= Streamed && n_groups >= kStreams) {
-            const int64_t q = n_groups / kStreams;
-            for (int64_t i = 0; i < q; ++i) {
+            g = side_by_side(n_groups, [&](const int64_t* gs) {
                 const uint8_t* gb[kStreams];
                 int64_t off[kStreams];
                 for (int s = 0; s < kStreams; ++s) {
-                    gb[s] = groups + size_t(s * q + i) * group_bytes;
-                    off[s] = kRows * (s * q + i);
+                    gb[s] = groups + size_t(gs[s]) * group_bytes;
+                    off[s] = kRows * gs[s];
                 }
                 TileTables<K, Streamed>::streams[size_t(nt - 1)](nb, gb, tile.data(), y_rows + t0,
                                                                  off);
-            }
-            g = kStreams * q;
+            });
         }
         for (; g < n_groups; ++g) {
             const uint8_t* gb = groups + size_t(g) * group_bytes;
