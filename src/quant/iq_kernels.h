@@ -4,6 +4,7 @@
 // files built with different ISA flags, so it must not define inline code.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace glm5::quant::iq {
@@ -21,6 +22,9 @@ float dot_iq4_xs_avx2(int64_t n, const void* w, const void* act);
 float dot_iq2_xxs_avx512(int64_t n, const void* w, const void* act);  // picks one of:
 float dot_iq2_xxs_avx512bw(int64_t n, const void* w, const void* act);
 float dot_iq2_xxs_avx512vbmi(int64_t n, const void* w, const void* act);  // needs AVX512-VBMI
+// Several activation rows (VecDotMultiFn): the same bits as dot_iq2_xxs_avx512.
+void dot_iq2_xxs_multi_avx512(int64_t n, const void* w, const void* act, size_t act_stride,
+                              int64_t n_act, float* out);
 float dot_iq4_nl_avx512(int64_t n, const void* w, const void* act);
 float dot_iq4_xs_avx512(int64_t n, const void* w, const void* act);
 

@@ -16,7 +16,10 @@ using namespace iq;
         dequant_##fmt, quant_##fmt, nullptr, dot_##fmt##_ref, dot_##fmt##_avx2, avx512 \
     }
 
-const FormatOps kIq2Xxs = GLM5_IQ_OPS(iq2_xxs, dot_iq2_xxs_avx512);
+// IQ2_XXS has a multi-token kernel: the MoE's experts in batched decode and
+// prefill decode each row once for all their tokens.
+const FormatOps kIq2Xxs = {dequant_iq2_xxs,  quant_iq2_xxs,      nullptr, dot_iq2_xxs_ref,
+                           dot_iq2_xxs_avx2, dot_iq2_xxs_avx512, nullptr, dot_iq2_xxs_multi_avx512};
 const FormatOps kIq2Xs = GLM5_IQ_OPS(iq2_xs, nullptr);
 const FormatOps kIq2S = GLM5_IQ_OPS(iq2_s, nullptr);
 const FormatOps kIq3Xxs = GLM5_IQ_OPS(iq3_xxs, nullptr);

@@ -214,6 +214,90 @@ float dot_iq2_xxs_avx512(int64_t n, const void* vw, const void* va) {
 
 namespace {
 
+// NT tokens against one row: each 64-value chunk's magnitudes, sign mask and
+// scales are made once (as dot_iq2_xxs_avx512vbmi makes them) and every
+// token's bytes go through them. A token's chunk sums land in one int32
+// accumulator instead of the single-row kernel's two (s[0] + s[1]): the same
+// exact integer, then the same float steps, so the same bits.
+template <int NT>
+__attribute__((target("avx512vbmi"))) void iq2xxs_tokens(int64_t n, const BlockIQ2_XXS* x,
+                                                         const uint8_t* a, size_t stride,
+                                                         float* out) {
+    const Iq2xxsTables& tb = kIq2xxs;
+    __m512i T[8];
+    for (int k = 0; k < 8; ++k) T[k] = load512(tb.codes + 32 * k);
+    __m512i sel[4];
+    for (int k = 0; k < 4; ++k) sel[k] = load512(tb.scale_of[k]);
+    const __m512i mags =
+        _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(tb.even)));
+    const __m512i offsets = _mm512_set1_epi64(0x0e0c0a0806040200ll);
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    auto act = [&](int t) { return reinterpret_cast<const BlockQ8_K*>(a + size_t(t) * stride); };
+    __m512 acc[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; ++i) {
+        const uint8_t* q2 = reinterpret_cast<const uint8_t*>(x[i].qs);
+        const __m512i raw = _mm512_loadu_si512(q2);
+        const __m512i codes = iq2xxs_codes(T, raw);
+        const __m512i ls = iq2xxs_scales(raw);
+        __m512i s[NT];
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) s[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+            const __m512i bits = _mm512_multishift_epi64_epi8(
+                offsets, _mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(codes, k)));
+            const __m512i grid = _mm512_shuffle_epi8(mags, _mm512_and_si512(bits, low4));
+            const uint32_t w1 = load32(q2 + 16 * k + 4), w2 = load32(q2 + 16 * k + 12);
+            const __mmask64 neg =
+                signs7x8((w1 & 0x0fffffffull) | (uint64_t(w2 & 0x0fffffff) << 28));
+            const __m512i scale = _mm512_permutexvar_epi16(sel[k], ls);
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; ++t) {
+                const __m512i y = _mm512_loadu_si512(act(t)[i].qs + 64 * k);
+                const __m512i prod = _mm512_maddubs_epi16(
+                    grid, _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y));
+                s[t] = _mm512_dpwssd_epi32(s[t], prod, scale);
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+            const float d = fp16(x[i].d) * act(t)[i].d;
+            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(s[t]), acc[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) out[t] = 0.125f * _mm512_reduce_add_ps(acc[t]);
+}
+
+}  // namespace
+
+// Passes of 8 tokens, then 4, 2 and 1. Without VBMI, one row dot per token.
+void dot_iq2_xxs_multi_avx512(int64_t n, const void* vw, const void* va, size_t stride,
+                              int64_t n_act, float* out) {
+    static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+    const auto* x = static_cast<const BlockIQ2_XXS*>(vw);
+    const auto* a = static_cast<const uint8_t*>(va);
+    int64_t t = 0;
+    if (!vbmi) {
+        for (; t < n_act; ++t) out[t] = dot_iq2_xxs_avx512bw(n, vw, a + size_t(t) * stride);
+        return;
+    }
+    for (; t + 8 <= n_act; t += 8) iq2xxs_tokens<8>(n, x, a + size_t(t) * stride, stride, out + t);
+    if (n_act - t >= 4) {
+        iq2xxs_tokens<4>(n, x, a + size_t(t) * stride, stride, out + t);
+        t += 4;
+    }
+    if (n_act - t >= 2) {
+        iq2xxs_tokens<2>(n, x, a + size_t(t) * stride, stride, out + t);
+        t += 2;
+    }
+    if (t < n_act) iq2xxs_tokens<1>(n, x, a + size_t(t) * stride, stride, out + t);
+}
+
+namespace {
+
 // 16 packed bytes of two IQ4 blocks of 32 (p0, p1) -> 64 nibbles in value
 // order: lanes 0-15 low nibbles of p0, 16-31 its high nibbles, then p1's.
 inline __m512i iq4_nibbles(__m128i p0, __m128i p1) {
