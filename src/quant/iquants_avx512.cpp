@@ -166,47 +166,6 @@ float dot_iq2_xxs_avx512bw(int64_t n, const void* vw, const void* va) {
     return 0.125f * _mm512_reduce_add_ps(acc);
 }
 
-// With AVX512-VBMI (Ice Lake, Zen 4 and later) the expansion is one
-// vpmultishiftqb: each byte of a group's qword takes the 8 bits at offset 2j
-// of the code, whose low 2 bits are level j; vpshufb maps them to magnitudes.
-__attribute__((target("avx512vbmi"))) float dot_iq2_xxs_avx512vbmi(int64_t n, const void* vw,
-                                                                   const void* va) {
-    const auto* x = static_cast<const BlockIQ2_XXS*>(vw);
-    const auto* a = static_cast<const BlockQ8_K*>(va);
-    const Iq2xxsTables& tb = kIq2xxs;
-    __m512i T[8];
-    for (int k = 0; k < 8; ++k) T[k] = load512(tb.codes + 32 * k);
-    __m512i sel[4];
-    for (int k = 0; k < 4; ++k) sel[k] = load512(tb.scale_of[k]);
-    // even[m] = magnitude of level m & 3: the low 2 bits of the nibble.
-    const __m512i mags =
-        _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(tb.even)));
-    const __m512i offsets = _mm512_set1_epi64(0x0e0c0a0806040200ll);
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; ++i) {
-        const uint8_t* q2 = reinterpret_cast<const uint8_t*>(x[i].qs);
-        const int8_t* q8 = a[i].qs;
-        const __m512i raw = _mm512_loadu_si512(q2);
-        const __m512i codes = iq2xxs_codes(T, raw);
-        const __m512i ls = iq2xxs_scales(raw);
-        const __m128i c[4] = {
-            _mm512_extracti32x4_epi32(codes, 0), _mm512_extracti32x4_epi32(codes, 1),
-            _mm512_extracti32x4_epi32(codes, 2), _mm512_extracti32x4_epi32(codes, 3)};
-        __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-        for (int k = 0; k < 4; ++k) {
-            const __m512i bits = _mm512_multishift_epi64_epi8(offsets, _mm512_cvtepu16_epi64(c[k]));
-            const __m512i grid = _mm512_shuffle_epi8(mags, _mm512_and_si512(bits, low4));
-            s[k & 1] = iq2xxs_finish(grid, q2 + 16 * k, q8 + 64 * k,
-                                     _mm512_permutexvar_epi16(sel[k], ls), s[k & 1]);
-        }
-        const float d = fp16(x[i].d) * a[i].d;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_add_epi32(s[0], s[1])),
-                              acc);
-    }
-    return 0.125f * _mm512_reduce_add_ps(acc);
-}
-
 float dot_iq2_xxs_avx512(int64_t n, const void* vw, const void* va) {
     static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
     return vbmi ? dot_iq2_xxs_avx512vbmi(n, vw, va) : dot_iq2_xxs_avx512bw(n, vw, va);
@@ -214,11 +173,14 @@ float dot_iq2_xxs_avx512(int64_t n, const void* vw, const void* va) {
 
 namespace {
 
+// With AVX512-VBMI (Ice Lake, Zen 4 and later) the expansion is one
+// vpmultishiftqb: each byte of a group's qword takes the 8 bits at offset 2j
+// of the code, whose low 2 bits are level j; vpshufb maps them to magnitudes.
 // NT tokens against one row: each 64-value chunk's magnitudes, sign mask and
-// scales are made once (as dot_iq2_xxs_avx512vbmi makes them) and every
-// token's bytes go through them. A token's chunk sums land in one int32
-// accumulator instead of the single-row kernel's two (s[0] + s[1]): the same
-// exact integer, then the same float steps, so the same bits.
+// scales are made once and every token's bytes go through them; one token is
+// the single-row dot. A token's four chunk sums land in one int32 (the
+// AVX-512BW kernel splits them over two: the same exact integer), then the
+// same float steps as there, so the same bits.
 template <int NT>
 __attribute__((target("avx512vbmi"))) void iq2xxs_tokens(int64_t n, const BlockIQ2_XXS* x,
                                                          const uint8_t* a, size_t stride,
@@ -272,6 +234,14 @@ __attribute__((target("avx512vbmi"))) void iq2xxs_tokens(int64_t n, const BlockI
 }
 
 }  // namespace
+
+__attribute__((target("avx512vbmi"))) float dot_iq2_xxs_avx512vbmi(int64_t n, const void* vw,
+                                                                   const void* va) {
+    float out;
+    iq2xxs_tokens<1>(n, static_cast<const BlockIQ2_XXS*>(vw), static_cast<const uint8_t*>(va), 0,
+                     &out);
+    return out;
+}
 
 // Passes of 8 tokens, then 4, 2 and 1. Without VBMI, one row dot per token.
 void dot_iq2_xxs_multi_avx512(int64_t n, const void* vw, const void* va, size_t stride,
