@@ -156,6 +156,7 @@ float dot_iq2_xxs_avx512bw(int64_t n, const void* vw, const void* va) {
         const __m512i codes = iq2xxs_codes(T, raw);
         const __m512i ls = iq2xxs_scales(raw);
         __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+#pragma GCC unroll 4
         for (int k = 0; k < 4; ++k)
             s[k & 1] = iq2xxs_finish(iq2xxs_expand_bw(codes, rep[k], shift, even, odd), q2 + 16 * k,
                                      q8 + 64 * k, _mm512_permutexvar_epi16(sel[k], ls), s[k & 1]);
