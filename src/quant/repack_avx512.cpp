@@ -331,8 +331,8 @@ inline __m512 q6k_finish(__m512 acc, const Q6KGroupBlock& g, __m512 dx, const in
 // order, the four sub-blocks of a chunk in flight together (latency, not
 // registers, bounds one token). The first pass over a group prefetches two
 // blocks ahead (the hardware prefetchers alone left the stream at half the
-// bandwidth). S groups side by side as in q4k_tile, a half-chunk of each in
-// turn.
+// bandwidth). S groups side by side as in q4k_tile, 768 bytes of each in turn
+// (four of a half's eight chunks).
 template <int T0, int S>
 void q6k_one(int64_t nb, const Q6KGroupBlock* const* gb, const ActBlock* ab, float* const* out,
              const int64_t* off) {
