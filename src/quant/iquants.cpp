@@ -11,23 +11,24 @@ namespace {
 
 using namespace iq;
 
-#define GLM5_IQ_OPS(fmt, avx512)                                                       \
-    FormatOps {                                                                        \
-        dequant_##fmt, quant_##fmt, nullptr, dot_##fmt##_ref, dot_##fmt##_avx2, avx512 \
+// multi512: the multi-token kernel where the format has one (IQ2_XXS: the
+// MoE's experts in batched decode and prefill decode each row once for all
+// their tokens).
+#define GLM5_IQ_OPS(fmt, avx512, multi512)                                                       \
+    FormatOps {                                                                                  \
+        dequant_##fmt, quant_##fmt, nullptr, dot_##fmt##_ref, dot_##fmt##_avx2, avx512, nullptr, \
+            multi512                                                                             \
     }
 
-// IQ2_XXS has a multi-token kernel: the MoE's experts in batched decode and
-// prefill decode each row once for all their tokens.
-const FormatOps kIq2Xxs = {dequant_iq2_xxs,  quant_iq2_xxs,      nullptr, dot_iq2_xxs_ref,
-                           dot_iq2_xxs_avx2, dot_iq2_xxs_avx512, nullptr, dot_iq2_xxs_multi_avx512};
-const FormatOps kIq2Xs = GLM5_IQ_OPS(iq2_xs, nullptr);
-const FormatOps kIq2S = GLM5_IQ_OPS(iq2_s, nullptr);
-const FormatOps kIq3Xxs = GLM5_IQ_OPS(iq3_xxs, nullptr);
-const FormatOps kIq3S = GLM5_IQ_OPS(iq3_s, nullptr);
-const FormatOps kIq1S = GLM5_IQ_OPS(iq1_s, nullptr);
-const FormatOps kIq1M = GLM5_IQ_OPS(iq1_m, nullptr);
-const FormatOps kIq4Nl = GLM5_IQ_OPS(iq4_nl, dot_iq4_nl_avx512);
-const FormatOps kIq4Xs = GLM5_IQ_OPS(iq4_xs, dot_iq4_xs_avx512);
+const FormatOps kIq2Xxs = GLM5_IQ_OPS(iq2_xxs, dot_iq2_xxs_avx512, dot_iq2_xxs_multi_avx512);
+const FormatOps kIq2Xs = GLM5_IQ_OPS(iq2_xs, nullptr, nullptr);
+const FormatOps kIq2S = GLM5_IQ_OPS(iq2_s, nullptr, nullptr);
+const FormatOps kIq3Xxs = GLM5_IQ_OPS(iq3_xxs, nullptr, nullptr);
+const FormatOps kIq3S = GLM5_IQ_OPS(iq3_s, nullptr, nullptr);
+const FormatOps kIq1S = GLM5_IQ_OPS(iq1_s, nullptr, nullptr);
+const FormatOps kIq1M = GLM5_IQ_OPS(iq1_m, nullptr, nullptr);
+const FormatOps kIq4Nl = GLM5_IQ_OPS(iq4_nl, dot_iq4_nl_avx512, nullptr);
+const FormatOps kIq4Xs = GLM5_IQ_OPS(iq4_xs, dot_iq4_xs_avx512, nullptr);
 
 #undef GLM5_IQ_OPS
 

@@ -111,12 +111,17 @@ inline __m512i iq2xxs_scales(__m512i raw) {
                            _mm512_set1_epi32(1));
 }
 
-// 64 values given their magnitudes: signs from the two sign words, times the
-// activations, scaled per 32 and accumulated.
-inline __m512i iq2xxs_finish(__m512i grid, const uint8_t* q2, const int8_t* q8, __m512i scale,
-                             __m512i acc) {
+// The negated bytes of the 64 values of the chunk at q2: its two sign words'
+// 7-bit groups through signs7x8.
+inline __mmask64 iq2xxs_neg(const uint8_t* q2) {
     const uint32_t w1 = load32(q2 + 4), w2 = load32(q2 + 12);
-    const __mmask64 neg = signs7x8((w1 & 0x0fffffffull) | (uint64_t(w2 & 0x0fffffff) << 28));
+    return signs7x8((w1 & 0x0fffffffull) | (uint64_t(w2 & 0x0fffffff) << 28));
+}
+
+// 64 values given their magnitudes and negated bytes: times the activations,
+// scaled per 32 and accumulated.
+inline __m512i iq2xxs_finish(__m512i grid, __mmask64 neg, const int8_t* q8, __m512i scale,
+                             __m512i acc) {
     const __m512i act = _mm512_loadu_si512(q8);
     const __m512i prod =
         _mm512_maddubs_epi16(grid, _mm512_mask_sub_epi8(act, neg, _mm512_setzero_si512(), act));
@@ -158,8 +163,9 @@ float dot_iq2_xxs_avx512bw(int64_t n, const void* vw, const void* va) {
         __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k)
-            s[k & 1] = iq2xxs_finish(iq2xxs_expand_bw(codes, rep[k], shift, even, odd), q2 + 16 * k,
-                                     q8 + 64 * k, _mm512_permutexvar_epi16(sel[k], ls), s[k & 1]);
+            s[k & 1] = iq2xxs_finish(iq2xxs_expand_bw(codes, rep[k], shift, even, odd),
+                                     iq2xxs_neg(q2 + 16 * k), q8 + 64 * k,
+                                     _mm512_permutexvar_epi16(sel[k], ls), s[k & 1]);
         const float d = fp16(x[i].d) * a[i].d;
         acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_add_epi32(s[0], s[1])),
                               acc);
@@ -212,17 +218,11 @@ __attribute__((target("avx512vbmi"))) void iq2xxs_tokens(int64_t n, const BlockI
             const __m512i bits = _mm512_multishift_epi64_epi8(
                 offsets, _mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(codes, k)));
             const __m512i grid = _mm512_shuffle_epi8(mags, _mm512_and_si512(bits, low4));
-            const uint32_t w1 = load32(q2 + 16 * k + 4), w2 = load32(q2 + 16 * k + 12);
-            const __mmask64 neg =
-                signs7x8((w1 & 0x0fffffffull) | (uint64_t(w2 & 0x0fffffff) << 28));
+            const __mmask64 neg = iq2xxs_neg(q2 + 16 * k);
             const __m512i scale = _mm512_permutexvar_epi16(sel[k], ls);
 #pragma GCC unroll 8
-            for (int t = 0; t < NT; ++t) {
-                const __m512i y = _mm512_loadu_si512(act(t)[i].qs + 64 * k);
-                const __m512i prod = _mm512_maddubs_epi16(
-                    grid, _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y));
-                s[t] = _mm512_dpwssd_epi32(s[t], prod, scale);
-            }
+            for (int t = 0; t < NT; ++t)
+                s[t] = iq2xxs_finish(grid, neg, act(t)[i].qs + 64 * k, scale, s[t]);
         }
 #pragma GCC unroll 8
         for (int t = 0; t < NT; ++t) {
