@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -100,7 +101,10 @@ class Backend {
     // Copies between backend memory and the host.
     virtual void read(const float* src, float* host_dst, size_t n) = 0;
     virtual void write(float* dst, const float* host_src, size_t n) = 0;
-    virtual void copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes) = 0;
+    // `why` names the copy ("snapshot", "restore", "grow") for the profile
+    // and BackendOptions::fault_hook.
+    virtual void copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes,
+                            const char* why = "copy_cache") = 0;
 
     // ---- elementwise and norms -----------------------------------------
     // out[t] = table row ids[t] (dequantized).
@@ -216,9 +220,12 @@ class Backend {
     // `silu`, y = SiLU(conv). x and y must not overlap.
     struct ConvSeq {
         const float* x = nullptr;  // [n_tok][x_stride]
-        float* tail = nullptr;     // [K-1][channels]
+        float* tail = nullptr;     // [K-1][channels]: the new tail (the old one too when in place)
         float* y = nullptr;        // [n_tok][y_stride]
         int64_t n_tok = 0;
+        // The old tail, when it lives elsewhere (double-buffered state: a
+        // forward that fails leaves it untouched); null: `tail` in place.
+        const float* tail_in = nullptr;
     };
     virtual void causal_conv(std::span<const ConvSeq> seqs, int64_t channels, const float* taps,
                              int64_t kernel, int64_t x_stride, int64_t y_stride, bool silu) = 0;
@@ -233,12 +240,14 @@ class Backend {
     //   S <- diag(exp(g_t)) S;  e = v_t - S^T k_t;  S <- S + k_t (beta_t e)^T;
     //   out_t = scale * S^T q_t.
     // q, k, v, g, out: [n_tok][n_heads*dim]; beta: [n_tok][n_heads];
-    // state: [n_heads][dim][dim], updated in place.
+    // state: [n_heads][dim][dim], updated in place, or read from state_in and
+    // written to state (double-buffered state; same bits either way).
     struct DeltaRuleSeq {
         const float *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr;
         float* state = nullptr;
         float* out = nullptr;
         int64_t n_tok = 0;
+        const float* state_in = nullptr;
     };
     virtual void gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n_heads, int64_t dim,
                                   float scale) = 0;
@@ -277,6 +286,9 @@ class Backend {
 
 struct BackendOptions {
     int n_threads = 0;  // 0: all cores we may run on
+    // Fault injection for tests: called before each op with its name and
+    // rows; an exception it throws fails the op as an allocation would.
+    std::function<void(const char* op, int64_t rows)> fault_hook;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt);

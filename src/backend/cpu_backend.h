@@ -65,6 +65,7 @@ using kernels::silu;
 class OpProfile {
   public:
     OpProfile() : on_(std::getenv("GLM5_PROFILE") != nullptr) {}
+    std::function<void(const char*, int64_t)> fault_hook;  // BackendOptions::fault_hook
     ~OpProfile();
     bool on() const { return on_; }
     // kind (optional) splits an op further, e.g. a product by weight type.
@@ -83,6 +84,7 @@ class OpTimer {
   public:
     OpTimer(OpProfile& p, const char* op, int64_t rows, const char* kind = nullptr)
         : p_(p), op_(op), kind_(kind), rows_(rows) {
+        if (p_.fault_hook) p_.fault_hook(op, rows);
         if (p_.on()) t0_ = std::chrono::steady_clock::now();
     }
     ~OpTimer() {
@@ -104,6 +106,7 @@ class CpuBackend final : public Backend {
     explicit CpuBackend(const BackendOptions& opt)
         : pool_(opt.n_threads > 0 ? opt.n_threads : ThreadPool::default_threads()) {
         per_thread_.resize(size_t(pool_.size()));
+        profile_.fault_hook = opt.fault_hook;
     }
     ~CpuBackend() override = default;
 
@@ -141,7 +144,9 @@ class CpuBackend final : public Backend {
     void write(float* dst, const float* src, size_t n) override {
         std::memcpy(dst, src, n * sizeof(float));
     }
-    void copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes) override {
+    void copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes,
+                    const char* why = "copy_cache") override {
+        OpTimer timer_(profile_, why, int64_t(bytes));
         std::memcpy(dst, src, bytes);
     }
 
