@@ -174,10 +174,13 @@ int cmd_serve(int argc, char** argv) {
     mc.tool_vocab = std::make_shared<const server::ToolVocab>(*tok);
     mc.sampling = sp;
     mc.seed_fixed = seed >= 0;
+    mc.spec = m.spec;
+    mc.can_mtp = m.model->can_draft();
     if (seed >= 0) mc.sampling.seed = uint64_t(seed);
     mc.default_max_tokens = a.get_int("max-tokens", 0, INT64_MAX / 4);
     mc.max_choices = int(a.get_int("max-choices", 1, 1024));
 
+    eo.spec = m.spec;
     runtime::Engine engine(*m.model, eo);
     server::Server srv(engine, mc, so);
     install_signal_handlers();

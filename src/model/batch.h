@@ -52,7 +52,9 @@ FlatBatch<State> flatten_batch(std::span<const SeqInput> inputs, int64_t n_vocab
                             std::to_string(n_vocab) + ")");
         b.segs.push_back({st, b.size(), n, st->n_past()});
         for (int64_t i = 0; i < n; ++i) {
-            if (in.logits && (in.all_logits || i == n - 1)) b.out_rows.push_back(int32_t(b.size()));
+            const bool want = in.logits_from >= 0 ? i >= in.logits_from
+                                                  : in.logits && (in.all_logits || i == n - 1);
+            if (want) b.out_rows.push_back(int32_t(b.size()));
             b.tokens.push_back(in.tokens[size_t(i)]);
             b.pos.push_back(int32_t(st->n_past() + i));
         }

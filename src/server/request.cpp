@@ -120,6 +120,47 @@ void check_model(const ojson& body, const ModelContext& mc) {
                    "model", "model_not_found");
 }
 
+// "speculative": false or "off" turns it off for this request; an object
+// {"type": "auto"|"mtp"|"ngram"|"off", "draft": N, "pmin": P} overrides the
+// server's settings (absent fields keep them).
+void parse_speculative(const ojson& body, const ModelContext& mc, GenRequest& g) {
+    const ojson* sp = field(body, "speculative");
+    if (!sp) return;
+    runtime::SpecParams s = mc.spec;
+    if (sp->is_boolean()) {
+        if (!sp->get<bool>())
+            s.type = runtime::DraftType::Off;
+        else if (s.type == runtime::DraftType::Off)
+            s.type = runtime::DraftType::Auto;
+    } else if (sp->is_string() && sp->get<std::string>() == "off") {
+        s.type = runtime::DraftType::Off;
+    } else if (sp->is_object()) {
+        if (const ojson* t = field(*sp, "type")) {
+            if (!t->is_string()) throw type_error("speculative.type", "a string", *t);
+            const std::string name = t->get<std::string>();
+            if (name != "auto" && name != "mtp" && name != "ngram" && name != "off")
+                throw bad_request(
+                    "'speculative.type' must be auto, mtp, ngram or off, got '" + name + "'",
+                    "speculative.type");
+            s.type = runtime::parse_draft_type(name);
+        } else if (s.type == runtime::DraftType::Off) {
+            s.type = runtime::DraftType::Auto;
+        }
+        s.draft_max = int(opt_int(*sp, "draft", s.draft_max, 1, runtime::VerifyCost::kMaxRows - 1));
+        s.p_min = float(opt_number(*sp, "pmin", s.p_min, 0, 1));
+    } else {
+        throw type_error("speculative", "false, \"off\" or an object {type, draft, pmin}", *sp);
+    }
+    if (s.type == runtime::DraftType::Auto)
+        s.type = mc.can_mtp ? runtime::DraftType::Mtp : runtime::DraftType::Ngram;
+    if (s.type == runtime::DraftType::Mtp && !mc.can_mtp)
+        throw bad_request(
+            "'speculative.type' mtp needs the NextN/MTP block, which this server did not load "
+            "(start it with --spec on a glm-dsa file that has one, or use ngram)",
+            "speculative.type");
+    g.spec = s;
+}
+
 // Fields both endpoints share.
 void parse_common(const ojson& body, const ModelContext& mc, GenRequest& g) {
     check_model(body, mc);
@@ -183,6 +224,7 @@ void parse_common(const ojson& body, const ModelContext& mc, GenRequest& g) {
     }
     if (const ojson* tl = field(body, "top_logprobs"))
         if (as_int(*tl, "top_logprobs") != 0) throw unsupported("top_logprobs", "");
+    parse_speculative(body, mc, g);
 }
 
 void parse_response_format(const ojson& body, GenRequest& g, const ModelContext& mc) {
@@ -489,6 +531,7 @@ runtime::RequestParams engine_params(const GenRequest& g, int index, const Model
     if (!g.ignore_eos)
         for (int32_t s : mc.tok->stop_ids()) p.stop_ids.insert(s);
     p.use_prefix_cache = g.use_prefix_cache;
+    p.spec = g.spec;
     try {
         if (g.grammar) {
             p.constraint =
