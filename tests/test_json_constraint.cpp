@@ -16,7 +16,7 @@
 
 #include "core/error.h"
 #include "gguf/gguf.h"
-#include "model/gen_vocab.h"
+#include "gen/vocab.h"
 #include "runtime/engine.h"
 #include "runtime/json_constraint.h"
 #include "runtime/sampler.h"
@@ -53,7 +53,7 @@ const Vocab& fixture() {
 // The generator's vocabulary padded to 32768 tokens (the bench model's n_vocab).
 const Vocab& vocab32k() {
     static Vocab v = [] {
-        const auto g = model::gen::make_vocab(32768);
+        const auto g = gen::make_vocab(32768);
         text::VocabData d;
         d.tokens = g.tokens;
         for (int32_t t : g.types) d.types.push_back(text::TokenType(t));

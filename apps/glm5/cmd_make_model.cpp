@@ -1,5 +1,5 @@
 // glm5 make-model: write a synthetic model (random weights, real layout and
-// storage types) with the library generator in src/model/generator.h.
+// storage types) with the library generator in src/gen/generator.h.
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,15 +13,15 @@
 #include "commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "model/gen_quant_mix.h"
-#include "model/generator.h"
+#include "gen/generator.h"
+#include "gen/quant_mix.h"
 
 namespace glm5::app {
 
 namespace {
 
-using model::gen::GenOptions;
-using model::gen::GlmDsaHParams;
+using gen::GenOptions;
+using gen::GlmDsaHParams;
 
 struct DimFlag {
     const char* flag;
@@ -64,7 +64,7 @@ std::string per_preset(int64_t GlmDsaHParams::*field) {
 }
 
 std::vector<bool> parse_pattern(const std::string& s, int64_t n_layer) {
-    if (s == "glm52") return model::gen::glm52_indexer_pattern(n_layer);
+    if (s == "glm52") return gen::glm52_indexer_pattern(n_layer);
     std::vector<bool> v;
     for (size_t i = 0; i < s.size(); ++i) {
         if (s[i] == ',') continue;
@@ -89,7 +89,7 @@ std::string gb(uint64_t bytes) {
 
 int cmd_make_model(int argc, char** argv) {
     std::string types;
-    for (const auto& n : model::gen::scheme_names()) types += (types.empty() ? "" : " ") + n;
+    for (const auto& n : gen::scheme_names()) types += (types.empty() ? "" : " ") + n;
     Args a("make-model",
            "Write a synthetic GLM model: deterministic random weights in the real glm-dsa GGUF\n"
            "layout (metadata, tokenizer, tensor names and shapes) and real storage types.\n"
@@ -148,7 +148,7 @@ int cmd_make_model(int argc, char** argv) {
     if (a.is_set("indexer-types"))
         o.glm_dsa.indexer_full = parse_pattern(a.get("indexer-types"), o.glm_dsa.n_layer);
     else if (o.glm_dsa.n_layer != preset_layers)
-        o.glm_dsa.indexer_full = model::gen::glm52_indexer_pattern(o.glm_dsa.n_layer);
+        o.glm_dsa.indexer_full = gen::glm52_indexer_pattern(o.glm_dsa.n_layer);
     o.glm_dsa.n_nextn = a.get_flag("nextn") ? 1 : 0;
     const std::string arch = a.get("arch");
     if (arch == "glm5next") {
@@ -158,41 +158,41 @@ int cmd_make_model(int argc, char** argv) {
         if (a.is_set("indexer-types"))
             throw UsageError("--indexer-types applies to --arch glm-dsa only");
         if (o.preset != "tiny") throw UsageError("--arch glm5next has only the tiny preset");
-        o.arch = model::gen::Arch::Glm5Next;
-        o.glm5next = model::gen::Glm5NextHParams::preset(o.preset);
+        o.arch = gen::Arch::Glm5Next;
+        o.glm5next = gen::Glm5NextHParams::preset(o.preset);
         o.glm5next.n_nextn = o.glm_dsa.n_nextn;
     } else if (arch != "glm-dsa") {
         throw UsageError("--arch must be glm-dsa or glm5next, got '" + arch + "'");
     }
-    const bool next = o.arch == model::gen::Arch::Glm5Next;
+    const bool next = o.arch == gen::Arch::Glm5Next;
 
     o.type = a.is_set("type") ? a.get("type") : GlmDsaHParams::preset_default_type(o.preset);
     o.pure = a.get_flag("pure");
-    if (!model::gen::parse_scheme(o.type, o.pure))
+    if (!gen::parse_scheme(o.type, o.pure))
         throw UsageError("--type: unknown type or mix '" + o.type + "' (one of: " + types + ")");
     o.seed = uint64_t(a.get_int("seed", 0, INT64_MAX));
     o.name = a.get("name");
     const std::string im = a.get("imatrix");
     if (im == "auto")
-        o.imatrix = model::gen::ImatrixMode::Auto;
+        o.imatrix = gen::ImatrixMode::Auto;
     else if (im == "on")
-        o.imatrix = model::gen::ImatrixMode::On;
+        o.imatrix = gen::ImatrixMode::On;
     else if (im == "off")
-        o.imatrix = model::gen::ImatrixMode::Off;
+        o.imatrix = gen::ImatrixMode::Off;
     else
         throw UsageError("--imatrix must be auto, on or off, got '" + im + "'");
     o.nextn_type = a.get("nextn-type");
     const std::string bl = a.get("blocks");
     if (bl == "pool" || (bl == "auto" && o.preset == "bench"))
-        o.blocks = model::gen::BlockSource::Pool;
+        o.blocks = gen::BlockSource::Pool;
     else if (bl == "exact" || bl == "auto")
-        o.blocks = model::gen::BlockSource::Exact;
+        o.blocks = gen::BlockSource::Exact;
     else
         throw UsageError("--blocks must be exact, pool or auto, got '" + bl + "'");
     o.n_threads = a.is_set("threads") ? int(a.get_int("threads", 1, 1024)) : 0;
     const bool quiet = a.get_flag("quiet");
 
-    const model::gen::ModelPlan p = model::gen::plan(o);  // validates everything
+    const gen::ModelPlan p = gen::plan(o);  // validates everything
     if (a.get_flag("dry-run")) {
         for (const auto& t : p.tensors) {
             std::string shape;
@@ -215,14 +215,13 @@ int cmd_make_model(int argc, char** argv) {
                      "make-model: %s %s, type %s, seed %llu: %lld+%lld blocks, %.3f G params, "
                      "%s;%s%s; %d threads\n",
                      p.arch.c_str(), o.preset.c_str(),
-                     model::gen::parse_scheme(o.type, o.pure)->name.c_str(),
-                     (unsigned long long)o.seed,
+                     gen::parse_scheme(o.type, o.pure)->name.c_str(), (unsigned long long)o.seed,
                      (long long)(next ? o.glm5next.n_layer : o.glm_dsa.n_layer),
                      (long long)(next ? o.glm5next.n_nextn : o.glm_dsa.n_nextn),
                      double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str(), counts.c_str(),
-                     !p.imatrix                                  ? ""
-                     : o.blocks == model::gen::BlockSource::Pool ? "; uniform imatrix (pool)"
-                                                                 : "; derived imatrix",
+                     !p.imatrix                           ? ""
+                     : o.blocks == gen::BlockSource::Pool ? "; uniform imatrix (pool)"
+                                                          : "; derived imatrix",
                      threads);
     }
 
@@ -244,7 +243,7 @@ int cmd_make_model(int argc, char** argv) {
                          gb(total).c_str(), s);
         }
     };
-    const model::gen::GenResult r = model::gen::generate(o, out, progress);
+    const gen::GenResult r = gen::generate(o, out, progress);
     if (!quiet)
         std::fprintf(stderr, "make-model: wrote %s: %llu bytes (%s) in %.1f s\n", out.c_str(),
                      (unsigned long long)r.file_bytes, gb(r.file_bytes).c_str(), r.seconds);

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "model/generator.h"
+#include "gen/generator.h"
 
 namespace glm5::app {
 
@@ -29,8 +29,8 @@ std::string ensure_default_model() {
         "glm5: no --model given and no cached default model; generating the tiny synthetic model "
         "into %s\n",
         path.c_str());
-    model::gen::GenOptions o;  // tiny glm-dsa, F32
-    model::gen::generate(o, path);
+    gen::GenOptions o;  // tiny glm-dsa, F32
+    gen::generate(o, path);
     return path;
 }
 

@@ -1,13 +1,13 @@
-#include "model/gen_vocab.h"
+#include "gen/vocab.h"
 
 #include <string>
 #include <unordered_set>
 
 #include "core/error.h"
+#include "gen/layout.h"
 #include "gguf/gguf.h"
-#include "model/gen_layout.h"
 
-namespace glm5::model::gen {
+namespace glm5::gen {
 
 namespace {
 
@@ -118,4 +118,4 @@ void append_glm_tokenizer(std::vector<std::pair<std::string, gguf::Value>>& md, 
     md.emplace_back("tokenizer.chat_template", str(v.chat_template));
 }
 
-}  // namespace glm5::model::gen
+}  // namespace glm5::gen

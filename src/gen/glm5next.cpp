@@ -3,15 +3,15 @@
 // tests/data/glm5next/tiny.gguf carries them, with weight statistics like the
 // fixture's (matrices 1/sqrt(fan_in), negative decay rates, a negative decay
 // bias, hyper-connection bases and scales around 0 and 1).
-#include "model/gen_glm5next.h"
+#include "gen/glm5next.h"
 
 #include <cmath>
 
 #include "core/error.h"
-#include "model/gen_layout.h"
-#include "model/gen_vocab.h"
+#include "gen/layout.h"
+#include "gen/vocab.h"
 
-namespace glm5::model::gen {
+namespace glm5::gen {
 
 Glm5NextHParams Glm5NextHParams::preset(std::string_view name) {
     if (name == "tiny") return Glm5NextHParams{};
@@ -211,4 +211,4 @@ Layout build_glm5next_layout(const Glm5NextHParams& h) {
     return L;
 }
 
-}  // namespace glm5::model::gen
+}  // namespace glm5::gen

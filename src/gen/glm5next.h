@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-namespace glm5::model::gen {
+namespace glm5::gen {
 
 struct Layout;
 
@@ -66,4 +66,4 @@ struct Glm5NextHParams {
 // Metadata keys and tensors in the fixture's order.
 Layout build_glm5next_layout(const Glm5NextHParams& hp);
 
-}  // namespace glm5::model::gen
+}  // namespace glm5::gen

@@ -1,7 +1,7 @@
 // The generator core: per-tensor sampling, type selection, importance
 // vectors and parallel streaming to the GGUF writer. Architecture-neutral:
 // everything it knows about a model comes from a Layout (gen_layout.h).
-#include "model/generator.h"
+#include "gen/generator.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,13 +15,13 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
+#include "gen/layout.h"
+#include "gen/quant_mix.h"
+#include "gen/random.h"
 #include "gguf/writer.h"
-#include "model/gen_layout.h"
-#include "model/gen_quant_mix.h"
-#include "model/gen_random.h"
 #include "quant/quant.h"
 
-namespace glm5::model::gen {
+namespace glm5::gen {
 
 using quant::Type;
 
@@ -378,4 +378,4 @@ GenResult generate(const GenOptions& opt, const std::string& path,
     return res;
 }
 
-}  // namespace glm5::model::gen
+}  // namespace glm5::gen

@@ -5,10 +5,10 @@
 #include <string>
 
 #include "core/error.h"
-#include "model/gen_layout.h"
-#include "model/gen_vocab.h"
+#include "gen/layout.h"
+#include "gen/vocab.h"
 
-namespace glm5::model::gen {
+namespace glm5::gen {
 
 namespace {
 
@@ -240,4 +240,4 @@ Layout build_glm_dsa_layout(const GlmDsaHParams& h) {
     return L;
 }
 
-}  // namespace glm5::model::gen
+}  // namespace glm5::gen

@@ -8,11 +8,11 @@
 #include <utility>
 #include <vector>
 
+#include "gen/generator.h"
+#include "gen/quant_mix.h"
 #include "gguf/gguf.h"
-#include "model/gen_quant_mix.h"
-#include "model/generator.h"
 
-namespace glm5::model::gen {
+namespace glm5::gen {
 
 struct TensorSpec {
     std::string name;
@@ -134,4 +134,4 @@ Layout build_glm_dsa_layout(const GlmDsaHParams& hp);
 // tokenizer.* keys for the GLM vocabulary padded to n_vocab, in the fixtures' order.
 void append_glm_tokenizer(std::vector<std::pair<std::string, gguf::Value>>& md, int64_t n_vocab);
 
-}  // namespace glm5::model::gen
+}  // namespace glm5::gen
