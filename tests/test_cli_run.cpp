@@ -232,3 +232,44 @@ TEST(CliRun, BenchParallelPrintsScalingAndCeiling) {
 }
 
 }  // namespace
+
+namespace {
+
+// --spec with --tokens/--print-ids/--ignore-eos gives exactly the ids of the
+// same run without it, and reports what it drafted on stderr.
+TEST(CliRun, SpeculativeRunGivesThePlainIdsAndReportsItsDrafts) {
+    const auto g = load_json(data_path("glm-dsa/tiny.golden.json"));
+    const auto tokens = join(to_ids(g["prompts"][0]["tokens"]), ",");
+    const std::string base = "run --model " + kTiny + " --tokens " + tokens +
+                             " -n 24 --temp 0 --print-ids --ignore-eos --cache-type f32";
+    const CliResult plain = run_glm5(base);
+    ASSERT_EQ(plain.code, 0) << plain.err;
+    for (const char* type : {"mtp", "ngram", "auto"}) {
+        const CliResult spec =
+            run_glm5(base + " --spec --spec-fixed --spec-draft 3 --spec-type " + type);
+        ASSERT_EQ(spec.code, 0) << spec.err;
+        EXPECT_EQ(spec.out, plain.out) << type;
+        EXPECT_NE(spec.err.find("glm5: speculative:"), std::string::npos) << spec.err;
+        EXPECT_NE(spec.err.find("accepted "), std::string::npos) << spec.err;
+        EXPECT_NE(spec.err.find(" verifies, "), std::string::npos) << spec.err;
+    }
+}
+
+TEST(CliRun, SpeculativeMtpWithoutANextNBlockIsRefused) {
+    const CliResult next = run_glm5("run --model " + data_path("glm5next/tiny.gguf") +
+                                    " --tokens 1,2,3 -n 2 --spec --spec-type mtp");
+    EXPECT_EQ(next.code, 2);
+    EXPECT_NE(next.err.find("ngram only"), std::string::npos) << next.err;
+    const std::string dir = ::testing::TempDir();
+    const std::string none = dir + "/glm5-no-nextn.gguf";
+    ASSERT_EQ(run_glm5("make-model --preset tiny --no-nextn -o " + none).code, 0);
+    const CliResult r =
+        run_glm5("run --model " + none + " --tokens 1,2,3 -n 2 --spec --spec-type mtp");
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("no loadable NextN/MTP block"), std::string::npos) << r.err;
+    std::remove(none.c_str());
+    EXPECT_EQ(run_glm5("run --model " + kTiny + " --tokens 1 -n 1 --spec --spec-type bogus").code,
+              2);
+}
+
+}  // namespace
