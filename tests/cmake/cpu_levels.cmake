@@ -20,11 +20,12 @@ if(glm5_cpu_flags MATCHES " avx2 " AND glm5_cpu_flags MATCHES " fma " AND glm5_c
 endif()
 foreach(level ${glm5_levels})
   set(bins test_glm_dsa_parity test_glm5next test_glm5next_state test_cpu_level)
-  # Multi-activation kernels exist at the VNNI level only (below it they fall
-  # back to the single-row kernels, which test_quant_iq_simd checks).
+  # The SIMD kernel tests: the single-row i-quant kernels against the reference,
+  # and the multi-activation kernels (at a level without any, none may be offered).
   if(NOT level STREQUAL "scalar")
     list(APPEND bins test_quant_iq_simd)
   endif()
+  list(APPEND bins test_quant_multi)
   foreach(bin ${bins})
     add_test(NAME cpu_${level}.${bin} COMMAND ${bin})
     set_tests_properties(cpu_${level}.${bin} PROPERTIES
