@@ -1,5 +1,7 @@
 #include "quant/quant.h"
 
+#include <cpuid.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -28,10 +30,15 @@ void check_blocks(Type t, int64_t n) {
 
 }  // namespace
 
+// F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know "f16c").
+static bool cpu_has_f16c() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+
 CpuLevel cpu_detected_level() {
     static const CpuLevel v = [] {
-        if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-              __builtin_cpu_supports("f16c")))
+        if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()))
             return CpuLevel::Scalar;
         if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")))
