@@ -17,7 +17,7 @@ mib = [p[1] / 1024 for p in rep["rss_kb"]]
 fig, ax = plt.subplots(figsize=(6, 3.2), dpi=110)
 ax.plot(t, mib, lw=1.2)
 ax.axvline(rep["from"] / 60, color="grey", ls="--", lw=0.8)
-ax.set_xlabel("minutes since the server started")
+ax.set_xlabel("minutes into the soak (before 0: the references, served alone)")
 ax.set_ylabel("RssAnon (MiB)")
 c = rep["counts"]
 ax.set_title(

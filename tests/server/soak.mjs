@@ -139,13 +139,14 @@ async function send(path, body, { stream = false, abortAfter = 0, raw = null } =
   }
 }
 
-// RssAnon of the server, every 5 s.
-const rss = [];
+// RssAnon of the server, every 5 s (absolute times; reported from the start of
+// the soak proper, so samples taken while the references run are negative).
+const rssAt = [];
 const tStart = Date.now();
 function sampleRss() {
   try {
     const m = readFileSync(`/proc/${srv.proc.pid}/status`, 'utf8').match(/RssAnon:\s+(\d+) kB/);
-    if (m) rss.push([(Date.now() - tStart) / 1000, Number(m[1])]);
+    if (m) rssAt.push([Date.now(), Number(m[1])]);
   } catch {}
 }
 sampleRss();
@@ -159,6 +160,7 @@ for (const r of pool) {
   reference.push(got);
 }
 const tRefs = (Date.now() - tStart) / 1000;
+const t0 = Date.now();
 
 const counts = { served: 0, streamed: 0, cancelled: 0, refused: 0, malformed: 0, oversized: 0, mismatched: 0, errors: 0 };
 const problems = [];
@@ -176,7 +178,6 @@ const malformed = [
 ];
 const oversized = JSON.stringify({ prompt: 'x'.repeat(1536 * 1024), max_tokens: 1 });
 
-const t0 = Date.now();
 async function worker(w) {
   const r = rng(1000 + w);
   while (Date.now() - t0 < duration) {
@@ -236,8 +237,10 @@ const exit = await srv.stop();
 const log = srv.log();
 const logErrors = log.split('\n').filter((l) => /error|fail|sanitizer|abort/i.test(l));
 
-// RssAnon slope from minute 3 (or 30% of a shorter run) to the end, least squares.
-const from = Math.min(180, (tRefs + secs) * 0.3);
+// RssAnon slope from minute 3 of the soak (30% of a shorter run) to its end,
+// least squares.
+const rss = rssAt.map(([t, kb]) => [(t - t0) / 1000, kb]);
+const from = Math.min(180, secs * 0.3);
 const pts = rss.filter(([t]) => t >= from);
 let slope = 0;
 if (pts.length >= 2) {
@@ -261,7 +264,7 @@ console.log(
 );
 console.log(
   `soak: RssAnon ${(rss[0][1] / 1024).toFixed(1)} -> ${(rss[rss.length - 1][1] / 1024).toFixed(1)} MiB; ` +
-    `slope from ${from.toFixed(0)} s: ${slope.toFixed(3)} MiB/min${enforceRss ? ' (limit 1)' : ' (not checked: run shorter than 5 min)'}`,
+    `slope from ${from.toFixed(0)} s into the soak: ${slope.toFixed(3)} MiB/min${enforceRss ? ' (limit 1)' : ' (not checked: run shorter than 5 min)'}`,
 );
 for (const p of problems) console.log(`  ${p}`);
 for (const l of logErrors.slice(0, 10)) console.log(`  server log: ${l}`);
