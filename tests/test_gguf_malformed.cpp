@@ -436,3 +436,77 @@ TEST(GgufMalformed, RandomMutationsNeverCrash) {
     EXPECT_GT(parsed, 100u);
     EXPECT_GT(refused, 1000u);
 }
+
+namespace {
+
+// A header and one key holding an array of `n` elements of `type`, each
+// `elem` bytes wide (the payload is written by `fill`).
+template <class Fill>
+Image one_array(uint32_t type, uint64_t n, Fill fill) {
+    Image im;
+    im.bytes.insert(im.bytes.end(), {'G', 'G', 'U', 'F'});
+    im.put<uint32_t>(3);
+    im.put<uint64_t>(0);  // tensors
+    im.put<uint64_t>(1);  // kv
+    im.str("big");
+    im.put<uint32_t>(glm5::gguf::test::kArray);
+    im.put<uint32_t>(type);
+    im.put<uint64_t>(n);
+    fill(im);
+    return im;
+}
+
+}  // namespace
+
+// 2^24 one-byte values used to become ~1.5 GB of Value objects; stored packed
+// they take their own size, and read back element by element.
+TEST(GgufMetadataMemory, ArraysAreStoredCompactly) {
+    const uint64_t n = uint64_t(1) << 24;
+    const Image im = one_array(glm5::gguf::test::kU8, n, [&](Image& i) {
+        for (uint64_t k = 0; k < n; ++k) i.bytes.push_back(uint8_t(k * 7));
+    });
+    const auto f = File::parse_memory(im.bytes.data(), im.bytes.size(), "big.gguf");
+    const Value* v = f->find("big");
+    ASSERT_TRUE(v && v->is_array());
+    ASSERT_EQ(v->size(), n);
+    EXPECT_LT(v->memory_bytes(), n + 4096);
+    EXPECT_EQ(*(*v)[12345].as_uint(), uint64_t(uint8_t(12345 * 7)));
+    EXPECT_EQ((*v)[n - 1].type(), ValueType::U8);
+
+    // Strings: one buffer and an end offset each.
+    const Image s = one_array(glm5::gguf::test::kString, 100000, [](Image& i) {
+        for (int k = 0; k < 100000; ++k) i.str("t" + std::to_string(k));
+    });
+    const auto fs_ = File::parse_memory(s.bytes.data(), s.bytes.size(), "str.gguf");
+    const Value& sv = *fs_->find("big");
+    EXPECT_EQ(*sv.string_at(99999), "t99999");
+    EXPECT_EQ(*sv[5].as_string(), "t5");
+    EXPECT_LT(sv.memory_bytes(), size_t(100000) * (8 + 7) + 4096);
+}
+
+// Metadata needing more memory than the limit is refused with the key named.
+TEST(GgufMetadataMemory, TotalMetadataMemoryIsBounded) {
+    const Image im = one_array(glm5::gguf::test::kString, 64, [](Image& i) {
+        for (int k = 0; k < 64; ++k) i.str(std::string(32768, 'x'));
+    });
+    EXPECT_NO_THROW(File::parse_memory(im.bytes.data(), im.bytes.size(), "ok.gguf"));
+    try {
+        File::parse_memory(im.bytes.data(), im.bytes.size(), "bad.gguf", size_t(1) << 20);
+        ADD_FAILURE() << "2 MiB of strings accepted under a 1 MiB limit";
+    } catch (const FormatError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("kv[0] 'big'"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("more than 1 MiB of memory"), std::string::npos) << msg;
+    }
+    // Arrays of arrays pay for each nested value.
+    const Image nested = one_array(glm5::gguf::test::kArray, 40000, [](Image& i) {
+        for (int k = 0; k < 40000; ++k) {
+            i.put<uint32_t>(glm5::gguf::test::kU8);
+            i.put<uint64_t>(0);
+        }
+    });
+    EXPECT_THROW(
+        File::parse_memory(nested.bytes.data(), nested.bytes.size(), "n.gguf", size_t(1) << 20),
+        FormatError);
+    EXPECT_NO_THROW(File::parse_memory(nested.bytes.data(), nested.bytes.size(), "n.gguf"));
+}

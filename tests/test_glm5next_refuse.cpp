@@ -277,3 +277,44 @@ TEST_F(Glm5NextLoad, ClampKeysScalarOrArray) {
 }
 
 }  // namespace
+
+namespace {
+
+// Hyperparameters past 2^31 - 1 are refused when read, before any product of
+// two of them could overflow (2^32 heads x a head size would wrap int64 math in
+// the shape checks); a block count above the tensor count before anything is
+// sized by it.
+TEST_F(Glm5NextLoad, HugeHyperparametersAreRefusedBeforeUse) {
+    expect_refused(write_variant("huge_heads",
+                                 [](gguf::Writer& w) {
+                                     w.set_u64("glm5next.attention.indexer.head_count",
+                                               uint64_t(1) << 33);
+                                 }),
+                   {"attention.indexer.head_count", "more than the limit of 2147483647"});
+    expect_refused(write_variant("huge_kda",
+                                 [](gguf::Writer& w) {
+                                     w.set_u64("glm5next.kda.head_dim", ~uint64_t(0) - 5);
+                                 }),
+                   {"kda.head_dim", "more than the limit"});
+    expect_refused(write_variant("huge_blocks",
+                                 [](gguf::Writer& w) {
+                                     w.set_u64("glm5next.block_count", uint64_t(1) << 30);
+                                 }),
+                   {"block_count", "but the file holds only"});
+}
+
+// The tokenizer's vocabulary and the embedding / output rows must agree.
+TEST_F(Glm5NextLoad, VocabularyMustMatchTheEmbeddingRows) {
+    const gguf::Value* toks = src_->find("tokenizer.ggml.tokens");
+    ASSERT_TRUE(toks && toks->is_array());
+    std::vector<std::string> fewer;
+    for (size_t i = 0; i + 1 < toks->size(); ++i) fewer.emplace_back(*toks->string_at(i));
+    expect_refused(write_variant("vocab_short",
+                                 [&](gguf::Writer& w) {
+                                     w.set_array_string("tokenizer.ggml.tokens", fewer);
+                                 }),
+                   {"the tokenizer has " + std::to_string(fewer.size()) + " tokens",
+                    "token_embd.weight has " + std::to_string(toks->size()) + " rows"});
+}
+
+}  // namespace

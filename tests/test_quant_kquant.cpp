@@ -184,7 +184,8 @@ Stats check_grid(Type t, const std::vector<float>& x, const std::vector<uint8_t>
             bound += std::fabs(k) * u * 0x1p-11 + std::fabs(base[i]) * 0x1p-11 + 0x1p-24 * u;
         const double dir = err / unit[i];  // > 0: x beyond x' in the direction of larger k
         const bool clamped = (k == g.kmax && dir > 0) || (k == g.kmin && dir < 0);
-        if (std::fabs(err) > bound && !clamped && s.violations++ < 5)
+        // Written so that a NaN error fails too.
+        if (!(std::fabs(err) <= bound) && !clamped && s.violations++ < 5)
             ADD_FAILURE() << name(t) << " " << what << " [" << i << "] x=" << x[i] << " x'=" << y[i]
                           << " unit=" << unit[i] << " level=" << k;
     }

@@ -14,6 +14,27 @@ using namespace glm5::quant;
 
 namespace {
 
+// The formats with a multi-activation kernel at the kernel level in force
+// (GLM5_CPU or the CPU's): today only the AVX-512 VNNI level has any.
+int expected_multi_kernels() {
+    int n = 0;
+    for (uint32_t raw = 0; raw < 40; ++raw) {
+        const TypeTraits* tt = find_traits(raw);
+        if (!tt || !tt->weight_format) continue;
+        const Type t = Type(raw);
+        const FormatOps* o = float_ops(t);
+        if (!o) o = legacy_ops(t);
+        if (!o) o = kquant_ops(t);
+        if (!o) o = iquant_ops(t);
+        if (!o) continue;
+        if (cpu_has_avx512() && o->vec_dot_avx512)
+            n += o->vec_dot_multi_avx512 != nullptr;
+        else if (cpu_has_avx2() && o->vec_dot_avx2)
+            n += o->vec_dot_multi_avx2 != nullptr;
+    }
+    return n;
+}
+
 TEST(QuantMulti, BitIdenticalToSingleRowKernel) {
     // The multi-activation kernels are AVX-512 code; without it every product
     // runs the single-row kernel per activation and there is nothing to compare.
@@ -58,7 +79,12 @@ TEST(QuantMulti, BitIdenticalToSingleRowKernel) {
         }
         ++checked;
     }
-    EXPECT_GT(checked, 0) << "no multi-activation kernel on this CPU";
+    // Every kernel the level has was checked, and none above it was offered
+    // (at a level without any, vec_dot_multi_fn must answer null for all).
+    EXPECT_EQ(checked, expected_multi_kernels()) << "at level " << cpu_level_name(cpu_level());
+    if (cpu_has_avx512()) {
+        EXPECT_GT(checked, 0) << "no multi-activation kernel at the VNNI level";
+    }
 }
 
 }  // namespace

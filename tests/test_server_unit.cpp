@@ -449,4 +449,145 @@ TEST(RequestParsing, ErrorsNameTheField) {
     EXPECT_TRUE(shape["error"]["param"].is_null());
 }
 
+// What OpenAI's API reference refuses, this server refuses too, each with a 400
+// that names 'messages' and says what is wrong.
+TEST(RequestValidation, MessagesAsOpenAIDefinesThem) {
+    const ModelContext& mc = fx().mc;
+    auto refused = [&](const std::string& messages, const std::string& says) {
+        SCOPED_TRACE(messages);
+        try {
+            parse_chat_request(parse_body(R"({"messages":)" + messages + "}"), mc);
+            ADD_FAILURE() << "accepted";
+        } catch (const ApiError& e) {
+            EXPECT_EQ(e.status(), 400);
+            EXPECT_EQ(e.param(), "messages");
+            EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+        }
+    };
+    auto accepted = [&](const std::string& messages) {
+        SCOPED_TRACE(messages);
+        EXPECT_NO_THROW(parse_chat_request(parse_body(R"({"messages":)" + messages + "}"), mc));
+    };
+    const std::string call =
+        R"({"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"UTC\"}"}}]})";
+    const std::string user = R"({"role":"user","content":"Hi"})";
+
+    refused("[]", "must not be empty");
+    refused(R"([{"role":"user","content":null}])", "content is required");
+    refused(R"([{"role":"user"}])", "content is required");
+    refused(R"([{"role":"system","content":null},)" + user + "]", "content is required");
+    refused(R"([{"role":"developer"},)" + user + "]", "content is required");
+    refused(R"([{"role":"assistant","content":null}])", "unless the message has tool_calls");
+    refused(R"([{"role":"user","content":5}])", "must be a string or an array");
+    refused(R"([{"role":"user","content":[]}])", "empty array");
+    refused(R"([{"role":"user","content":["Hi"]}])", "must be an object");
+    refused(R"([{"role":"user","content":[{"type":"text"}]}])", ".text must be a string");
+    refused(R"([{"role":"user","content":[{"type":"text","text":null}]}])",
+            ".text must be a string");
+    refused(R"([{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}])",
+            "text only");
+    refused(R"([{"role":"user","content":[{"type":"refusal","refusal":"no"}]}])",
+            "unknown content part type");
+    refused(R"([{"role":"user","content":[{"text":"Hi"}]}])", ".type must be a string");
+    refused(R"([{"role":"wizard","content":"Hi"}])", "is not one of");
+    refused(R"([{"role":"function","content":"Hi","name":"f"}])", "is not one of");
+    refused(R"([{"role":null,"content":"Hi"}])", "role is required");
+    refused(R"([{"content":"Hi"}])", "role is required");
+    refused(R"([{"role":7,"content":"Hi"}])", "role must be a string");
+    refused(R"([null])", "must be an object");
+    refused(R"([{"role":"user","content":"Hi","name":5}])", "name must be a string");
+    // Tool messages answer a call of the assistant message right before them.
+    refused("[" + user + R"(,{"role":"tool","tool_call_id":"c1","content":"12:00"}])",
+            "must answer a tool call");
+    refused("[" + user + "," + call + R"(,{"role":"tool","tool_call_id":"c2","content":"x"}])",
+            "matches no unanswered tool call");
+    refused("[" + user + "," + call + R"(,{"role":"tool","content":"x"}])",
+            "tool_call_id must be a string");
+    refused("[" + user + "," + call + R"(,{"role":"tool","tool_call_id":"c1","content":null}])",
+            "content is required");
+    refused("[" + user + "," + call + R"(,{"role":"tool","tool_call_id":"c1","content":"a"},)" +
+                R"({"role":"tool","tool_call_id":"c1","content":"b"}])",
+            "matches no unanswered tool call");
+    refused("[" + user + "," + call + "," + user +
+                R"(,{"role":"tool","tool_call_id":"c1","content":"late"}])",
+            "must answer a tool call");
+    // Tool calls themselves.
+    refused("[" + user + R"(,{"role":"assistant","content":null,"tool_calls":[]}])",
+            "non-empty array");
+    refused(
+        "[" + user +
+            R"(,{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f","arguments":"{}"}}]}])",
+        ".id must be");
+    refused(
+        "[" + user +
+            R"(,{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":null,"arguments":"{}"}}]}])",
+        "function.name");
+    refused(
+        "[" + user +
+            R"(,{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f"}}]}])",
+        "arguments must be");
+    refused(
+        "[" + user +
+            R"(,{"role":"assistant","tool_calls":[{"id":"a","type":"code","function":{"name":"f","arguments":"{}"}}]}])",
+        ".type must be");
+    refused("[" + user + R"(,{"role":"assistant","content":"x","refusal":3}])",
+            "refusal must be a string");
+    std::string deep(200, '[');
+    deep += std::string(200, ']');
+    refused(
+        "[" + user +
+            R"(,{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":")" +
+            deep + R"("}}]}])",
+        "nested deeper");
+
+    accepted("[" + user + "]");
+    accepted(R"([{"role":"user","content":""}])");
+    accepted(R"([{"role":"user","content":[{"type":"text","text":"Hi"}]}])");
+    accepted(R"([{"role":"system","content":[{"type":"text","text":"Be brief."}]},)" + user + "]");
+    accepted("[" + user + "," + call +
+             R"(,{"role":"tool","tool_call_id":"c1","content":"12:00"}])");
+    accepted("[" + user + "," + call +
+             R"(,{"role":"tool","tool_call_id":"c1","content":[{"type":"text","text":"12:00"}]}])");
+    accepted("[" + user +
+             R"(,{"role":"assistant","content":[{"type":"refusal","refusal":"no"}]}])");
+    accepted("[" + user + R"(,{"role":"assistant","content":"Hello","name":"bot"},)" + user + "]");
+}
+
+// Null where a value is required, outside the messages.
+TEST(RequestValidation, NullsAndTypesOfOtherFields) {
+    const ModelContext& mc = fx().mc;
+    auto status = [&](const std::string& body, bool chat_endpoint = true) {
+        try {
+            if (chat_endpoint)
+                parse_chat_request(parse_body(body), mc);
+            else
+                parse_completion_request(parse_body(body), mc);
+        } catch (const ApiError& e) {
+            return e.status();
+        }
+        return 200;
+    };
+    EXPECT_EQ(status(R"({"messages":null})"), 400);
+    EXPECT_EQ(status(R"({})"), 400);
+    EXPECT_EQ(status(R"({"messages":{"role":"user","content":"Hi"}})"), 400);
+    EXPECT_EQ(status(R"({"prompt":null})", false), 400);
+    EXPECT_EQ(status(R"({"prompt":[]})", false), 400);
+    EXPECT_EQ(status(R"({"prompt":[[]]})", false), 400);
+    EXPECT_EQ(status(R"({"prompt":[1,null]})", false), 400);
+    EXPECT_EQ(status(R"({"prompt":["a",null]})", false), 400);
+    const std::string m = R"("messages":[{"role":"user","content":"Hi"}])";
+    EXPECT_EQ(status("{" + m + R"(,"tools":[{"type":"function","function":null}]})"), 400);
+    EXPECT_EQ(status("{" + m + R"(,"tools":[{"type":null,"function":{"name":"f"}}]})"), 400);
+    EXPECT_EQ(status("{" + m + R"(,"tools":[{"type":"function","function":{"name":null}}]})"), 400);
+    EXPECT_EQ(status("{" + m + R"(,"tool_choice":{"type":"function","function":null}})"), 400);
+    EXPECT_EQ(status("{" + m + R"(,"stop":[null]})"), 400);
+    EXPECT_EQ(status("{" + m + R"(,"response_format":{"type":null}})"), 400);
+    EXPECT_EQ(status("{" + m + R"(,"stream_options":{"include_usage":true}})"), 400);
+    // Optional fields may be null: the default applies, as with OpenAI.
+    EXPECT_EQ(status("{" + m +
+                     R"(,"n":null,"max_tokens":null,"temperature":null,"stop":null,"tools":null,)"
+                     R"("tool_choice":null,"stream":null,"seed":null,"response_format":null})"),
+              200);
+}
+
 }  // namespace

@@ -268,3 +268,32 @@ TEST(TextReply, ReplyJoinsTheHistory) {
               "[gMASK]<sop><|system|>Reasoning Effort: Max<|user|>Hi<|assistant|><think>Greet "
               "back.</think>Hello!<|user|>Bye<|assistant|><think>");
 }
+
+// Model output is bounded like a request body: an argument nested deeper than 64
+// levels stays the raw string (nested JSON is written out recursively later), and
+// a call whose text passes 1 MiB without its close is given up as content.
+TEST(TextReply, ToolCallArgumentsAreBoundedInDepthAndSize) {
+    const std::string deep = std::string(100, '[') + std::string(100, ']');
+    const std::string ok = std::string(60, '[') + std::string(60, ']');
+    ParsedReply r = run1(opts(false), "<tool_call>f<arg_key>a</arg_key><arg_value>" + deep +
+                                          "</arg_value><arg_key>b</arg_key><arg_value>" + ok +
+                                          "</arg_value></tool_call>");
+    ASSERT_EQ(r.tool_calls.size(), 1u);
+    EXPECT_TRUE(r.tool_calls[0].arguments["a"].is_string());
+    EXPECT_EQ(r.tool_calls[0].arguments["a"].get<std::string>(), deep);
+    EXPECT_TRUE(r.tool_calls[0].arguments["b"].is_array());
+
+    ReplyParser p(opts(false));
+    std::string content;
+    content += p.feed("<tool_call>f<arg_key>a</arg_key><arg_value>").content;
+    const std::string piece(4096, 'x');
+    for (int i = 0; i < 300; ++i) content += p.feed(piece).content;  // 1.2 MiB
+    EXPECT_GT(content.size(), size_t(1) << 20) << "the oversized call was still buffered";
+    EXPECT_EQ(content.rfind("<tool_call>f", 0), 0u);
+    content += p.feed("</arg_value></tool_call>").content;
+    content += p.finish().content;
+    EXPECT_TRUE(p.result().tool_calls.empty());
+    std::string all = "<tool_call>f<arg_key>a</arg_key><arg_value>";
+    for (int i = 0; i < 300; ++i) all += piece;
+    EXPECT_EQ(content, all + "</arg_value></tool_call>");  // nothing lost, nothing parsed
+}

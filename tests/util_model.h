@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -85,9 +86,14 @@ struct TestModel {
     }
 };
 
+// The largest |a - b|; a NaN on either side counts as an infinite difference
+// (std::max(d, NaN) would keep d and let a NaN pass any tolerance).
 inline double max_abs_diff(const float* a, const std::vector<float>& b) {
     double d = 0;
-    for (size_t i = 0; i < b.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
+    for (size_t i = 0; i < b.size(); ++i) {
+        const double e = std::fabs(double(a[i]) - double(b[i]));
+        if (!(e <= d)) d = std::isnan(e) ? std::numeric_limits<double>::infinity() : e;
+    }
     return d;
 }
 

@@ -112,7 +112,15 @@ int cmd_serve(int argc, char** argv) {
     a.option("max-tokens", "N", "0",
              "default max_tokens of a request (0: up to the context's end)");
     a.option("max-choices", "N", "16", "most choices one request may ask for (n x prompts)");
-    a.option("http-threads", "N", "0", "HTTP worker threads (0: 4 x --parallel, at least 32)");
+    a.option("http-threads", "N", "0",
+             "most HTTP worker threads (0: one per open connection, up to --max-connections)");
+    a.option("max-queue", "N", "64",
+             "requests that may wait for a slot; beyond, 429 with Retry-After (0: no limit)");
+    a.option("max-connections", "N", "256",
+             "open HTTP connections; beyond, 503 with Retry-After at once");
+    a.option("read-timeout", "SECONDS", "30", "time a request (head and body) has to arrive");
+    a.option("write-timeout", "SECONDS", "30",
+             "time a reply may wait on a client that reads nothing before it is dropped");
     a.option("drain-timeout", "SECONDS", "30",
              "on SIGINT / SIGTERM, how long requests in flight may take to finish");
     a.option("temp", "T", "1.0", "default temperature (0: greedy)");
@@ -133,6 +141,11 @@ int cmd_serve(int argc, char** argv) {
     so.max_body_bytes = parse_size(a.get("max-body"), "max-body");
     if (so.max_body_bytes < 1024) throw UsageError("--max-body must be at least 1K");
     so.http_threads = int(a.get_int("http-threads", 0, 4096));
+    so.max_connections = int(a.get_int("max-connections", 1, 65536));
+    so.read_timeout =
+        std::chrono::milliseconds(int64_t(a.get_double("read-timeout", 0.01, 86400) * 1000));
+    so.write_timeout =
+        std::chrono::milliseconds(int64_t(a.get_double("write-timeout", 0.01, 86400) * 1000));
     so.log_requests = a.get_flag("log-requests");
 
     runtime::EngineOptions eo;
@@ -141,6 +154,7 @@ int cmd_serve(int argc, char** argv) {
     eo.ubatch = a.get_int("ubatch", 1, 1 << 16);
     eo.prefix_cache = a.get_flag("prefix-cache");
     eo.cache_budget_bytes = parse_size(a.get("cache-budget"), "cache-budget");
+    eo.max_queue = int(a.get_int("max-queue", 0, 1 << 20));
     const double drain = a.get_double("drain-timeout", 0, 86400);
 
     runtime::SamplerParams sp;

@@ -7,6 +7,7 @@
 #include "args.h"
 #include "commands.h"
 #include "core/error.h"
+#include "quant/ops.h"
 
 namespace {
 
@@ -39,6 +40,13 @@ int main(int argc, char** argv) {
     if (cmd == "--help" || cmd == "-h" || cmd == "help") {
         usage(stdout);
         return 0;
+    }
+    try {
+        // GLM5_CPU (a forced kernel level) is checked before any work starts.
+        glm5::quant::cpu_level();
+    } catch (const glm5::Error& e) {
+        std::fprintf(stderr, "glm5: %s\n", e.what());
+        return 2;
     }
     for (const auto& c : kCommands) {
         if (cmd != c.name) continue;

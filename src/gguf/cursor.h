@@ -67,6 +67,15 @@ class Cursor {
         return s;
     }
 
+    // The next n bytes, in place (the caller copies what it keeps).
+    template <class FieldFn>
+    const uint8_t* take(uint64_t n, FieldFn&& field) {
+        need(n, field);
+        const uint8_t* p = data_ + pos_;
+        pos_ += n;
+        return p;
+    }
+
   private:
     const uint8_t* data_;
     uint64_t size_;

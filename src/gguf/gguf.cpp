@@ -4,9 +4,10 @@
 //
 // Limits beyond the format itself (each refused with FormatError):
 //   keys <= 65535 bytes (the GGUF spec's limit), tensor names <= 64 bytes
-//   (the spec's and ggml's), arrays nested at most 8 deep, at most 2^24
-//   metadata values in one file counting array elements (~1.5 GB of Value
-//   objects at worst; real vocabularies need well under 2M).
+//   (the spec's and ggml's), arrays nested at most 8 deep, and the metadata
+//   of one file takes at most OpenOptions::max_metadata_bytes of memory
+//   (512 MiB by default; arrays are stored compactly, so a real vocabulary
+//   takes a few MiB).
 // Overlapping tensor data is refused: ggml requires each tensor to start
 // exactly where the previous one ends (padded), which rules overlaps out; we
 // allow gaps and any order but not two tensors sharing bytes.
@@ -25,7 +26,6 @@ namespace {
 constexpr uint8_t kMagic[4] = {'G', 'G', 'U', 'F'};
 constexpr uint64_t kMaxKeyBytes = 65535;
 constexpr uint64_t kMaxTensorNameBytes = 64;
-constexpr uint64_t kMaxValues = uint64_t(1) << 24;
 constexpr int kMaxNesting = 8;
 constexpr uint64_t kDefaultAlignment = 32;
 // The smallest encodings, used to refuse counts that cannot fit in the bytes
@@ -130,8 +130,8 @@ struct Image {
 
 class Parser {
   public:
-    Parser(const uint8_t* data, size_t size, const std::string& name)
-        : data_(data), c_(data, size, name) {}
+    Parser(const uint8_t* data, size_t size, const std::string& name, size_t max_metadata_bytes)
+        : data_(data), c_(data, size, name), max_metadata_(max_metadata_bytes) {}
 
     Image parse();
 
@@ -142,6 +142,8 @@ class Parser {
     std::pair<uint64_t, uint64_t> parse_header();
     void parse_metadata(uint64_t n_kv);
     Value read_value(ValueType t, const std::string& field, int depth);
+    Value read_array(const std::string& field, int depth);
+    void charge(uint64_t bytes, const std::string& field, uint64_t at);
     void apply_alignment();
     void parse_tensor_infos(uint64_t n_tensors);
     void place_tensors();
@@ -149,7 +151,8 @@ class Parser {
     const uint8_t* data_;
     Cursor c_;
     Image img_;
-    uint64_t n_values_ = 0;
+    uint64_t max_metadata_;
+    uint64_t metadata_bytes_ = 0;
 };
 
 Image Parser::parse() {
@@ -226,11 +229,19 @@ void Parser::parse_metadata(uint64_t n_kv) {
     }
 }
 
+// Counts memory the metadata will hold; refuses a file whose metadata would
+// take more than the limit.
+void Parser::charge(uint64_t bytes, const std::string& field, uint64_t at) {
+    if (bytes > max_metadata_ - metadata_bytes_)
+        c_.fail(field, at,
+                "the metadata would take more than " + std::to_string(max_metadata_ >> 20) +
+                    " MiB of memory");
+    metadata_bytes_ += bytes;
+}
+
 Value Parser::read_value(ValueType t, const std::string& field, int depth) {
     auto name = [&] { return field; };
-    if (++n_values_ > kMaxValues)
-        c_.fail(field, c_.pos(),
-                "more than " + std::to_string(kMaxValues) + " metadata values in one file");
+    charge(sizeof(Value), field, c_.pos());
     switch (t) {
         case ValueType::U8:
             return Value::make_uint(t, c_.read<uint8_t>(name));
@@ -258,12 +269,21 @@ Value Parser::read_value(ValueType t, const std::string& field, int depth) {
             if (b > 1) c_.fail(field, at, "bool value " + std::to_string(b) + " is not 0 or 1");
             return Value::make_bool(b != 0);
         }
-        case ValueType::STRING:
-            return Value::make_string(c_.read_string(c_.remaining(), name));
+        case ValueType::STRING: {
+            const uint64_t at = c_.pos();
+            std::string str = c_.read_string(c_.remaining(), name);
+            charge(str.size(), field, at);
+            return Value::make_string(std::move(str));
+        }
         case ValueType::ARRAY:
             break;
     }
+    return read_array(field, depth);
+}
 
+// Arrays are stored compactly: scalars as the file has them, strings in one
+// buffer; only arrays of arrays hold a Value per element.
+Value Parser::read_array(const std::string& field, int depth) {
     const uint64_t type_at = c_.pos();
     const uint32_t raw = c_.read<uint32_t>([&] { return field + ".array_type"; });
     if (!valid_value_type(raw))
@@ -279,69 +299,46 @@ Value Parser::read_value(ValueType t, const std::string& field, int depth) {
         c_.fail(field + ".array_length", len_at,
                 std::to_string(n) + " elements of " + value_type_name(et) + " cannot fit in the " +
                     std::to_string(c_.remaining()) + " remaining bytes");
-    if (n > kMaxValues - n_values_)
-        c_.fail(field + ".array_length", len_at,
-                std::to_string(n) + " elements exceed the limit of " + std::to_string(kMaxValues) +
-                    " metadata values in one file");
 
-    std::vector<Value> items;
-    items.reserve(size_t(n));
-    for (uint64_t k = 0; k < n; ++k) {
-        if (et == ValueType::ARRAY) {
+    if (et == ValueType::ARRAY) {
+        std::vector<Value> items;
+        items.reserve(size_t(n));
+        for (uint64_t k = 0; k < n; ++k)
             items.push_back(read_value(et, field + "[" + std::to_string(k) + "]", depth + 1));
-            continue;
-        }
-        // Scalars and strings: inline the common cases so a vocabulary of
-        // strings does not format a field name per element.
-        auto elem = [&] { return field + "[" + std::to_string(k) + "]"; };
-        ++n_values_;
-        switch (et) {
-            case ValueType::STRING:
-                items.push_back(Value::make_string(c_.read_string(c_.remaining(), elem)));
-                break;
-            case ValueType::BOOL: {
-                const uint64_t at = c_.pos();
-                const uint8_t b = c_.read<uint8_t>(elem);
-                if (b > 1)
-                    c_.fail(elem(), at, "bool value " + std::to_string(b) + " is not 0 or 1");
-                items.push_back(Value::make_bool(b != 0));
-                break;
-            }
-            case ValueType::U8:
-                items.push_back(Value::make_uint(et, c_.read<uint8_t>(elem)));
-                break;
-            case ValueType::I8:
-                items.push_back(Value::make_int(et, c_.read<int8_t>(elem)));
-                break;
-            case ValueType::U16:
-                items.push_back(Value::make_uint(et, c_.read<uint16_t>(elem)));
-                break;
-            case ValueType::I16:
-                items.push_back(Value::make_int(et, c_.read<int16_t>(elem)));
-                break;
-            case ValueType::U32:
-                items.push_back(Value::make_uint(et, c_.read<uint32_t>(elem)));
-                break;
-            case ValueType::I32:
-                items.push_back(Value::make_int(et, c_.read<int32_t>(elem)));
-                break;
-            case ValueType::U64:
-                items.push_back(Value::make_uint(et, c_.read<uint64_t>(elem)));
-                break;
-            case ValueType::I64:
-                items.push_back(Value::make_int(et, c_.read<int64_t>(elem)));
-                break;
-            case ValueType::F32:
-                items.push_back(Value::make_float(et, c_.read<float>(elem)));
-                break;
-            case ValueType::F64:
-                items.push_back(Value::make_float(et, c_.read<double>(elem)));
-                break;
-            case ValueType::ARRAY:
-                break;  // handled above
-        }
+        return Value::make_array(et, std::move(items));
     }
-    return Value::make_array(et, std::move(items));
+    if (et == ValueType::STRING) {
+        charge(n * sizeof(uint64_t), field + ".array_length", len_at);
+        std::vector<uint64_t> ends;
+        ends.reserve(size_t(n));
+        std::string data;
+        for (uint64_t k = 0; k < n; ++k) {
+            // Inline so that a vocabulary does not format a field name per element.
+            auto elem = [&] { return field + "[" + std::to_string(k) + "]"; };
+            const uint64_t at = c_.pos();
+            const uint64_t len = c_.read<uint64_t>(elem);
+            if (len > c_.remaining())
+                c_.fail(elem(), at,
+                        "string length " + std::to_string(len) +
+                            " runs past the end of the file (" + std::to_string(c_.remaining()) +
+                            " bytes remain)");
+            charge(len, elem(), at);
+            data.append(reinterpret_cast<const char*>(c_.take(len, elem)), size_t(len));
+            ends.push_back(data.size());
+        }
+        data.shrink_to_fit();
+        return Value::make_string_array(std::move(data), std::move(ends));
+    }
+    const uint64_t es = min_encoded_size(et);  // a scalar's size
+    const uint64_t at = c_.pos();
+    charge(n * es, field, at);
+    const uint8_t* p = c_.take(n * es, [&] { return field; });
+    if (et == ValueType::BOOL)
+        for (uint64_t k = 0; k < n; ++k)
+            if (p[k] > 1)
+                c_.fail(field + "[" + std::to_string(k) + "]", at + k,
+                        "bool value " + std::to_string(p[k]) + " is not 0 or 1");
+    return Value::make_packed_array(et, std::vector<uint8_t>(p, p + n * es), size_t(n));
 }
 
 void Parser::apply_alignment() {
@@ -611,16 +608,17 @@ std::unique_ptr<File> File::open(const std::string& path, const OpenOptions& opt
     maps.reserve(paths.size());
     for (const std::string& p : paths) {
         maps.emplace_back(p);
-        images.push_back(Parser(maps.back().data(), maps.back().size(), p).parse());
+        images.push_back(
+            Parser(maps.back().data(), maps.back().size(), p, opt.max_metadata_bytes).parse());
     }
     if (opt.load_splits) Parser::check_split_keys(images);
     return Parser::assemble(std::move(images), std::move(maps));
 }
 
-std::unique_ptr<File> File::parse_memory(const uint8_t* data, size_t size,
-                                         const std::string& name) {
+std::unique_ptr<File> File::parse_memory(const uint8_t* data, size_t size, const std::string& name,
+                                         size_t max_metadata_bytes) {
     std::vector<Image> images;
-    images.push_back(Parser(data, size, name).parse());
+    images.push_back(Parser(data, size, name, max_metadata_bytes).parse());
     return Parser::assemble(std::move(images), {});
 }
 

@@ -8,7 +8,8 @@
 // leave gaps and come in any order, but two tensors sharing bytes are refused
 // (ggml demands a packed layout, which rules that out too); keys are at most
 // 65535 bytes and tensor names 64 (the spec's limits); arrays nest at most 8
-// deep and one file holds at most 2^24 metadata values.
+// deep and one file's metadata takes at most 512 MiB of memory (arrays stored
+// compactly).
 #pragma once
 
 #include <array>
@@ -48,7 +49,10 @@ enum class ValueType : uint32_t {
 };
 const char* value_type_name(ValueType t);
 
-// One metadata value. Arrays may nest (an array of arrays).
+// One metadata value. Arrays may nest (an array of arrays). Arrays read from a
+// file are stored compactly: scalars packed as in the file (2^24 one-byte
+// values take 16 MiB, not 2^24 Value objects), strings in one buffer; arrays
+// built in code (make_array) keep their items as given.
 class Value {
   public:
     Value() = default;
@@ -58,6 +62,11 @@ class Value {
     static Value make_bool(bool v);
     static Value make_string(std::string v);
     static Value make_array(ValueType elem_type, std::vector<Value> items);
+    // Compact arrays: `raw` holds n scalars of elem_type as the file stores them
+    // (booleans already checked to be 0 or 1); `data` holds n strings back to
+    // back, string k ending at ends[k].
+    static Value make_packed_array(ValueType elem_type, std::vector<uint8_t> raw, size_t n);
+    static Value make_string_array(std::string data, std::vector<uint64_t> ends);
 
     ValueType type() const { return type_; }
     bool is_integer() const;  // U8..I64 (not BOOL)
@@ -71,24 +80,34 @@ class Value {
     std::optional<bool> as_bool() const;
     const std::string* as_string() const;
 
-    // Arrays.
+    // Arrays. Elements come back by value (they may not exist as Value objects);
+    // string_at reads a string element in place (nullopt when it is no string).
     bool is_array() const { return type_ == ValueType::ARRAY; }
     ValueType array_type() const { return elem_type_; }
-    size_t size() const { return items_.size(); }
-    const Value& operator[](size_t i) const { return items_[i]; }
-    const std::vector<Value>& items() const { return items_; }
+    size_t size() const;
+    Value operator[](size_t i) const;
+    std::optional<std::string_view> string_at(size_t i) const;
+    std::vector<Value> items() const;  // every element (a copy)
+
+    // Heap and inline bytes this value holds (metadata memory accounting).
+    size_t memory_bytes() const;
 
     // A short human-readable rendering (arrays abbreviated) for `inspect`.
     std::string to_display(size_t max_items = 8) const;
 
   private:
+    enum class Store : uint8_t { Items, Packed, Strings };
     ValueType type_ = ValueType::U32;
     ValueType elem_type_ = ValueType::U32;
+    Store store_ = Store::Items;
     uint64_t u_ = 0;
     int64_t i_ = 0;
     double f_ = 0;
-    std::string s_;
-    std::vector<Value> items_;
+    size_t n_ = 0;                // Packed / Strings: element count
+    std::string s_;               // a string, or Strings' buffer
+    std::vector<uint8_t> raw_;    // Packed elements
+    std::vector<uint64_t> ends_;  // Strings: end of each element in s_
+    std::vector<Value> items_;    // Items
 };
 
 struct TensorInfo {
@@ -118,9 +137,14 @@ struct SplitName {
 std::string split_shard_path(const std::string& prefix, int index, int count);
 std::optional<SplitName> parse_split_path(const std::string& path);
 
+constexpr size_t kDefaultMaxMetadataBytes = size_t(512) << 20;
+
 struct OpenOptions {
     // Open NAME-00001-of-0000N.gguf's siblings too (the default).
     bool load_splits = true;
+    // Memory one file's metadata may take (Value::memory_bytes, strings and
+    // packed arrays); a file needing more is refused.
+    size_t max_metadata_bytes = kDefaultMaxMetadataBytes;
 };
 
 class File {
@@ -132,7 +156,8 @@ class File {
     // Parses a GGUF image already in memory (no copies are kept of tensor
     // data: `data` must outlive the File). Used by the fuzzer and tests.
     static std::unique_ptr<File> parse_memory(const uint8_t* data, size_t size,
-                                              const std::string& name);
+                                              const std::string& name,
+                                              size_t max_metadata_bytes = kDefaultMaxMetadataBytes);
 
     ~File();
 

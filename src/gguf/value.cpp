@@ -1,6 +1,7 @@
 // Metadata values: construction, checked access and display.
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "gguf/gguf.h"
@@ -95,6 +96,125 @@ Value Value::make_array(ValueType elem_type, std::vector<Value> items) {
     r.elem_type_ = elem_type;
     r.items_ = std::move(items);
     return r;
+}
+
+static size_t scalar_size(ValueType t) {
+    switch (t) {
+        case ValueType::U8:
+        case ValueType::I8:
+        case ValueType::BOOL:
+            return 1;
+        case ValueType::U16:
+        case ValueType::I16:
+            return 2;
+        case ValueType::U32:
+        case ValueType::I32:
+        case ValueType::F32:
+            return 4;
+        case ValueType::U64:
+        case ValueType::I64:
+        case ValueType::F64:
+            return 8;
+        default:
+            return 0;
+    }
+}
+
+Value Value::make_packed_array(ValueType elem_type, std::vector<uint8_t> raw, size_t n) {
+    if (scalar_size(elem_type) == 0 || raw.size() != n * scalar_size(elem_type))
+        throw Error("gguf: a packed array needs scalars of one size");
+    Value r;
+    r.type_ = ValueType::ARRAY;
+    r.elem_type_ = elem_type;
+    r.store_ = Store::Packed;
+    r.n_ = n;
+    r.raw_ = std::move(raw);
+    return r;
+}
+
+Value Value::make_string_array(std::string data, std::vector<uint64_t> ends) {
+    for (size_t k = 0; k < ends.size(); ++k)
+        if (ends[k] > data.size() || (k > 0 && ends[k] < ends[k - 1]))
+            throw Error("gguf: string array ends out of order");
+    Value r;
+    r.type_ = ValueType::ARRAY;
+    r.elem_type_ = ValueType::STRING;
+    r.store_ = Store::Strings;
+    r.n_ = ends.size();
+    r.s_ = std::move(data);
+    r.ends_ = std::move(ends);
+    return r;
+}
+
+size_t Value::size() const {
+    return store_ == Store::Items ? items_.size() : n_;
+}
+
+Value Value::operator[](size_t i) const {
+    switch (store_) {
+        case Store::Items:
+            return items_[i];
+        case Store::Strings:
+            return make_string(std::string(*string_at(i)));
+        case Store::Packed:
+            break;
+    }
+    const uint8_t* p = raw_.data() + i * scalar_size(elem_type_);
+    auto load = [p](auto v) {
+        std::memcpy(&v, p, sizeof(v));  // GGUF is little-endian, like the host
+        return v;
+    };
+    switch (elem_type_) {
+        case ValueType::U8:
+            return make_uint(elem_type_, load(uint8_t()));
+        case ValueType::I8:
+            return make_int(elem_type_, load(int8_t()));
+        case ValueType::U16:
+            return make_uint(elem_type_, load(uint16_t()));
+        case ValueType::I16:
+            return make_int(elem_type_, load(int16_t()));
+        case ValueType::U32:
+            return make_uint(elem_type_, load(uint32_t()));
+        case ValueType::I32:
+            return make_int(elem_type_, load(int32_t()));
+        case ValueType::U64:
+            return make_uint(elem_type_, load(uint64_t()));
+        case ValueType::I64:
+            return make_int(elem_type_, load(int64_t()));
+        case ValueType::F32:
+            return make_float(elem_type_, load(float()));
+        case ValueType::F64:
+            return make_float(elem_type_, load(double()));
+        case ValueType::BOOL:
+            return make_bool(*p != 0);
+        default:
+            return Value();
+    }
+}
+
+std::optional<std::string_view> Value::string_at(size_t i) const {
+    if (store_ == Store::Strings) {
+        const uint64_t b = i == 0 ? 0 : ends_[i - 1];
+        return std::string_view(s_).substr(size_t(b), size_t(ends_[i] - b));
+    }
+    if (store_ == Store::Items && items_[i].type() == ValueType::STRING) return items_[i].s_;
+    return std::nullopt;
+}
+
+std::vector<Value> Value::items() const {
+    if (store_ == Store::Items) return items_;
+    std::vector<Value> out;
+    out.reserve(size());
+    for (size_t i = 0; i < size(); ++i) out.push_back((*this)[i]);
+    return out;
+}
+
+size_t Value::memory_bytes() const {
+    size_t n = sizeof(Value) + s_.capacity() + raw_.capacity() +
+               ends_.capacity() * sizeof(uint64_t) +
+               (items_.capacity() - items_.size()) * sizeof(Value);
+    for (const Value& v : items_) n += v.memory_bytes();
+    return n;
 }
 
 bool Value::is_integer() const {

@@ -47,7 +47,7 @@ std::vector<T> per_block(const gguf::File& f, const std::string& k, int64_t n_bl
 
 std::optional<int64_t> get_uint(const gguf::Value& v) {
     auto u = v.as_uint();
-    return u ? std::optional<int64_t>(int64_t(*u)) : std::nullopt;
+    return u && *u <= uint64_t(kMaxHParam) ? std::optional<int64_t>(int64_t(*u)) : std::nullopt;
 }
 std::optional<float> get_float(const gguf::Value& v) {
     auto d = v.as_float();
@@ -65,25 +65,26 @@ const gguf::TensorInfo& require_tensor(const gguf::File& f, const std::string& n
 Glm5NextHParams Glm5NextHParams::from_gguf(const gguf::File& f) {
     Glm5NextHParams h;
     const std::string& p = f.path();
-    auto req = [&](const char* k) { return int64_t(f.get_uint(key(k))); };
+    auto req = [&](const char* k) { return hparam(f, key(k)); };
     auto bad = [&](const std::string& what) { return Error(p + ": " + what); };
 
     h.n_layer_all = req("block_count");
     if (h.n_layer_all <= 0) throw bad("glm5next.block_count must be positive");
-    h.n_nextn = int64_t(f.get_uint(key("nextn_predict_layers"), 0));
+    check_layer_count(f, key("block_count"), h.n_layer_all);
+    h.n_nextn = hparam(f, key("nextn_predict_layers"), 0);
     if (h.n_nextn >= h.n_layer_all)
         throw bad("glm5next.nextn_predict_layers (" + std::to_string(h.n_nextn) +
                   ") must be less than glm5next.block_count (" + std::to_string(h.n_layer_all) +
                   "): no trunk layer would be left");
     h.n_layer = h.n_layer_all - h.n_nextn;
     h.n_embd = req("embedding_length");
-    h.n_ctx_train = int64_t(f.get_uint(key("context_length"), 0));
+    h.n_ctx_train = hparam(f, key("context_length"), 0);
     h.eps = float(f.get_float(key("attention.layer_norm_rms_epsilon")));
     if (!(h.eps >= 0.0f) || !std::isfinite(h.eps))
         throw bad("glm5next.attention.layer_norm_rms_epsilon must be a finite value >= 0");
 
     // NoPE everywhere: a rope dimension means a file for another architecture.
-    const int64_t n_rot = int64_t(f.get_uint(key("rope.dimension_count"), 0));
+    const int64_t n_rot = hparam(f, key("rope.dimension_count"), 0);
     if (n_rot != 0)
         throw bad("glm5next.rope.dimension_count is " + std::to_string(n_rot) +
                   "; glm5next is NoPE and requires 0");
@@ -105,8 +106,8 @@ Glm5NextHParams Glm5NextHParams::from_gguf(const gguf::File& f) {
                       (*kinds)[i].to_display() + "; a layer kind must be 0 (KDA) or 1 (MLA)");
         h.is_mla.push_back(*k == 1);
     }
-    h.n_head =
-        per_block(f, key("attention.head_count"), h.n_layer_all, get_uint, "an unsigned integer");
+    h.n_head = per_block(f, key("attention.head_count"), h.n_layer_all, get_uint,
+                         "an unsigned integer below 2^31");
     for (size_t i = 0; i < h.n_head.size(); ++i)
         if (h.n_head[i] <= 0)
             throw bad("glm5next.attention.head_count is 0 for block " + std::to_string(i));
@@ -156,17 +157,17 @@ Glm5NextHParams Glm5NextHParams::from_gguf(const gguf::File& f) {
         throw bad("glm5next: hyper_connection.count and sinkhorn_iterations must be positive");
 
     // FFN / MoE
-    h.n_dense = int64_t(f.get_uint(key("leading_dense_block_count"), 0));
+    h.n_dense = hparam(f, key("leading_dense_block_count"), 0);
     if (h.n_dense > h.n_layer)
         throw bad("glm5next.leading_dense_block_count exceeds the trunk layers");
     h.n_ff = h.n_dense > 0 ? req("feed_forward_length") : 0;
     h.n_ff_exp = req("expert_feed_forward_length");
     h.n_expert = req("expert_count");
     h.n_expert_used = req("expert_used_count");
-    h.n_expert_shared = int64_t(f.get_uint(key("expert_shared_count"), 0));
+    h.n_expert_shared = hparam(f, key("expert_shared_count"), 0);
     h.expert_norm = f.get_bool(key("expert_weights_norm"), false);
     h.expert_scale = float(f.get_float(key("expert_weights_scale"), 1.0));
-    const int64_t gating = int64_t(f.get_uint(key("expert_gating_func"), 2));
+    const int64_t gating = hparam(f, key("expert_gating_func"), 2);
     if (gating != 2)
         throw bad("glm5next.expert_gating_func is " + std::to_string(gating) +
                   "; glm5next routes with sigmoid gating (2) only");

@@ -23,7 +23,7 @@ int64_t uniform_uint(const gguf::File& f, const std::string& k) {
     if (!v->is_array()) {
         auto u = v->as_uint();
         if (!u) throw Error(f.path() + ": metadata key " + k + " is not an unsigned integer");
-        return int64_t(*u);
+        return hparam(f, k);
     }
     if (v->size() == 0) throw Error(f.path() + ": metadata key " + k + " is an empty array");
     auto first = (*v)[0].as_uint();
@@ -33,6 +33,9 @@ int64_t uniform_uint(const gguf::File& f, const std::string& k) {
             throw Error(f.path() + ": metadata key " + k +
                         " varies per layer, which glm-dsa does not support");
     }
+    if (*first > uint64_t(kMaxHParam))
+        throw Error(f.path() + ": metadata key " + k + " is " + std::to_string(*first) +
+                    ", more than the limit of " + std::to_string(kMaxHParam));
     return int64_t(*first);
 }
 
@@ -45,16 +48,17 @@ bool is_pow2(int64_t v) {
 GlmDsaHParams GlmDsaHParams::from_gguf(const gguf::File& f) {
     GlmDsaHParams h;
     const std::string& p = f.path();
-    auto req = [&](const char* k) { return int64_t(f.get_uint(key(k))); };
+    auto req = [&](const char* k) { return hparam(f, key(k)); };
     auto bad = [&](const std::string& what) { return Error(p + ": " + what); };
 
     h.n_layer_all = req("block_count");
-    h.n_nextn = int64_t(f.get_uint(key("nextn_predict_layers"), 0));
+    h.n_nextn = hparam(f, key("nextn_predict_layers"), 0);
     if (h.n_nextn >= h.n_layer_all)
         throw bad("glm-dsa.nextn_predict_layers (" + std::to_string(h.n_nextn) +
                   ") must be less than glm-dsa.block_count (" + std::to_string(h.n_layer_all) +
                   ")");
     h.n_layer = h.n_layer_all - h.n_nextn;
+    check_layer_count(f, key("block_count"), h.n_layer_all);
     h.n_embd = req("embedding_length");
     h.n_head = uniform_uint(f, key("attention.head_count"));
     h.eps = float(f.get_float(key("attention.layer_norm_rms_epsilon")));
@@ -64,16 +68,16 @@ GlmDsaHParams GlmDsaHParams::from_gguf(const gguf::File& f) {
     h.v_mla = req("attention.value_length_mla");
     h.n_rot = req("rope.dimension_count");
     h.freq_base = float(f.get_float(key("rope.freq_base"), 10000.0));
-    h.n_dense = int64_t(f.get_uint(key("leading_dense_block_count"), 0));
+    h.n_dense = hparam(f, key("leading_dense_block_count"), 0);
     h.n_ff = h.n_dense > 0 ? uniform_uint(f, key("feed_forward_length")) : 0;
     h.n_ff_exp = req("expert_feed_forward_length");
     h.n_expert = req("expert_count");
     h.n_expert_used = req("expert_used_count");
-    h.n_expert_shared = int64_t(f.get_uint(key("expert_shared_count"), 0));
+    h.n_expert_shared = hparam(f, key("expert_shared_count"), 0);
     h.expert_norm = f.get_bool(key("expert_weights_norm"), false);
     h.expert_scale = float(f.get_float(key("expert_weights_scale"), 0.0));
     if (h.expert_scale == 0.0f) h.expert_scale = 1.0f;  // absent or 0: no scaling
-    const int64_t gating = int64_t(f.get_uint(key("expert_gating_func"), 2));
+    const int64_t gating = hparam(f, key("expert_gating_func"), 2);
     if (gating != 2 && gating != 0)
         throw bad("glm-dsa.expert_gating_func is " + std::to_string(gating) +
                   "; only sigmoid routing (2) is supported");
@@ -83,7 +87,7 @@ GlmDsaHParams GlmDsaHParams::from_gguf(const gguf::File& f) {
     h.idx_heads = req("attention.indexer.head_count");
     h.idx_dim = req("attention.indexer.key_length");
     h.idx_top_k = req("attention.indexer.top_k");
-    h.n_ctx_train = int64_t(f.get_uint(key("context_length"), 0));
+    h.n_ctx_train = hparam(f, key("context_length"), 0);
 
     if (h.n_rot <= 0 || h.n_rot % 2 != 0 || h.n_rot >= h.k_mla)
         throw bad("glm-dsa.rope.dimension_count (" + std::to_string(h.n_rot) +

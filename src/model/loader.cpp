@@ -3,6 +3,7 @@
 #include "model/glm5next.h"
 #include "model/glm_dsa.h"
 #include "model/model.h"
+#include "model/weights.h"
 
 namespace glm5::model {
 
@@ -12,6 +13,7 @@ std::unique_ptr<Model> load_model(const gguf::File& file, backend::Backend& be,
     if (!a || !a->as_string())
         throw Error(file.path() + ": no general.architecture key: not a model file");
     const std::string& arch = *a->as_string();
+    if (arch == "glm-dsa" || arch == "glm5next") check_vocab_rows(file);
     if (arch == "glm-dsa") return std::make_unique<GlmDsaModel>(file, be, opt);
     if (arch == "glm5next") return std::make_unique<Glm5NextModel>(file, be, opt);
     throw Error(file.path() + ": architecture '" + arch +

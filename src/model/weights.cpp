@@ -210,4 +210,42 @@ std::string model_name(const gguf::File& f) {
     return name;
 }
 
+namespace {
+
+int64_t hparam_checked(const gguf::File& f, const std::string& key, uint64_t v) {
+    if (v > uint64_t(kMaxHParam))
+        throw Error(f.path() + ": metadata key " + key + " is " + std::to_string(v) +
+                    ", more than the limit of " + std::to_string(kMaxHParam));
+    return int64_t(v);
+}
+
+}  // namespace
+
+int64_t hparam(const gguf::File& f, const std::string& key) {
+    return hparam_checked(f, key, f.get_uint(key));
+}
+
+int64_t hparam(const gguf::File& f, const std::string& key, int64_t dflt) {
+    return hparam_checked(f, key, f.get_uint(key, uint64_t(dflt)));
+}
+
+void check_layer_count(const gguf::File& f, const std::string& key, int64_t n_layers) {
+    if (n_layers > int64_t(f.tensors().size()))
+        throw Error(f.path() + ": metadata key " + key + " is " + std::to_string(n_layers) +
+                    " but the file holds only " + std::to_string(f.tensors().size()) + " tensors");
+}
+
+void check_vocab_rows(const gguf::File& f) {
+    const gguf::Value* toks = f.find("tokenizer.ggml.tokens");
+    if (!toks || !toks->is_array()) return;  // no tokenizer: token ids only
+    for (const char* name : {"token_embd.weight", "output.weight"}) {
+        const gguf::TensorInfo* t = f.find_tensor(name);
+        if (!t || t->n_dims < 2) continue;  // the shape checks name what is missing
+        if (uint64_t(t->ne[1]) != toks->size())
+            throw Error(f.path() + ": the tokenizer has " + std::to_string(toks->size()) +
+                        " tokens but " + name + " has " + std::to_string(t->ne[1]) +
+                        " rows; they must agree");
+    }
+}
+
 }  // namespace glm5::model

@@ -103,4 +103,19 @@ NextNMix load_nextn_mix(TensorSource& ts, int64_t il, int64_t n_embd, const floa
 // The name a model goes by: general.name, or else the file name.
 std::string model_name(const gguf::File& f);
 
+// Hyperparameters that size tensors and loops are read through hparam(): a
+// value above kMaxHParam (or past int64) is refused, so the loaders' products
+// of two of them (head count x head size, ...) cannot overflow before the
+// tensor shapes are checked.
+constexpr int64_t kMaxHParam = (int64_t(1) << 31) - 1;
+int64_t hparam(const gguf::File& f, const std::string& key);                // required
+int64_t hparam(const gguf::File& f, const std::string& key, int64_t dflt);  // optional
+// Every layer has tensors: a block count above the file's tensor count is
+// refused before anything is sized by it.
+void check_layer_count(const gguf::File& f, const std::string& key, int64_t n_layers);
+// The tokenizer's vocabulary and the embedding / output rows must agree: a
+// token id past the rows would read outside the matrices, a row without a
+// token could be sampled and not decoded.
+void check_vocab_rows(const gguf::File& f);
+
 }  // namespace glm5::model

@@ -23,6 +23,22 @@ namespace glm5::quant::iq {
 
 namespace {
 
+// 128-bit quarter k of v. The intrinsic takes an immediate only; with the
+// callers' loops unrolled the switch folds to one extract (clang, unlike gcc,
+// refuses a loop counter as the immediate even then).
+inline __m128i quarter(__m512i v, int k) {
+    switch (k) {
+        case 0:
+            return _mm512_extracti32x4_epi32(v, 0);
+        case 1:
+            return _mm512_extracti32x4_epi32(v, 1);
+        case 2:
+            return _mm512_extracti32x4_epi32(v, 2);
+        default:
+            return _mm512_extracti32x4_epi32(v, 3);
+    }
+}
+
 inline float fp16(uint16_t h) {
     return _cvtsh_ss(h);
 }
@@ -215,8 +231,8 @@ __attribute__((target("avx512vbmi"))) void iq2xxs_tokens(int64_t n, const BlockI
         for (int t = 0; t < NT; ++t) s[t] = _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k) {
-            const __m512i bits = _mm512_multishift_epi64_epi8(
-                offsets, _mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(codes, k)));
+            const __m512i bits =
+                _mm512_multishift_epi64_epi8(offsets, _mm512_cvtepu16_epi64(quarter(codes, k)));
             const __m512i grid = _mm512_shuffle_epi8(mags, _mm512_and_si512(bits, low4));
             const __mmask64 neg = iq2xxs_neg(q2 + 16 * k);
             const __m512i scale = _mm512_permutexvar_epi16(sel[k], ls);

@@ -32,8 +32,21 @@ const FormatOps* legacy_ops(Type t);
 const FormatOps* kquant_ops(Type t);
 const FormatOps* iquant_ops(Type t);
 
-// Runtime CPU features (checked once).
+// Runtime CPU features (checked once), at the level cpu_level() allows.
 bool cpu_has_avx2();    // AVX2 + FMA + F16C
 bool cpu_has_avx512();  // AVX-512 F/BW/VL/DQ/VNNI
+
+// Kernel levels, each including the ones below. Every AVX-512 kernel here also
+// uses VNNI, so the Avx512 level (F/BW/VL/DQ without VNNI) runs the AVX2 ones.
+enum class CpuLevel { Scalar, Avx2, Avx512, Vnni };
+const char* cpu_level_name(CpuLevel l);  // "scalar", "avx2", "avx512", "vnni"
+CpuLevel cpu_detected_level();           // what this CPU has
+// The level kernels are picked at: the CPU's, or the one GLM5_CPU names
+// (scalar | avx2 | avx512 | vnni), which dispatches nothing above it. Throws
+// glm5::Error when GLM5_CPU names an unknown level, "amx" (no AMX kernels
+// exist yet) or a level this CPU lacks.
+CpuLevel cpu_level();
+// cpu_level()'s rule for a GLM5_CPU value (null or empty: not set).
+CpuLevel cpu_level_for(const char* requested, CpuLevel detected);
 
 }  // namespace glm5::quant

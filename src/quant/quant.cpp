@@ -1,5 +1,8 @@
 #include "quant/quant.h"
 
+#include <cpuid.h>
+
+#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -27,18 +30,66 @@ void check_blocks(Type t, int64_t n) {
 
 }  // namespace
 
-bool cpu_has_avx2() {
-    static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
+// F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know "f16c").
+static bool cpu_has_f16c() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+
+CpuLevel cpu_detected_level() {
+    static const CpuLevel v = [] {
+        if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()))
+            return CpuLevel::Scalar;
+        if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")))
+            return CpuLevel::Avx2;
+        return __builtin_cpu_supports("avx512vnni") ? CpuLevel::Vnni : CpuLevel::Avx512;
+    }();
     return v;
 }
 
-bool cpu_has_avx512() {
-    static const bool v =
-        cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vnni");
+const char* cpu_level_name(CpuLevel l) {
+    switch (l) {
+        case CpuLevel::Scalar:
+            return "scalar";
+        case CpuLevel::Avx2:
+            return "avx2";
+        case CpuLevel::Avx512:
+            return "avx512";
+        case CpuLevel::Vnni:
+            return "vnni";
+    }
+    return "?";
+}
+
+CpuLevel cpu_level_for(const char* requested, CpuLevel detected) {
+    if (!requested || !*requested) return detected;
+    const std::string r = requested;
+    if (r == "amx")
+        throw Error(
+            "GLM5_CPU=amx: this build has no AMX kernels (levels: scalar, avx2, avx512, "
+            "vnni)");
+    for (CpuLevel l : {CpuLevel::Scalar, CpuLevel::Avx2, CpuLevel::Avx512, CpuLevel::Vnni}) {
+        if (r != cpu_level_name(l)) continue;
+        if (l > detected)
+            throw Error("GLM5_CPU=" + r + ": this CPU does not have it (it has " +
+                        cpu_level_name(detected) + ")");
+        return l;
+    }
+    throw Error("GLM5_CPU=" + r + ": unknown kernel level (scalar, avx2, avx512, vnni)");
+}
+
+CpuLevel cpu_level() {
+    static const CpuLevel v = cpu_level_for(std::getenv("GLM5_CPU"), cpu_detected_level());
     return v;
+}
+
+bool cpu_has_avx2() {
+    return cpu_level() >= CpuLevel::Avx2;
+}
+
+bool cpu_has_avx512() {
+    return cpu_level() >= CpuLevel::Vnni;
 }
 
 void dequantize_row(Type t, const void* src, float* dst, int64_t n) {

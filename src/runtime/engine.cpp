@@ -106,6 +106,11 @@ std::shared_ptr<Request> Engine::submit(RequestParams p, TokenCallback on_token,
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (!accepting_) throw Error("the server is shutting down");
+        if (opt_.max_queue > 0 && queue_.size() >= size_t(opt_.max_queue)) {
+            stats_.requests_refused++;
+            throw QueueFull("the queue is full: " + std::to_string(queue_.size()) +
+                            " requests are waiting for a slot");
+        }
         r->id_ = next_id_++;
         queue_.push_back(std::move(job));
         stats_.requests_total++;
@@ -179,18 +184,21 @@ void Engine::loop() {
 
 // Binds queued requests to free slots, adopting a retained prefix when one fits.
 void Engine::admit(std::unique_lock<std::mutex>& lk) {
-    // Requests cancelled while queued end here.
-    for (auto it = queue_.begin(); it != queue_.end();) {
-        if ((*it)->req->cancelled()) {
+    // Requests cancelled while queued end here. They are taken out first and
+    // finished after: finish() needs the lock released, and a submit() while
+    // it is released may reallocate the queue under any iterator kept.
+    std::vector<std::unique_ptr<Job>> cancelled;
+    for (auto& j : queue_)
+        if (j->req->cancelled()) cancelled.push_back(std::move(j));
+    if (!cancelled.empty()) {
+        queue_.erase(std::remove(queue_.begin(), queue_.end(), nullptr), queue_.end());
+        lk.unlock();
+        for (auto& j : cancelled) {
             Slot tmp;
-            tmp.job = std::move(*it);
-            it = queue_.erase(it);
-            lk.unlock();
+            tmp.job = std::move(j);
             finish(tmp, "cancelled");
-            lk.lock();
-        } else {
-            ++it;
         }
+        lk.lock();
     }
     while (!queue_.empty() && int(slots_.size()) < opt_.n_parallel) {
         auto s = std::make_unique<Slot>();

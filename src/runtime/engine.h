@@ -26,6 +26,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/error.h"
 #include "model/model.h"
 #include "runtime/sampler.h"
 #include "runtime/speculative.h"
@@ -118,10 +119,21 @@ struct EngineOptions {
     size_t cache_budget_bytes = size_t(2) << 30;  // retained entries, evicted LRU beyond this
     int64_t max_rewind = 16;  // glm-dsa: how far a retained entry may be rewound
     SpecParams spec;          // speculative decoding for requests that do not say
+    // Requests waiting for a slot; submit() beyond this throws QueueFull. 0: no
+    // bound (the CLI's batch commands); the server sets one (--max-queue).
+    int max_queue = 0;
+};
+
+// submit() found the queue full (EngineOptions::max_queue): a transient refusal,
+// the same request may succeed later (HTTP 429).
+class QueueFull : public Error {
+  public:
+    using Error::Error;
 };
 
 struct EngineStats {
     uint64_t requests_total = 0, requests_done = 0, requests_cancelled = 0, requests_failed = 0;
+    uint64_t requests_refused = 0;  // submit() threw QueueFull
     uint64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
     uint64_t forwards = 0;
     int queue_depth = 0, busy_slots = 0, retained_entries = 0;
@@ -145,7 +157,8 @@ class Engine {
     Engine& operator=(const Engine&) = delete;
 
     // Queues a request. Throws glm5::Error for a request that can never run
-    // (empty prompt, prompt longer than n_ctx, max_tokens < 1).
+    // (empty prompt, prompt longer than n_ctx, max_tokens < 1), QueueFull when
+    // max_queue requests are already waiting.
     std::shared_ptr<Request> submit(RequestParams p, TokenCallback on_token = nullptr,
                                     DoneCallback on_done = nullptr);
 

@@ -21,10 +21,17 @@ class ApiError : public std::runtime_error {
     const std::string& param() const { return param_; }
     const std::string& code() const { return code_; }
     nlohmann::ordered_json body() const;
+    // Seconds after which the same request may succeed (a Retry-After header); 0: none.
+    int retry_after() const { return retry_after_; }
+    ApiError& with_retry_after(int seconds) {
+        retry_after_ = seconds;
+        return *this;
+    }
 
   private:
     int status_;
     std::string param_, code_, type_;
+    int retry_after_ = 0;
 };
 
 // 400 invalid_request_error.

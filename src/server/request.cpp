@@ -268,7 +268,8 @@ ojson parse_tools(const ojson& body) {
         const ojson& tool = (*t)[i];
         const std::string where = "tools[" + std::to_string(i) + "]";
         if (!tool.is_object()) throw type_error(where, "an object", tool);
-        if (const ojson* type = field(tool, "type"); type && *type != "function")
+        // Absent is taken as "function"; null is not a type.
+        if (tool.contains("type") && tool["type"] != "function")
             throw bad_request(where + ".type must be \"function\"", "tools");
         const ojson* fn = field(tool, "function");
         if (!fn || !fn->is_object())
@@ -332,6 +333,150 @@ void parse_tool_choice(const ojson& body, GenRequest& g) {
     }
 }
 
+// Message content: a string or a non-empty array of content parts. Parts are
+// objects with a "type"; "text" parts carry a string, "refusal" parts (assistant
+// only) too; image, audio and file parts need a model that reads them.
+void check_content(const ojson& c, const std::string& where, bool assistant) {
+    if (c.is_string()) return;
+    if (!c.is_array())
+        throw bad_request(
+            where + ".content must be a string or an array of content parts, got " + kind_of(c),
+            "messages", "invalid_type");
+    if (c.empty()) throw bad_request(where + ".content must not be an empty array", "messages");
+    for (size_t k = 0; k < c.size(); ++k) {
+        const ojson& part = c[k];
+        const std::string at = where + ".content[" + std::to_string(k) + "]";
+        if (!part.is_object())
+            throw bad_request(at + " must be an object, got " + kind_of(part), "messages",
+                              "invalid_type");
+        const ojson* type = field(part, "type");
+        if (!type || !type->is_string())
+            throw bad_request(at + ".type must be a string", "messages");
+        const std::string t = type->get<std::string>();
+        const char* key = t == "text" ? "text" : t == "refusal" && assistant ? "refusal" : nullptr;
+        if (!key) {
+            if (t == "image_url" || t == "input_audio" || t == "file")
+                throw bad_request(at + ": content parts of type '" + t +
+                                      "' are not supported: this model reads text only",
+                                  "messages", "unsupported_content");
+            throw bad_request(at + ": unknown content part type '" + t + "'", "messages");
+        }
+        const ojson* text = field(part, key);
+        if (!text || !text->is_string())
+            throw bad_request(at + "." + key + " must be a string", "messages");
+    }
+}
+
+// The messages as OpenAI's reference defines them, before they are rendered:
+// roles, required content (null only for an assistant message with tool
+// calls), tool calls with ids, and every tool message answering a call of the
+// assistant message it follows.
+void check_messages(const ojson& msgs) {
+    std::vector<std::string> open_calls;  // ids of the last assistant message's calls
+    bool after_calls = false;             // only tool messages since those calls
+    for (size_t i = 0; i < msgs.size(); ++i) {
+        const ojson& m = msgs[i];
+        const std::string where = "messages[" + std::to_string(i) + "]";
+        if (!m.is_object())
+            throw bad_request(where + " must be an object, got " + kind_of(m), "messages",
+                              "invalid_type");
+        const ojson* r = field(m, "role");
+        if (!r) throw bad_request(where + ".role is required", "messages");
+        if (!r->is_string())
+            throw bad_request(where + ".role must be a string, got " + kind_of(*r), "messages",
+                              "invalid_type");
+        const std::string role = r->get<std::string>();
+        if (role != "system" && role != "developer" && role != "user" && role != "assistant" &&
+            role != "tool")
+            throw bad_request(where + ".role '" + role +
+                                  "' is not one of system, developer, user, assistant, tool",
+                              "messages");
+        if (const ojson* n = field(m, "name"); n && !n->is_string())
+            throw bad_request(where + ".name must be a string", "messages", "invalid_type");
+        const ojson* content = field(m, "content");
+        const bool has_calls = role == "assistant" && field(m, "tool_calls");
+        if (content)
+            check_content(*content, where, role == "assistant");
+        else if (!has_calls)
+            throw bad_request(
+                where + ".content is required" +
+                    (role == "assistant" ? " unless the message has tool_calls" : "") +
+                    (m.contains("content") ? " (it is null)" : ""),
+                "messages");
+
+        if (role == "tool") {
+            const ojson* id = field(m, "tool_call_id");
+            if (!id || !id->is_string())
+                throw bad_request(where + ".tool_call_id must be a string", "messages");
+            const std::string want = id->get<std::string>();
+            if (!after_calls)
+                throw bad_request(where +
+                                      ": a message with role 'tool' must answer a tool call of "
+                                      "the assistant message before it",
+                                  "messages");
+            auto it = std::find(open_calls.begin(), open_calls.end(), want);
+            if (it == open_calls.end())
+                throw bad_request(where + ".tool_call_id '" + want +
+                                      "' matches no unanswered tool call of the assistant "
+                                      "message before it",
+                                  "messages");
+            open_calls.erase(it);
+            continue;
+        }
+        after_calls = false;
+        open_calls.clear();
+        if (role != "assistant") continue;
+        if (const ojson* refusal = field(m, "refusal"); refusal && !refusal->is_string())
+            throw bad_request(where + ".refusal must be a string", "messages", "invalid_type");
+        const ojson* calls = field(m, "tool_calls");
+        if (!calls) continue;
+        if (!calls->is_array() || calls->empty())
+            throw bad_request(where + ".tool_calls must be a non-empty array", "messages");
+        for (size_t k = 0; k < calls->size(); ++k) {
+            const ojson& tc = (*calls)[k];
+            const std::string at = where + ".tool_calls[" + std::to_string(k) + "]";
+            if (!tc.is_object()) throw bad_request(at + " must be an object", "messages");
+            const ojson* id = field(tc, "id");
+            if (!id || !id->is_string() || id->get<std::string>().empty())
+                throw bad_request(at + ".id must be a non-empty string", "messages");
+            if (tc.contains("type") && tc["type"] != "function")
+                throw bad_request(at + ".type must be \"function\"", "messages");
+            const ojson* fn = field(tc, "function");
+            if (!fn || !fn->is_object())
+                throw bad_request(at + ".function must be an object", "messages");
+            const ojson* name = field(*fn, "name");
+            if (!name || !name->is_string() || name->get<std::string>().empty())
+                throw bad_request(at + ".function.name must be a non-empty string", "messages");
+            const ojson* args = field(*fn, "arguments");
+            // OpenAI sends a JSON string; an object is taken as the same thing.
+            if (!args || !(args->is_string() || args->is_object()))
+                throw bad_request(at + ".function.arguments must be a string of JSON", "messages");
+            // The string is parsed again when the prompt is rendered: the body's
+            // nesting bound must hold inside it too.
+            if (args->is_string()) {
+                bool too_deep = false;
+                const ojson parsed = ojson::parse(
+                    args->get_ref<const std::string&>(),
+                    [&](int depth, ojson::parse_event_t, ojson&) {
+                        if (depth > kMaxDepth) too_deep = true;
+                        return !too_deep;
+                    },
+                    false);
+                (void)parsed;
+                if (too_deep)
+                    throw bad_request(at + ".function.arguments is nested deeper than " +
+                                          std::to_string(kMaxDepth) + " levels",
+                                      "messages");
+            }
+            const std::string cid = id->get<std::string>();
+            if (std::find(open_calls.begin(), open_calls.end(), cid) != open_calls.end())
+                throw bad_request(at + ".id '" + cid + "' is used twice", "messages");
+            open_calls.push_back(cid);
+        }
+        after_calls = true;
+    }
+}
+
 bool forced_tool(const GenRequest& g) {
     return g.tool_choice == ToolChoice::Required || g.tool_choice == ToolChoice::Named;
 }
@@ -383,6 +528,7 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
         throw bad_request("'messages' is required", "messages", "missing_required_parameter");
     if (!msgs->is_array()) throw type_error("messages", "an array", *msgs);
     if (msgs->empty()) throw bad_request("'messages' must not be empty", "messages");
+    check_messages(*msgs);
     std::vector<text::ChatMessage> history;
     try {
         // OpenAI's newer "developer" role is the system role under another name.

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "server/client_socket.h"
+#include "server/http_transport.h"
 #include "server/reply_stream.h"
 #include "text/tokenizer.h"
 
@@ -38,6 +39,7 @@ void send_json(httplib::Response& res, int status, const ojson& j) {
 }
 
 void send_error(httplib::Response& res, const ApiError& e) {
+    if (e.retry_after() > 0) res.set_header("Retry-After", std::to_string(e.retry_after()));
     send_json(res, e.status(), e.body());
 }
 
@@ -168,17 +170,16 @@ struct InFlight {
 Server::Server(runtime::Engine& engine, ModelContext mc, ServerOptions opt)
     : engine_(engine), mc_(std::move(mc)), opt_(std::move(opt)) {
     created_ = unix_now();
-    if (opt_.http_threads <= 0) opt_.http_threads = std::max(32, 4 * engine_.options().n_parallel);
-    http_ = std::make_unique<httplib::Server>();
-    const size_t threads = size_t(opt_.http_threads);
-    http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    TransportOptions to;
+    to.max_connections = std::max(1, opt_.max_connections);
+    to.max_threads = opt_.http_threads;
+    to.read_timeout = opt_.read_timeout;
+    to.write_timeout = opt_.write_timeout;
+    // An idle keep-alive connection holds a worker until this runs out.
+    to.keep_alive = std::chrono::seconds(3);
+    http_ = std::make_unique<Transport>(to);
     http_->set_payload_max_length(opt_.max_body_bytes);
     http_->set_keep_alive_max_count(1000);
-    // An idle keep-alive connection holds a worker until this runs out, and shutdown
-    // waits for it.
-    http_->set_keep_alive_timeout(3);
-    http_->set_read_timeout(30);
-    http_->set_write_timeout(10);
     http_->set_default_headers({{"Access-Control-Allow-Origin", "*"}});
     // httplib's default is SO_REUSEPORT, which lets a second server bind the same port
     // and silently take half the connections; SO_REUSEADDR only allows a quick restart.
@@ -328,6 +329,15 @@ std::string Server::metrics_text() {
            s.retained_entries);
     metric("retained_bytes", "gauge", "Memory held by retained sequences.", s.retained_bytes);
     metric("http_in_flight", "gauge", "Generation requests being served.", in_flight_.load());
+    metric("requests_refused_total", "counter",
+           "Engine requests refused with 429 because the queue was full (--max-queue).",
+           s.requests_refused);
+    metric("queue_limit", "gauge", "Requests that may wait for a slot (--max-queue; 0: no limit).",
+           engine_.options().max_queue);
+    metric("http_connections_open", "gauge", "Open HTTP connections.", http_->open_connections());
+    metric("http_connections_refused_total", "counter",
+           "HTTP connections refused with 503 beyond --max-connections.",
+           http_->refused_connections());
     metric("draining", "gauge", "1 while shutting down.", draining_ ? 1 : 0);
     o << "# HELP glm5_http_responses_total HTTP responses by status code.\n"
          "# TYPE glm5_http_responses_total counter\n";
@@ -505,6 +515,11 @@ void Server::generate(const httplib::Request& req, httplib::Response& res, Endpo
         };
         try {
             ex->requests.push_back(engine_.submit(std::move(params[size_t(k)]), on_token, on_done));
+        } catch (const runtime::QueueFull& e) {
+            ex->cancel();
+            throw ApiError(429, std::string(e.what()) + "; retry later", "", "queue_full",
+                           "rate_limit_error")
+                .with_retry_after(1);
         } catch (const Error& e) {
             ex->cancel();
             if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
@@ -522,8 +537,9 @@ void Server::generate(const httplib::Request& req, httplib::Response& res, Endpo
 
 void Server::respond_plain(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
                            std::shared_ptr<Exchange> ex) {
-    const int fd =
-        find_client_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+    // This handler runs on its connection's worker, which knows the socket.
+    const int fd = client_socket();
+    if (fd < 0) throw Error("the handler does not know its client's connection");
     std::vector<ChoiceState> cs(size_t(g.choices()));
     int pending = g.choices();
     std::vector<Event> evs;
@@ -600,7 +616,6 @@ void Server::respond_stream(const httplib::Request& req, httplib::Response& res,
         std::vector<ChoiceState> cs;
         std::vector<int> tool_index;
         int pending = 0;
-        int fd = -1;
         bool started = false;
         std::string id;
         int64_t created = 0;
@@ -613,7 +628,6 @@ void Server::respond_stream(const httplib::Request& req, httplib::Response& res,
     st->cs.resize(size_t(g.choices()));
     st->tool_index.assign(size_t(g.choices()), 0);
     st->pending = g.choices();
-    st->fd = find_client_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
     const bool chat = g.endpoint == Endpoint::Chat;
     st->id = random_id(chat ? "chatcmpl-" : "cmpl-");
     st->created = unix_now();
@@ -719,7 +733,7 @@ void Server::respond_stream(const httplib::Request& req, httplib::Response& res,
                 sink.done();
                 return true;
             }
-            if (client_gone(st->fd)) {
+            if (!sink.is_writable()) {
                 st->ex->cancel();
                 if (opt_.log_requests)
                     log_info("glm5 serve: POST %s (stream): client went away, cancelled\n",

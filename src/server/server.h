@@ -8,7 +8,8 @@
 // deltas there (reply_stream.h) and handed to the HTTP thread through a channel; the
 // HTTP thread writes SSE chunks or, for a plain request, waits and writes one JSON
 // reply. While it waits it watches the client's socket: a client that goes away has
-// its requests cancelled at once, streaming or not.
+// its requests cancelled at once, streaming or not. Connections are capped and timed
+// (http_transport.h); beyond --max-queue waiting requests, a request gets 429.
 //
 // Shutdown: begin_drain() refuses new generation requests (503) and lets the ones in
 // flight finish; cancel_all() cancels them (streams end with an error event, plain
@@ -37,12 +38,17 @@ struct Response;
 
 namespace glm5::server {
 
+class Transport;
+
 struct ServerOptions {
     std::string host = "127.0.0.1";
     int port = 8080;      // 0: any free port (see port())
     std::string api_key;  // non-empty: /v1/* needs "Authorization: Bearer <key>"
     size_t max_body_bytes = size_t(32) << 20;
-    int http_threads = 0;  // 0: enough for every slot and queued request (4 * parallel, >= 32)
+    int http_threads = 0;       // workers; 0: one per open connection (max_connections + a few)
+    int max_connections = 256;  // beyond: 503 and closed at once
+    std::chrono::milliseconds read_timeout{30000};   // a whole request must arrive within it
+    std::chrono::milliseconds write_timeout{30000};  // a write stalled this long drops the client
     bool log_requests = true;
 };
 
@@ -86,7 +92,7 @@ class Server {
     runtime::Engine& engine_;
     ModelContext mc_;
     ServerOptions opt_;
-    std::unique_ptr<httplib::Server> http_;
+    std::unique_ptr<Transport> http_;
     std::thread listener_;
     std::thread monitor_;
     int port_ = 0;

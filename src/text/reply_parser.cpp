@@ -17,6 +17,27 @@ constexpr std::string_view kKeyClose = "</arg_key>";
 constexpr std::string_view kValueOpen = "<arg_value>";
 constexpr std::string_view kValueClose = "</arg_value>";
 
+// Model output is as hostile as a request body: a tool call whose text grows
+// past kMaxCallBytes before its close is given up (its text becomes content),
+// and an argument value nested deeper than kMaxArgDepth stays the raw string
+// (nested JSON is walked recursively when it is written out again).
+constexpr size_t kMaxCallBytes = size_t(1) << 20;
+constexpr int kMaxArgDepth = 64;
+
+// The JSON a value holds, or a discarded value when it is not JSON or too deep.
+nlohmann::ordered_json parse_bounded(std::string_view raw) {
+    bool too_deep = false;
+    auto v = nlohmann::ordered_json::parse(
+        raw.begin(), raw.end(),
+        [&](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json&) {
+            if (depth > kMaxArgDepth) too_deep = true;
+            return !too_deep;
+        },
+        false);
+    if (too_deep) return nlohmann::ordered_json(nlohmann::ordered_json::value_t::discarded);
+    return v;
+}
+
 // Length of the longest proper prefix of `marker` that `s` ends with: the bytes that must
 // wait for the next chunk.
 size_t partial_marker(std::string_view s, std::string_view marker) {
@@ -119,7 +140,7 @@ void ReplyParser::step(ReplyDelta& d, bool final) {
         if (mode_ == Mode::ToolCall) {
             const size_t close = buf_.find(kCallClose);
             if (close == std::string::npos) {
-                if (final) {
+                if (final || buf_.size() > kMaxCallBytes) {
                     // Cut off mid-call: keep its text as content rather than lose it.
                     emit_content(d, std::string(kCallOpen) + buf_);
                     buf_.clear();
@@ -208,7 +229,7 @@ bool ReplyParser::parse_tool_call(std::string_view body, ToolCall& call) const {
             keep_string = p != params->end() && p->second;
         }
         ojson value;
-        if (!keep_string) value = ojson::parse(raw.begin(), raw.end(), nullptr, false);
+        if (!keep_string) value = parse_bounded(raw);
         if (keep_string || value.is_discarded() || value.is_string())
             call.arguments[key] = std::string(raw);
         else

@@ -44,11 +44,11 @@ VocabData read_vocab(const gguf::File& file) {
     const gguf::Value& toks = *read_array(file, "tokenizer.ggml.tokens", true);
     d.tokens.reserve(toks.size());
     for (size_t i = 0; i < toks.size(); ++i) {
-        const std::string* s = toks[i].as_string();
+        const auto s = toks.string_at(i);
         if (!s)
             throw Error("tokenizer: tokenizer.ggml.tokens[" + std::to_string(i) +
                         "] is not a string");
-        d.tokens.push_back(*s);
+        d.tokens.emplace_back(*s);
     }
     if (const gguf::Value* types = read_array(file, "tokenizer.ggml.token_type", false)) {
         d.types.reserve(types->size());
@@ -63,11 +63,11 @@ VocabData read_vocab(const gguf::File& file) {
     const gguf::Value& merges = *read_array(file, "tokenizer.ggml.merges", true);
     d.merges.reserve(merges.size());
     for (size_t i = 0; i < merges.size(); ++i) {
-        const std::string* s = merges[i].as_string();
+        const auto s = merges.string_at(i);
         if (!s)
             throw Error("tokenizer: tokenizer.ggml.merges[" + std::to_string(i) +
                         "] is not a string");
-        d.merges.push_back(*s);
+        d.merges.emplace_back(*s);
     }
     d.special.bos = read_id(file, "tokenizer.ggml.bos_token_id");
     d.special.eos = read_id(file, "tokenizer.ggml.eos_token_id");

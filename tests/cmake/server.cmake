@@ -25,3 +25,11 @@ add_test(NAME server_load_short
          WORKING_DIRECTORY ${GLM5_SERVER_TESTS})
 set_tests_properties(server_load_short PROPERTIES TIMEOUT 180 ENVIRONMENT "${server_env}"
                      PASS_REGULAR_EXPRESSION "PASS")
+# The soak's short version: 8 clients for 60 s with cancellations, malformed and
+# oversized requests, JSON-schema replies and a small prefix cache (the full run is
+# `node tests/server/soak.mjs --duration 600`; docs/reliability.md).
+add_test(NAME server_soak_short
+         COMMAND ${NODE_BIN} ${GLM5_SERVER_TESTS}/soak.mjs --duration 60 --streams 8
+         WORKING_DIRECTORY ${GLM5_SERVER_TESTS})
+set_tests_properties(server_soak_short PROPERTIES TIMEOUT 400 ENVIRONMENT "${server_env}"
+                     PASS_REGULAR_EXPRESSION "PASS")
