@@ -377,6 +377,14 @@ class CpuBackend final : public Backend {
                        const CacheRows& pools, int64_t first_pool, int64_t n_pools) override;
     // ==== end of glm5next ops =====================================================
 
+    // ==== vision tower ops (cpu_vision.cpp) ========================================
+    void add_bias(float* y, int64_t n_rows, int64_t dim, int64_t stride, const float* b) override;
+    void gelu_erf(float* y, int64_t n) override;
+    void rope_2d(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads, int64_t dim,
+                 const int32_t* row, const int32_t* col, float theta) override;
+    void attention_full(std::span<const FullAttentionSeq> seqs, int64_t n_heads, int64_t dim,
+                        int64_t stride, float scale) override;
+
     Counters counters() const override {
         return Counters{weight_bytes_.load(), matmul_calls_.load()};
     }
@@ -656,7 +664,8 @@ class CpuBackend final : public Backend {
         return reinterpret_cast<float*>(b.get(n * sizeof(float)));
     }
 
-    ByteBuffer wide_q_;  // attend_wide
+    ByteBuffer wide_q_;     // attend_wide
+    ByteBuffer vision_kt_;  // attention_full: the keys transposed per head
     std::vector<float> wide_scores_;
     std::vector<ByteBuffer> multi_act_;  // matmuls: one per activation format
     ByteBuffer act_buf_, act_buf2_, moe_gate_buf_, moe_up_buf_, moe_tok_g_, moe_tok_u_, moe_g_,
