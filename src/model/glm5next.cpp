@@ -467,8 +467,10 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
         b.w[i] = be.scratch(size_t(T * (i < 2 ? width3 : width)));
     b.lowrank = be.scratch(size_t(T * lowrank));
 
-    // Embed and replicate every token into the S streams.
+    // Embed, put image rows in place of their placeholders (spec 12.5: after
+    // the lookup, before the streams), and replicate into the S streams.
     be.embed(tok_embd_, tokens, x);
+    for (const auto& e : flat.embeds) be.write(x + e.row * E, e.rows, size_t(e.n * E));
     for (int64_t s = 0; s < S; ++s) be.copy_rows(x, E, nullptr, T, E, X + s * E, SE);
 
     for (int64_t il = 0; il < h.n_layer; ++il) {

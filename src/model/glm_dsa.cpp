@@ -267,6 +267,7 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
 
     // Flatten the batch: tokens, positions, and per-sequence segments.
     FlatBatch<DsaState> fb = flatten_batch<DsaState>(inputs, h.n_vocab, "glm-dsa");
+    if (!fb.embeds.empty()) throw Error("glm-dsa models are text only: no image rows");
     const std::vector<int32_t>& out_rows = fb.out_rows;
     using Segment = FlatBatch<DsaState>::Segment;
     logits.clear();

@@ -66,6 +66,16 @@ class SequenceState {
     virtual size_t memory_bytes() const = 0;
 };
 
+// Rows that replace the token embeddings of tokens [at, at + n) of one
+// SeqInput after the lookup: n rows of n_embd floats in host memory (an
+// image's rows from the vision tower, docs/glm5next-format.md 12.5). The
+// tokens themselves stay in the sequence (the <|image|> placeholders).
+struct EmbedRows {
+    int64_t at = 0;
+    int64_t n = 0;
+    const float* rows = nullptr;
+};
+
 // One sequence's share of a batch: its new tokens, appended after n_past.
 struct SeqInput {
     SequenceState* state = nullptr;
@@ -75,6 +85,9 @@ struct SeqInput {
     // >= 0: a logits row for every token from this index on (a speculative
     // verify: the rows re-fed after a rollback want none, the window all).
     int64_t logits_from = -1;
+    // Optional embedding overrides, disjoint, within `tokens`; only
+    // architectures that take images accept them (glm5next), the others refuse.
+    std::span<const EmbedRows> embeds = {};
 };
 
 // One sequence's NextN/MTP draft request: `token` was sampled from the
