@@ -8,10 +8,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 
 #include "core/fp16.h"
+#include "gen/mmproj.h"
 #include "gguf/writer.h"
 #include "model/glm5next_vision.h"
 #include "quant/quant.h"
@@ -272,4 +275,27 @@ TEST_F(VisionLoad, HalfPrecisionMatrices) {
         EXPECT_LE(e, ty == quant::Type::F16 ? 5e-3 : 5e-2);
         EXPECT_GT(e, 1e-7);  // really rounded
     }
+}
+
+// make-model --arch mmproj's writer: the tiny preset loads beside tiny.gguf
+// and encodes; the same seed gives the same bytes, another seed other ones.
+TEST_F(VisionLoad, SyntheticMmprojLoadsAndEncodes) {
+    const auto hp = gen::MmprojHParams::preset("tiny");
+    const std::string a = (*dir_ / "gen_a.gguf").string(), b = (*dir_ / "gen_b.gguf").string(),
+                      c = (*dir_ / "gen_c.gguf").string();
+    gen::write_mmproj(hp, 1, a, 1, nullptr);
+    gen::write_mmproj(hp, 1, b, 1, nullptr);
+    gen::write_mmproj(hp, 2, c, 1, nullptr);
+    auto bytes = [](const std::string& p) {
+        std::ifstream f(p, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(f), {});
+    };
+    EXPECT_EQ(bytes(a), bytes(b));
+    EXPECT_NE(bytes(a), bytes(c));
+    Tower t(a);
+    const auto& g = golden()["images"][1];
+    const auto rows = t.encode({&g});
+    ASSERT_EQ(int64_t(rows.size()), g["tokens"].get<int64_t>() * 64);
+    for (float x : rows) ASSERT_TRUE(std::isfinite(x));
+    EXPECT_THROW(gen::MmprojHParams::preset("huge"), Error);
 }

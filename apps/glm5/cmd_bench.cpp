@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "args.h"
+#include "bench_vision.h"
 #include "commands.h"
 #include "core/bandwidth.h"
 #include "core/error.h"
@@ -114,7 +115,9 @@ int cmd_bench(int argc, char** argv) {
              "repetition also decodes one sequence alone and the paired speed-up is reported");
     a.flag("roofline", "measure the read bandwidth and report the decode roofline", true);
     a.option("bandwidth-bytes", "BYTES", "1073741824", "buffer size of the bandwidth measurement");
+    add_vision_bench_flags(a);
     if (!a.parse(argc, argv, 2)) return 0;
+    if (a.is_set("mmproj")) return bench_vision(a);
     const int64_t n_prompt = a.get_int("n-prompt", 0, 1 << 20);
     const int64_t n_gen = a.get_int("n-gen", 0, 1 << 20);
     const int64_t reps = a.get_int("repetitions", 1, 1000);

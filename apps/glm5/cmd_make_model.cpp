@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "gen/generator.h"
+#include "gen/mmproj.h"
 #include "gen/quant_mix.h"
 
 namespace glm5::app {
@@ -85,6 +86,34 @@ std::string gb(uint64_t bytes) {
     return b;
 }
 
+// --arch mmproj: a random glm5next vision tower (model/gen_mmproj.h).
+int make_mmproj(const Args& a) {
+    auto hp = gen::MmprojHParams::preset(a.get("preset"));
+    if (a.is_set("type")) {
+        const std::string t = a.get("type");
+        if (t == "F32")
+            hp.type = quant::Type::F32;
+        else if (t == "F16")
+            hp.type = quant::Type::F16;
+        else if (t == "BF16")
+            hp.type = quant::Type::BF16;
+        else
+            throw UsageError("--arch mmproj: --type must be F32, F16 or BF16, got '" + t + "'");
+    }
+    const std::string out = a.get("output");
+    if (out.empty()) throw UsageError("-o FILE is required");
+    const int threads = a.is_set("threads") ? int(a.get_int("threads", 1, 1024)) : 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t bytes =
+        gen::write_mmproj(hp, uint64_t(a.get_int("seed", 0, INT64_MAX)), out, threads, nullptr);
+    if (!a.get_flag("quiet"))
+        std::fprintf(stderr, "make-model: wrote %s: mmproj %s (%s matrices), %s in %.1f s\n",
+                     out.c_str(), a.get("preset").c_str(), quant::name(hp.type), gb(bytes).c_str(),
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::printf("%s\n", out.c_str());
+    return 0;
+}
+
 }  // namespace
 
 int cmd_make_model(int argc, char** argv) {
@@ -100,7 +129,9 @@ int cmd_make_model(int argc, char** argv) {
              "tiny | small (the test fixtures' shapes) | bench (~3 GB at Q4_K_M)");
     a.option("arch", "NAME", "glm-dsa",
              "glm-dsa | glm5next (GLM-5.3-Flash: preset tiny only, the shape of the glm5next "
-             "fixture; the dimension flags and --indexer-types apply to glm-dsa)");
+             "fixture; the dimension flags and --indexer-types apply to glm-dsa) | mmproj (a "
+             "glm5next vision tower: preset tiny, the fixture's shape in F32, or flash, "
+             "GLM-5.3-Flash's in BF16; --type F32, F16 or BF16 sets the matrices)");
     a.option("type", "T", "preset's: F32 tiny, F16 small, Q4_K_M bench",
              "a llama-quantize mix or a single type: " + types +
                  ". Mix names follow llama-quantize's per-tensor rules (Q2_K is the Q2_K mix);"
@@ -133,6 +164,8 @@ int cmd_make_model(int argc, char** argv) {
     a.flag("dry-run", "print the tensors (name, type, shape) to stdout and write nothing");
     a.flag("quiet", "no banner or progress on stderr");
     if (!a.parse(argc, argv, 2)) return 0;
+
+    if (a.get("arch") == "mmproj") return make_mmproj(a);
 
     GenOptions o;
     o.preset = a.get("preset");
