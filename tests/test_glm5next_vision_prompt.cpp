@@ -8,6 +8,7 @@
 
 #include "image/image.h"
 #include "model/glm5next_vision.h"
+#include "runtime/engine.h"
 #include "runtime/images.h"
 #include "text/tokenizer.h"
 #include "util_model.h"
@@ -163,4 +164,69 @@ TEST(VisionPrompt, GlmDsaRefusesImageRows) {
     model::SeqInput in{st.get(), ids, false, true};
     in.embeds = {&e, 1};
     EXPECT_THROW(m.model->forward({&in, 1}, lg), Error);
+}
+
+namespace {
+
+runtime::RequestParams image_request(const std::vector<int32_t>& prompt,
+                                     std::vector<runtime::PreparedImage> images, int max_tokens) {
+    runtime::RequestParams p;
+    p.prompt = prompt;
+    p.images = std::move(images);
+    p.max_tokens = max_tokens;
+    p.sampling.temperature = 0.0f;
+    return p;
+}
+
+}  // namespace
+
+// The serving engine expands the placeholders, encodes on its thread, and
+// reuses a retained prefix across an image only for the same image bytes.
+TEST(VisionPrompt, EngineImagesAndThePrefixCache) {
+    Fixture f;
+    const auto& hp = f.tower->hparams();
+    auto prep = [&](const std::string& file) {
+        return runtime::prepare_image(image::read_file(data_path(file)), file, hp);
+    };
+    const auto& g = golden()["images"][0];  // img-a.png
+    runtime::EngineOptions o;
+    o.n_parallel = 1;
+    o.n_ctx = 256;
+    o.vision = f.tower.get();
+    o.image_token = f.image_id;
+    std::vector<int32_t> first, second_ids;
+    {
+        runtime::Engine e(*f.text.model, o);
+        const auto r1 =
+            e.submit(image_request(to_ids(g["prompt_ids"]), {prep("glm5next/img-a.png")}, 4))
+                ->wait();
+        const auto greedy = to_ids(g["greedy"]);
+        EXPECT_EQ(r1.tokens, std::vector<int32_t>(greedy.begin(), greedy.begin() + 4));
+        first = r1.tokens;
+        // The conversation goes on, once with another image of the same size
+        // (the JPEG copy: other bytes), once with the same PNG.
+        second_ids = to_ids(g["prompt_ids"]);
+        second_ids.insert(second_ids.end(), first.begin(), first.end() - 1);
+        f.tok->encode_append("<|user|>more<|assistant|><think>", true, second_ids);
+        const auto other =
+            e.submit(image_request(second_ids, {prep("image/img-a.jpg")}, 4))->wait();
+        EXPECT_EQ(other.cached_tokens, 0);
+        const auto same =
+            e.submit(image_request(second_ids, {prep("glm5next/img-a.png")}, 4))->wait();
+        EXPECT_EQ(same.cached_tokens, int64_t(to_ids(g["expanded_ids"]).size() + first.size() - 1));
+        // Both against an engine without a prefix cache.
+        runtime::EngineOptions cold = o;
+        cold.prefix_cache = false;
+        runtime::Engine c(*f.text.model, cold);
+        EXPECT_EQ(other.tokens,
+                  c.submit(image_request(second_ids, {prep("image/img-a.jpg")}, 4))->wait().tokens);
+        EXPECT_EQ(
+            same.tokens,
+            c.submit(image_request(second_ids, {prep("glm5next/img-a.png")}, 4))->wait().tokens);
+        EXPECT_NE(other.tokens, same.tokens);
+    }
+    runtime::EngineOptions none;
+    runtime::Engine e(*f.text.model, none);
+    EXPECT_THROW(e.submit(image_request(to_ids(g["prompt_ids"]), {prep("glm5next/img-a.png")}, 2)),
+                 Error);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -19,6 +20,11 @@ constexpr size_t kMaxRetained = 64;
 struct Engine::Job {
     std::shared_ptr<Request> req;
     RequestParams params;
+    // With images: the prompt as expanded (params.prompt holds its tokens),
+    // each prompt token's content key (0 for text), and the rows once encoded.
+    ExpandedPrompt expanded;
+    std::vector<ImageEmbedding> rows;
+    bool encoded = false;
     TokenCallback on_token;
     DoneCallback on_done;
     Clock::time_point submitted;
@@ -51,6 +57,7 @@ struct Engine::Slot {
 struct Engine::Retained {
     std::unique_ptr<model::SequenceState> state;
     std::vector<int32_t> tokens;
+    std::vector<uint64_t> content;  // its prompt's content keys (past them: text)
     size_t bytes = 0;
 };
 
@@ -79,6 +86,19 @@ Engine::~Engine() {
 std::unique_ptr<Engine::Job> Engine::make_job(RequestParams p, TokenCallback on_token,
                                               DoneCallback on_done) {
     if (p.prompt.empty()) throw Error("the prompt is empty");
+    ExpandedPrompt expanded;
+    if (!p.images.empty()) {
+        if (!opt_.vision || opt_.image_token < 0)
+            throw Error("this model takes no images (load a glm5next model with --mmproj)");
+        std::vector<int64_t> counts;
+        std::vector<Sha256> keys;
+        for (const auto& im : p.images) {
+            counts.push_back(im.n_tokens);
+            keys.push_back(im.key);
+        }
+        expanded = expand_placeholders(p.prompt, opt_.image_token, counts, keys);
+        p.prompt = expanded.tokens;
+    }
     if (int64_t(p.prompt.size()) >= opt_.n_ctx)
         throw Error("the prompt has " + std::to_string(p.prompt.size()) +
                     " tokens; the context holds " + std::to_string(opt_.n_ctx) +
@@ -93,6 +113,7 @@ std::unique_ptr<Engine::Job> Engine::make_job(RequestParams p, TokenCallback on_
     auto job = std::make_unique<Job>();
     job->req = std::make_shared<Request>();
     job->params = std::move(p);
+    job->expanded = std::move(expanded);
     job->on_token = std::move(on_token);
     job->on_done = std::move(on_done);
     job->submitted = Clock::now();
@@ -212,9 +233,14 @@ void Engine::admit(std::unique_lock<std::mutex>& lk) {
         int64_t best_p = 0;
         if (opt_.prefix_cache && s->job->params.use_prefix_cache) {
             for (auto it = retained_.begin(); it != retained_.end(); ++it) {
+                // Same ids, and the same image bytes under image tokens.
+                const std::vector<uint64_t>& content = s->job->expanded.content;
+                auto key = [](const std::vector<uint64_t>& c, size_t i) {
+                    return i < c.size() ? c[i] : uint64_t(0);
+                };
                 size_t lcp = 0;
                 while (lcp < it->tokens.size() && lcp < prompt.size() &&
-                       it->tokens[lcp] == prompt[lcp])
+                       it->tokens[lcp] == prompt[lcp] && key(it->content, lcp) == key(content, lcp))
                     ++lcp;
                 // Keep one prompt token to evaluate: its logits start the reply.
                 const int64_t p = int64_t(std::min(lcp, prompt.size() - 1));
@@ -269,6 +295,7 @@ bool Engine::step() {
     std::vector<Slot*> owners;
     std::vector<std::vector<int32_t>> feeds;
     feeds.reserve(active.size());
+    std::deque<std::vector<model::EmbedRows>> embeds;  // alive until the forward returns
     int64_t budget = opt_.ubatch;
     bool prefilling = false;
     for (Slot* s : active) {
@@ -280,9 +307,11 @@ bool Engine::step() {
             budget -= int64_t(n);
             prefilling = true;
             const bool last = s->prompt_pos + n == prompt.size();
+            if (!image_rows(*s, n, embeds)) continue;
             inputs.push_back({s->state.get(),
                               std::span<const int32_t>(prompt.data() + s->prompt_pos, n), false,
                               last && !s->job->params.prefill_only});
+            inputs.back().embeds = embeds.back();
         } else if (s->pending >= 0) {
             std::vector<int32_t>& f = feeds.emplace_back(s->refeed);
             f.push_back(s->pending);
@@ -552,6 +581,32 @@ void Engine::plan_drafts(const std::vector<Slot*>& slots) {
         mtp_seconds_per_token_ == 0 ? per : 0.8 * mtp_seconds_per_token_ + 0.2 * per;
 }
 
+// The image rows of the prompt chunk [prompt_pos, +n) of a slot, appended to
+// `out` (encoding the request's images on this thread the first time a chunk
+// needs them). False when encoding failed: the request has ended.
+bool Engine::image_rows(Slot& s, size_t n, std::deque<std::vector<model::EmbedRows>>& out) {
+    Job& j = *s.job;
+    const int64_t b = int64_t(s.prompt_pos), e = b + int64_t(n);
+    bool needed = false;
+    for (const auto& r : j.expanded.embeds) needed = needed || (r.at < e && r.at + r.n > b);
+    if (needed && !j.encoded) {
+        try {
+            const auto t0 = Clock::now();
+            j.rows = encode_prepared(*opt_.vision, j.params.images);
+            set_rows(j.expanded, j.rows);
+            j.encoded = true;
+            std::lock_guard<std::mutex> lk(mu_);
+            stats_.busy_seconds += seconds(t0, Clock::now());
+        } catch (const std::exception& ex) {
+            finish(s, "error", ex.what());
+            return false;
+        }
+    }
+    out.push_back(needed ? embeds_in(j.expanded, b, e, model_.info().n_embd)
+                         : std::vector<model::EmbedRows>{});
+    return true;
+}
+
 void Engine::finish(Slot& s, const std::string& reason, const std::string& error_in) {
     if (s.done) return;
     const std::string error = error_in.empty() ? s.error : error_in;
@@ -608,6 +663,7 @@ void Engine::retain(Slot& s) {
     r.bytes = s.state->memory_bytes();
     r.state = std::move(s.state);
     r.tokens = std::move(s.tokens);
+    r.content = s.job->expanded.content;
     std::lock_guard<std::mutex> lk(mu_);
     retained_.push_front(std::move(r));
     evict_to_budget();

@@ -28,6 +28,7 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "runtime/images.h"
 #include "runtime/sampler.h"
 #include "runtime/speculative.h"
 
@@ -69,6 +70,12 @@ struct RequestParams {
     // Optional, on the engine thread: each emitted token with the logits row
     // it was sampled from (tests and tools compare them across runs).
     std::function<void(int32_t token, std::span<const float> logits)> on_logits;
+    // Images (runtime/images.h), one per <|image|> id in `prompt`, in order:
+    // the engine expands each placeholder to the image's token count and
+    // runs the vision tower on its own thread when a prompt chunk first needs
+    // the rows (not at all when a retained prefix already holds them). A
+    // retained prefix is reused across an image only for the same bytes.
+    std::vector<PreparedImage> images;
 };
 
 struct RequestResult {
@@ -122,6 +129,10 @@ struct EngineOptions {
     // Requests waiting for a slot; submit() beyond this throws QueueFull. 0: no
     // bound (the CLI's batch commands); the server sets one (--max-queue).
     int max_queue = 0;
+    // The vision tower requests with images use (on the model's backend), and
+    // the <|image|> token id; without them a request with images is refused.
+    model::VisionTower* vision = nullptr;
+    int32_t image_token = -1;
 };
 
 // submit() found the queue full (EngineOptions::max_queue): a transient refusal,
@@ -185,6 +196,7 @@ class Engine {
     bool step();  // one scheduling round; false when there was nothing to do
     void admit(std::unique_lock<std::mutex>& lk);
     void finish(Slot& s, const std::string& reason, const std::string& error = "");
+    bool image_rows(Slot& s, size_t n, std::deque<std::vector<model::EmbedRows>>& out);
     void retain(Slot& s);
     void evict_to_budget();
     void plan_drafts(const std::vector<Slot*>& slots);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/sha256.h"
+#include "image/image.h"
 #include "model/glm5next_vision.h"
 #include "model/model.h"
 
@@ -22,6 +23,21 @@ struct ImageEmbedding {
     int64_t width = 0, height = 0;  // of the decoded image
     Sha256 key{};                   // of the image's bytes
 };
+
+// One image decoded, sized, resized and normalised (what runs before the
+// tower; no backend work, so any thread may do it).
+struct PreparedImage {
+    image::Pixels pixels;
+    int64_t n_tokens = 0;
+    int64_t width = 0, height = 0;  // of the decoded image
+    Sha256 key{};                   // of the image's bytes
+};
+// Throws glm5::Error naming `name` for bytes that are not a decodable image.
+PreparedImage prepare_image(std::span<const uint8_t> bytes, const std::string& name,
+                            const model::VisionHParams& hp);
+// The tower's rows of prepared images, in one tower call.
+std::vector<ImageEmbedding> encode_prepared(model::VisionTower& tower,
+                                            std::span<const PreparedImage> images);
 
 // Decodes (PNG / JPEG), sizes, resizes and normalises every image, then
 // encodes them in one tower call. `names` label errors (a path, "image 2").
@@ -42,6 +58,11 @@ struct ExpandedPrompt {
 // Throws glm5::Error when the number of placeholders is not the number of images.
 ExpandedPrompt expand_images(std::span<const int32_t> ids, int32_t image_token,
                              std::span<const ImageEmbedding> images);
+// The same from each image's token count and key, before its rows exist
+// (embeds[i].rows stay null; fill them with set_rows once encoded).
+ExpandedPrompt expand_placeholders(std::span<const int32_t> ids, int32_t image_token,
+                                   std::span<const int64_t> n_tokens, std::span<const Sha256> keys);
+void set_rows(ExpandedPrompt& p, std::span<const ImageEmbedding> images);
 
 // The embedding rows of tokens [begin, end) of an expanded prompt, relative
 // to `begin` (a prefill chunk's SeqInput::embeds).
