@@ -36,12 +36,25 @@ runtime::SamplerParams sampling_from_args(const Args& a) {
     return sp;
 }
 
+namespace {
+
+runtime::EngineOptions with_vision(runtime::EngineOptions o, const LoadedVision* v) {
+    if (v && v->tower) {
+        o.vision = v->tower.get();
+        o.image_token = v->image_token;
+    }
+    return o;
+}
+
+}  // namespace
+
 ChatRunner::ChatRunner(LoadedModel& m, int64_t n_ctx, int64_t ubatch,
-                       const runtime::SamplerParams& sp, int64_t n_predict)
+                       const runtime::SamplerParams& sp, int64_t n_predict,
+                       const LoadedVision* vision)
     : m_(m),
       tok_(text::Tokenizer::from_gguf(*m.file)),
       chat_(text::ChatFormat::from_gguf(*m.file)),
-      engine_(*m.model, cli_engine_options(n_ctx, ubatch, m.spec)),
+      engine_(*m.model, with_vision(cli_engine_options(n_ctx, ubatch, m.spec), vision)),
       sampler_(std::make_shared<runtime::Sampler>(sp)),
       n_predict_(n_predict) {
     if (!chat_.template_warning().empty()) log_info("glm5: %s\n", chat_.template_warning().c_str());
@@ -66,8 +79,16 @@ runtime::RequestResult run_request(runtime::Engine& e, runtime::RequestParams p,
     return r;
 }
 
+void ChatRunner::attach_image(runtime::PreparedImage img, const std::string& path) {
+    pending_.push_back(std::move(img));
+    pending_paths_.push_back(path);
+}
+
 void ChatRunner::reset() {
     history_.clear();
+    pending_.clear();
+    pending_paths_.clear();
+    images_.clear();
 }
 
 TurnResult ChatRunner::turn(const std::string& user, bool think, text::ReasoningEffort effort,
@@ -75,15 +96,26 @@ TurnResult ChatRunner::turn(const std::string& user, bool think, text::Reasoning
     std::vector<text::ChatMessage> msgs;
     if (!system_.empty()) msgs.push_back({"system", system_, {}, {}, {}});
     msgs.insert(msgs.end(), history_.begin(), history_.end());
-    msgs.push_back({"user", user, {}, {}, {}});
+    text::ChatMessage um{"user", user, {}, {}, {}};
+    for (const auto& path : pending_paths_) {
+        um.image_at.push_back(0);
+        um.image_urls.push_back(path);
+    }
+    msgs.push_back(um);
     text::ChatOptions opt;
     opt.thinking = think;
     opt.effort = think ? effort : text::ReasoningEffort::Default;
     const text::RenderedPrompt p = chat_.render(msgs, nullptr, opt);
     for (const auto& w : p.warnings) log_info("glm5: %s\n", w.c_str());
     const std::vector<int32_t> ids = tok_->encode(p.text);
-    TurnResult r = run(ids, p.reasoning_open, true, cb);
-    history_.push_back({"user", user, {}, {}, {}});
+    // Every image of the conversation goes with each turn: the engine reuses
+    // its cached prefix across them only for the same bytes.
+    images_.insert(images_.end(), std::make_move_iterator(pending_.begin()),
+                   std::make_move_iterator(pending_.end()));
+    pending_.clear();
+    pending_paths_.clear();
+    TurnResult r = run(ids, p.reasoning_open, true, cb, images_);
+    history_.push_back(um);
     history_.push_back(text::assistant_message(r.reply));
     return r;
 }
@@ -93,7 +125,7 @@ TurnResult ChatRunner::raw(const std::string& prompt, const StreamCallbacks& cb)
 }
 
 TurnResult ChatRunner::run(const std::vector<int32_t>& ids, bool reasoning_open, bool parse,
-                           const StreamCallbacks& cb) {
+                           const StreamCallbacks& cb, std::vector<runtime::PreparedImage> images) {
     TurnResult r;
     text::StreamDecoder dec(*tok_);
     text::ReplyParserOptions po;
@@ -107,6 +139,7 @@ TurnResult ChatRunner::run(const std::vector<int32_t>& ids, bool reasoning_open,
     };
     runtime::RequestParams rp;
     rp.prompt = ids;
+    rp.images = std::move(images);
     rp.max_tokens = n_predict_;
     rp.prefill_only = n_predict_ == 0;
     rp.sampler = sampler_;

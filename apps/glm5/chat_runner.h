@@ -15,6 +15,7 @@
 #include "text/chat.h"
 #include "text/reply_parser.h"
 #include "text/tokenizer.h"
+#include "vision_setup.h"
 
 namespace glm5::app {
 
@@ -50,8 +51,9 @@ runtime::RequestResult run_request(runtime::Engine& e, runtime::RequestParams p,
 
 class ChatRunner {
   public:
+    // With a vision tower (`vision`, outliving the runner) turns may carry images.
     ChatRunner(LoadedModel& m, int64_t n_ctx, int64_t ubatch, const runtime::SamplerParams& sp,
-               int64_t n_predict);
+               int64_t n_predict, const LoadedVision* vision = nullptr);
 
     const text::Tokenizer& tokenizer() const { return *tok_; }
     const text::ChatFormat& format() const { return chat_; }
@@ -67,10 +69,12 @@ class ChatRunner {
     // Speculative totals over every turn so far (draft_n, draft_accepted, verifies).
     const runtime::RequestResult& spec_totals() const { return totals_; }
     void reset();
+    // Adds an image (its path names it) to the next user message, before its text.
+    void attach_image(runtime::PreparedImage img, const std::string& path);
 
   private:
     TurnResult run(const std::vector<int32_t>& ids, bool reasoning_open, bool parse,
-                   const StreamCallbacks& cb);
+                   const StreamCallbacks& cb, std::vector<runtime::PreparedImage> images = {});
 
     LoadedModel& m_;
     std::unique_ptr<text::Tokenizer> tok_;
@@ -81,6 +85,9 @@ class ChatRunner {
     std::string system_;
     std::vector<text::ChatMessage> history_;
     runtime::RequestResult totals_;
+    std::vector<runtime::PreparedImage> pending_;  // for the next user message
+    std::vector<std::string> pending_paths_;
+    std::vector<runtime::PreparedImage> images_;  // the conversation's, in order
 };
 
 // "prompt 12 tok (reused 4) 310.2 tok/s | generated 16 tok 45.1 tok/s"

@@ -13,6 +13,8 @@
 #include "core/log.h"
 #include "default_model.h"
 #include "model_setup.h"
+#include "run_images.h"
+#include "vision_setup.h"
 
 namespace glm5::app {
 
@@ -145,6 +147,7 @@ int cmd_run(int argc, char** argv) {
     a.option("tokens", "IDS", "", "comma-separated prompt token ids (no chat format)");
     a.flag("print-ids", "with --tokens: print the generated ids, space separated");
     a.flag("ignore-eos", "with --tokens: never stop at end-of-generation tokens");
+    add_vision_flags(a, true);
     if (!a.parse(argc, argv, 2)) return 0;
 
     const int modes =
@@ -165,6 +168,7 @@ int cmd_run(int argc, char** argv) {
 
     const std::string path = a.is_set("model") ? a.get("model") : ensure_default_model();
     LoadedModel m = open_model(a, path);
+    if (LoadedVision v = open_vision(a, m); v.tower) return run_with_images(a, m, v);
     if (a.is_set("tokens")) return run_tokens(a, m);
 
     ChatRunner chat(m, n_ctx, ubatch, sp, n_predict);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "core/error.h"
@@ -514,6 +515,85 @@ ojson parse_body(std::string_view body) {
     return j;
 }
 
+int64_t PromptInput::expanded_size() const {
+    int64_t n = int64_t(tokens.size());
+    for (const auto& im : images) n += im.n_tokens - 1;
+    return n;
+}
+
+namespace {
+
+// RFC 4648 base64 (padding optional, no whitespace).
+std::optional<std::vector<uint8_t>> decode_base64(std::string_view s) {
+    auto val = [](char c) -> int {
+        if (c >= 'A' && c <= 'Z') return c - 'A';
+        if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+        if (c >= '0' && c <= '9') return c - '0' + 52;
+        if (c == '+' || c == '-') return 62;
+        if (c == '/' || c == '_') return 63;
+        return -1;
+    };
+    while (!s.empty() && s.back() == '=') s.remove_suffix(1);
+    if (s.size() % 4 == 1) return std::nullopt;
+    std::vector<uint8_t> out;
+    out.reserve(s.size() * 3 / 4);
+    uint32_t acc = 0;
+    int bits = 0;
+    for (char c : s) {
+        const int v = val(c);
+        if (v < 0) return std::nullopt;
+        acc = (acc << 6) | uint32_t(v);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out.push_back(uint8_t(acc >> bits));
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+// The images of a chat's user messages, decoded and normalised (400 for a
+// remote URL, a malformed data URL or bytes that are not a decodable image).
+static std::vector<runtime::PreparedImage> message_images(
+    const std::vector<text::ChatMessage>& history, const ModelContext& mc) {
+    std::vector<runtime::PreparedImage> out;
+    for (size_t i = 0; i < history.size(); ++i)
+        for (size_t k = 0; k < history[i].image_urls.size(); ++k) {
+            const std::string where =
+                "messages[" + std::to_string(i) + "] image " + std::to_string(k + 1);
+            if (!mc.vision)
+                throw bad_request(where +
+                                      ": this model takes no images (the server was started "
+                                      "without --mmproj)",
+                                  "messages", "images_unsupported");
+            const std::string& url = history[i].image_urls[k];
+            if (url.rfind("data:", 0) != 0)
+                throw bad_request(where +
+                                      ": only data URLs (data:image/png;base64,... or "
+                                      "data:image/jpeg;base64,...) are served: this engine makes "
+                                      "no outbound requests",
+                                  "messages", "remote_image_url");
+            const size_t comma = url.find(',');
+            const std::string_view meta = std::string_view(url).substr(5, comma - 5);
+            if (comma == std::string::npos || meta.size() < 7 ||
+                meta.substr(meta.size() - 7) != ";base64")
+                throw bad_request(where + ": a data URL must be base64 (data:MIME;base64,DATA)",
+                                  "messages", "invalid_image_url");
+            auto bytes = decode_base64(std::string_view(url).substr(comma + 1));
+            if (!bytes)
+                throw bad_request(where + ": the data URL's payload is not valid base64",
+                                  "messages", "invalid_image_url");
+            try {
+                out.push_back(runtime::prepare_image(*bytes, where, *mc.vision));
+            } catch (const Error& e) {
+                throw bad_request(e.what(), "messages", "invalid_image");
+            }
+        }
+    return out;
+}
+
 GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     GenRequest g;
     g.endpoint = Endpoint::Chat;
@@ -585,7 +665,8 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     g.warnings = p.warnings;
     PromptInput in;
     in.tokens = text::encode_prompt(*mc.tok, p);
-    check_context(in.tokens.size(), mc, "messages");
+    in.images = message_images(history, mc);
+    check_context(size_t(in.expanded_size()), mc, "messages");
     g.prompts.push_back(std::move(in));
     check_total_choices(g, mc);
     return g;
@@ -663,7 +744,9 @@ GenRequest parse_completion_request(const ojson& body, const ModelContext& mc) {
 runtime::RequestParams engine_params(const GenRequest& g, int index, const ModelContext& mc) {
     runtime::RequestParams p;
     const int sample = index % g.n;
-    p.prompt = g.prompts[size_t(index / g.n)].tokens;
+    const PromptInput& in = g.prompts[size_t(index / g.n)];
+    p.prompt = in.tokens;
+    p.images = in.images;
     p.sampling = g.sampling;
     if (g.seed_given || mc.seed_fixed) {
         p.sampling.seed = g.sampling.seed + uint64_t(sample);
@@ -671,7 +754,7 @@ runtime::RequestParams engine_params(const GenRequest& g, int index, const Model
         thread_local std::mt19937_64 rng{std::random_device{}()};
         p.sampling.seed = rng();
     }
-    const int64_t room = mc.n_ctx - int64_t(p.prompt.size());
+    const int64_t room = mc.n_ctx - in.expanded_size();
     int64_t want = g.max_tokens > 0 ? g.max_tokens : mc.default_max_tokens;
     p.max_tokens = want > 0 ? std::min(want, room) : room;
     if (!g.ignore_eos)

@@ -56,6 +56,9 @@ struct ModelContext {
     int max_choices = 16;            // n times the number of prompts
     runtime::SpecParams spec;        // speculative decoding for requests that do not say
     bool can_mtp = false;            // a NextN/MTP block is loaded
+    // The vision tower's parameters when the server has one (--mmproj); null:
+    // requests with images are refused.
+    const model::VisionHParams* vision = nullptr;
 };
 
 enum class Endpoint { Chat, Completion };
@@ -64,6 +67,10 @@ enum class ToolChoice { Auto, None, Required, Named };
 struct PromptInput {
     std::vector<int32_t> tokens;
     std::string text;  // the prompt as text (completions' echo)
+    // Chat: the images of the messages, in order, one per <|image|> in `tokens`
+    // (data URLs only: this engine makes no outbound requests).
+    std::vector<runtime::PreparedImage> images;
+    int64_t expanded_size() const;  // tokens with every image expanded
 };
 
 struct GenRequest {

@@ -108,7 +108,7 @@ std::optional<ApiError> failure(const runtime::RequestResult& r) {
 ojson usage_json(const GenRequest& g, const std::vector<ChoiceState>& cs) {
     int64_t prompt = 0, cached = 0, completion = 0;
     for (size_t p = 0; p < g.prompts.size(); ++p) {
-        prompt += int64_t(g.prompts[p].tokens.size());
+        prompt += g.prompts[p].expanded_size();  // image tokens count, as in vLLM
         cached += cs[p * size_t(g.n)].result.cached_tokens;
     }
     for (const auto& c : cs) completion += int64_t(c.result.tokens.size());
