@@ -85,8 +85,8 @@ std::string text_of(const ojson& content, const std::string& where, ChatMessage*
             } else if (part.is_object() && part.value("type", "") == "text" &&
                        part.contains("text") && part["text"].is_string()) {
                 s += part["text"].get<std::string>();
-            } else if (part.is_object() && part.value("type", "") == "image_url") {
-                if (!images) throw Error(where + ": images are read only in user messages");
+            } else if (part.is_object() && part.value("type", "") == "image_url" && images) {
+                // (Other roles' images are dropped, as parts of unknown types are.)
                 const ojson* u = part.contains("image_url") ? &part["image_url"] : nullptr;
                 if (u && u->is_object() && u->contains("url")) u = &(*u)["url"];
                 if (!u || !u->is_string())

@@ -149,7 +149,8 @@ std::string check_chat_template(std::string_view chat_template);
 
 // OpenAI chat messages (JSON array) -> ChatMessage list. Content may be a string, null, or
 // an array of {"type":"text","text":...} parts (concatenated) and, in user messages,
-// {"type":"image_url","image_url":{"url":...}} parts (ChatMessage::image_at / image_urls);
+// {"type":"image_url","image_url":{"url":...}} parts (ChatMessage::image_at / image_urls;
+// other roles' images and parts of other types are dropped);
 // tool_calls[i].function .arguments may be a JSON string or an object; "reasoning_content" (or
 // "reasoning") is read for assistant turns. Throws glm5::Error naming the offending message.
 std::vector<ChatMessage> messages_from_openai(const nlohmann::ordered_json& messages);
