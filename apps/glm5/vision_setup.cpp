@@ -27,9 +27,14 @@ LoadedVision open_vision(const Args& a, LoadedModel& m) {
     v.image_token = text::Tokenizer::from_gguf(*m.file)->find("<|image|>");
     if (v.image_token < 0) throw Error(m.file->path() + ": the vocabulary has no <|image|> token");
     const auto& h = v.tower->hparams();
-    log_info("glm5: vision tower %s: width %lld, %lld blocks, %lld heads, %.2f GB of weights\n",
-             v.tower->name().c_str(), (long long)h.width, (long long)h.n_block, (long long)h.n_head,
-             double(v.tower->weight_bytes()) * 1e-9);
+    // The scratch an image at the 8000-token budget (32000 patches) takes on
+    // the backend, beside the model's own.
+    log_info(
+        "glm5: vision tower %s: width %lld, %lld blocks, %lld heads, %.2f GB of weights, "
+        "up to %.2f GB of scratch per image\n",
+        v.tower->name().c_str(), (long long)h.width, (long long)h.n_block, (long long)h.n_head,
+        double(v.tower->weight_bytes()) * 1e-9,
+        double(v.tower->scratch_bytes(4 * image::kMaxTokens)) * 1e-9);
     return v;
 }
 
