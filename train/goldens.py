@@ -75,6 +75,34 @@ def greedy(model, ids, n):
     return toks[len(ids):], margins, gaps
 
 
+SCREEN_MODEL = None
+SCREEN_GAP = 1e-5
+
+
+def screen_long(tok, held, n_ctx, top_k):
+    """The long prompt: the first of a fixed list of held-out chapters whose every position is
+    further than SCREEN_GAP from an indexer or expert tie (else the one that stays clear the
+    longest), as the llama.cpp fixtures screen their prompts; the screen is recorded."""
+    limit = min(n_ctx - N_GREEDY - 1, 2 * top_k + 70)
+    best, tried = None, []
+    for ci in (17, 5, 12, 25, 2, 8, 20, 28):
+        t, vs = held[ci]
+        ids = tok.encode(corpus.chapter_text(t, vs))[:limit]
+        text = tok.decode(ids)
+        if tok.encode(text) != ids:
+            continue
+        _, ig, eg = pos_margins(SCREEN_MODEL, ids)
+        worst = np.minimum(ig, eg)
+        clear = next((i for i, v in enumerate(worst) if v <= SCREEN_GAP), len(ids))
+        tried.append({"chapter": t, "clear_positions": clear, "of": len(ids)})
+        if best is None or clear > best[0]:
+            best = (clear, {"name": "long", "text": text, "tokens": ids})
+        if clear == len(ids):
+            break
+    best[1]["screen"] = tried
+    return best[1]
+
+
 def pick_prompts(tok, source, n_ctx, top_k, seed):
     rng = random.Random(seed)
     if source == "random":
@@ -92,12 +120,14 @@ def pick_prompts(tok, source, n_ctx, top_k, seed):
     texts.append(("verse", vs[0]))
     t, vs = held[10]
     texts.append(("chapter", corpus.chapter_text(t, vs)[:160]))
-    t, vs = held[17]
-    texts.append(("long", corpus.chapter_text(t, vs)))
+    texts.append(("long", None))  # screened below
     a, _ = corpus.half_split(held[21][1][4])
     texts.append(("chat", corpus.chat_prompt(f"Continue this verse: {a}")))
     out = []
     for name, text in texts:
+        if name == "long":
+            out.append(screen_long(tok, held, n_ctx, top_k))
+            continue
         ids = tok.encode(text)
         limit = n_ctx - N_GREEDY - 1 if name != "long" else min(n_ctx - N_GREEDY - 1, 2 * top_k + 70)
         if len(ids) > limit:  # cut at a token boundary, and keep the text that makes those ids
@@ -120,7 +150,10 @@ def main():
     model, tok, md = export.load(args.model)
     c = model.c
     m64 = export.load(args.model)[0].double()
-    prompts = pick_prompts(tok, args.prompts_from, c.n_ctx, c.idx_top_k, args.seed)
+    global SCREEN_MODEL
+    SCREEN_MODEL = model
+    with torch.no_grad():
+        prompts = pick_prompts(tok, args.prompts_from, c.n_ctx, c.idx_top_k, args.seed)
     blob = open(args.model, "rb").read()
     g = {
         "schema": "glm5-trainer-golden/1",
@@ -149,7 +182,7 @@ def main():
             fin = np.isfinite(eg) & np.isfinite(eg64)
             if fin.any():
                 gap_delta = max(gap_delta, float(np.abs(eg[fin] - eg64[fin]).max()))
-            e = {"name": p["name"], "text": p["text"], "tokens": ids,
+            e = {"name": p["name"], "text": p["text"], "tokens": ids, **({"screen": p["screen"]} if "screen" in p else {}),
                  "logits_last": [short(v) for v in lg[-1].numpy()],
                  "indexer_gap": [None if not np.isfinite(v) else short(v) for v in ig],
                  "expert_gap": [None if not np.isfinite(v) else short(v) for v in eg]}
