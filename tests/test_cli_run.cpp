@@ -189,17 +189,31 @@ TEST(CliRun, UnsupportedArchitectureIsRefused) {
     EXPECT_NE(r.err.find("not supported"), std::string::npos) << r.err;
 }
 
-TEST(CliRun, EmbeddedDefaultModelIsGeneratedOnFirstUse) {
+TEST(CliRun, EmbeddedDefaultModelIsWrittenOnFirstUse) {
     const std::string d = tmp_dir("cache");
     std::filesystem::remove_all(d);
     const CliResult first = run_glm5("run -p Hello -n 4 --temp 0", "", "GLM5_CACHE=" + d);
     ASSERT_EQ(first.code, 0) << first.err;
-    EXPECT_NE(first.err.find("generating"), std::string::npos) << first.err;
-    EXPECT_TRUE(std::filesystem::exists(d + "/tiny.gguf"));
+    EXPECT_NE(first.err.find("writing the embedded default model"), std::string::npos) << first.err;
+    // One file in the cache, byte for byte the committed trained model.
+    std::vector<std::filesystem::path> cached;
+    for (const auto& e : std::filesystem::directory_iterator(d)) cached.push_back(e.path());
+    ASSERT_EQ(cached.size(), 1u);
+    auto read = [](const std::filesystem::path& p) {
+        std::ifstream f(p, std::ios::binary);
+        return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    };
+    EXPECT_TRUE(read(cached[0]) == read(std::string(GLM5_SOURCE_DIR) + "/models/kjv-mini.gguf"));
     const CliResult second = run_glm5("run -p Hello -n 4 --temp 0", "", "GLM5_CACHE=" + d);
     ASSERT_EQ(second.code, 0) << second.err;
-    EXPECT_EQ(second.err.find("generating"), std::string::npos);
+    EXPECT_EQ(second.err.find("writing"), std::string::npos);
     EXPECT_EQ(first.out, second.out);
+    // A damaged cached copy is replaced, not loaded.
+    std::filesystem::resize_file(cached[0], 1000);
+    const CliResult third = run_glm5("run -p Hello -n 4 --temp 0", "", "GLM5_CACHE=" + d);
+    ASSERT_EQ(third.code, 0) << third.err;
+    EXPECT_NE(third.err.find("writing the embedded default model"), std::string::npos);
+    EXPECT_EQ(first.out, third.out);
 }
 
 }  // namespace

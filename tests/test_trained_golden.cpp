@@ -22,6 +22,9 @@ struct Golden {
 };
 
 const Golden kGoldens[] = {
+    // The embedded default model, trained by train/train.sh.
+    {"trainer/kjv-mini.golden.json", "models/kjv-mini.gguf"},
+    // A random-init export of another shape (train/random_model.py).
     {"trainer/random-mini.golden.json", "tests/data/trainer/random-mini.gguf"},
 };
 

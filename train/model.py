@@ -127,6 +127,7 @@ class Attention(nn.Module):
         ik = ik @ H_mat.T
         w = self.idx_proj(xn) / math.sqrt(Di * Hi)  # [B, T, Hi]
         qk = torch.einsum("bthd,bsd->bhts", iq, ik)
+        self.last_qk_max = qk.detach().max(1).values  # [B, T, S]: how close a 0 score is to > 0
         return torch.einsum("bhts,bth->bts", F.relu(qk), w)
 
     def forward(self, x, rope, mask, need_probs=False):
@@ -281,15 +282,24 @@ class GlmDsa(nn.Module):
                 score = at.indexer_scores(xn.detach(), qr.detach(), self.rope, self.H_mat)
                 score = score.masked_fill(~causal, float("-inf"))
                 K = min(c.idx_top_k, T)
-                top = torch.topk(score.detach(), K, -1)
+                # Ties go to the earlier key (a stable sort), as the engine breaks them: keys
+                # whose every head has q.k <= 0 score exactly 0, so exact ties are common.
+                order = torch.sort(score.detach(), dim=-1, descending=True, stable=True)
                 sel = torch.zeros(B, T, T, dtype=torch.bool, device=dev)
-                sel.scatter_(-1, top.indices, True)
+                sel.scatter_(-1, order.indices[..., :K], True)
                 sel &= causal
                 small = (torch.arange(T, device=dev) + 1 <= c.idx_top_k).view(1, T, 1)
                 sel = torch.where(small, causal.expand(B, T, T), sel)
                 if "diag" in want and T > c.idx_top_k:
-                    t2 = torch.topk(score.detach(), c.idx_top_k + 1, -1).values
+                    t2 = order.values[..., : c.idx_top_k + 1]
                     gap = t2[..., -2] - t2[..., -1]
+                    # An exact tie at 0 is decided by position in both implementations; it
+                    # is fragile only if a zero-score key is close to scoring above 0.
+                    zero = (score.detach() == 0) & causal
+                    zmargin = torch.where(zero, -at.last_qk_max, torch.full_like(score, float("inf")))
+                    zmargin = zmargin.min(-1).values
+                    both0 = (t2[..., -2] == 0) & (t2[..., -1] == 0)
+                    gap = torch.where(both0, zmargin, gap)
                     gap[:, : c.idx_top_k] = float("inf")  # no choice while t+1 <= top_k
                     diag["idx_gap"].append(gap)
                 groups.append([score, []])
