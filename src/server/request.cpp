@@ -336,8 +336,9 @@ void parse_tool_choice(const ojson& body, GenRequest& g) {
 
 // Message content: a string or a non-empty array of content parts. Parts are
 // objects with a "type"; "text" parts carry a string, "refusal" parts (assistant
-// only) too; image, audio and file parts need a model that reads them.
-void check_content(const ojson& c, const std::string& where, bool assistant) {
+// only) too; image, audio and file parts need a model that reads them: image_url
+// parts are read in user messages when the server has a vision tower.
+void check_content(const ojson& c, const std::string& where, bool assistant, bool images) {
     if (c.is_string()) return;
     if (!c.is_array())
         throw bad_request(
@@ -355,6 +356,13 @@ void check_content(const ojson& c, const std::string& where, bool assistant) {
             throw bad_request(at + ".type must be a string", "messages");
         const std::string t = type->get<std::string>();
         const char* key = t == "text" ? "text" : t == "refusal" && assistant ? "refusal" : nullptr;
+        if (t == "image_url" && images) {
+            const ojson* u = field(part, "image_url");
+            if (u && u->is_object()) u = field(*u, "url");
+            if (!u || !u->is_string())
+                throw bad_request(at + ".image_url.url must be a string", "messages");
+            continue;
+        }
         if (!key) {
             if (t == "image_url" || t == "input_audio" || t == "file")
                 throw bad_request(at + ": content parts of type '" + t +
@@ -372,7 +380,7 @@ void check_content(const ojson& c, const std::string& where, bool assistant) {
 // roles, required content (null only for an assistant message with tool
 // calls), tool calls with ids, and every tool message answering a call of the
 // assistant message it follows.
-void check_messages(const ojson& msgs) {
+void check_messages(const ojson& msgs, bool vision) {
     std::vector<std::string> open_calls;  // ids of the last assistant message's calls
     bool after_calls = false;             // only tool messages since those calls
     for (size_t i = 0; i < msgs.size(); ++i) {
@@ -397,7 +405,7 @@ void check_messages(const ojson& msgs) {
         const ojson* content = field(m, "content");
         const bool has_calls = role == "assistant" && field(m, "tool_calls");
         if (content)
-            check_content(*content, where, role == "assistant");
+            check_content(*content, where, role == "assistant", vision && role == "user");
         else if (!has_calls)
             throw bad_request(
                 where + ".content is required" +
@@ -608,7 +616,7 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
         throw bad_request("'messages' is required", "messages", "missing_required_parameter");
     if (!msgs->is_array()) throw type_error("messages", "an array", *msgs);
     if (msgs->empty()) throw bad_request("'messages' must not be empty", "messages");
-    check_messages(*msgs);
+    check_messages(*msgs, mc.vision != nullptr);
     std::vector<text::ChatMessage> history;
     try {
         // OpenAI's newer "developer" role is the system role under another name.
