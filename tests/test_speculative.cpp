@@ -299,3 +299,27 @@ TEST(SpecGlm5next, MtpIsRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+// The trained default model's NextN head really predicts: its drafts are
+// accepted, and the output is still plain decoding's, id for id and logit
+// for logit.
+TEST(SpecTrained, MtpDraftsAreAcceptedAndChangeNothing) {
+    TestModel m(std::string(GLM5_SOURCE_DIR) + "/models/kjv-mini.gguf", backend::CacheType::F16, 2,
+                /*spec=*/true);
+    auto tok = text::Tokenizer::from_gguf(*m.file);
+    const std::vector<int32_t> p = tok->encode(
+        "[gMASK]<sop><|user|>Continue this verse: In the beginning God "
+        "created<|assistant|><think></think>");
+    runtime::SamplerParams greedy;
+    greedy.temperature = 0;
+    const Output plain = generate(*m.model, p, 40, greedy, std::nullopt);
+    const Output spec = generate(*m.model, p, 40, greedy, fixed(runtime::DraftType::Mtp, 3));
+    expect_same(plain, spec);
+    EXPECT_GT(spec.r.draft_accepted, 0);
+    EXPECT_LT(spec.r.draft_accepted, spec.r.draft_n);
+    EXPECT_EQ(spec.r.forwards, plain.r.forwards - spec.r.draft_accepted);
+}
+
+}  // namespace
