@@ -6,6 +6,7 @@
 // when every decision at and before it is further from a tie than gap_bound
 // (a flipped pick changes that token's state, which later tokens read), and
 // the positions left out are counted and printed, never passed silently.
+#include <algorithm>
 #include <cstdio>
 
 #include "text/tokenizer.h"
@@ -160,6 +161,57 @@ TEST_P(TrainedGolden, EveryPositionOfTheLongPrompt) {
         EXPECT_GT(int64_t(t), top_k + 4);
     }
     EXPECT_EQ(prompts, 1);
+}
+
+// The NextN/MTP draft head (--spec): the engine's one-token draft after each
+// prompt prefix against the reference's draft rows (row p: the prompt's token p
+// with the trunk's hidden state at p - 1, a zero row at p = 0, as llama.cpp's
+// drafter lays them out). Compared while the reference's top-1/top-2 margin is
+// over twice the bound and no trunk or NextN decision up to p is near a tie.
+TEST_P(TrainedGolden, NextNDraftsMatchTheReference) {
+    TestModel m(path_, backend::CacheType::F32, 2, /*spec=*/true);
+    ASSERT_TRUE(m.model->can_draft());
+    for (const auto& p : g_["prompts"]) {
+        if (!p.contains("nextn_logits")) continue;
+        const auto tokens = to_ids(p["tokens"]);
+        const auto& rows = p["nextn_logits"];
+        ASSERT_EQ(rows.size(), tokens.size());
+        size_t last = first_excluded(p, gap_bound_);
+        const auto& ng = p["nextn_expert_gap"];
+        for (size_t t = 0; t < last; ++t)
+            if (ng[t].get<double>() <= gap_bound_) last = t;
+        auto st = m.model->new_state(int64_t(tokens.size()) + 8);
+        std::vector<float> lg;
+        int compared = 0, equal = 0, hits = 0;
+        for (size_t t = 0; t < tokens.size(); ++t) {
+            model::DraftRequest r{st.get(), tokens[t], 1, 0.0f, {}};
+            m.model->draft({&r, 1});
+            ASSERT_EQ(r.out.size(), 1u) << "position " << t;
+            // The engine's draft against the held-out text (the token after t).
+            if (t + 1 < tokens.size()) hits += r.out[0] == tokens[t + 1];
+            const auto ids = to_ids(rows[t]["ids"]);
+            const auto v = to_floats(rows[t]["logits"]);
+            std::vector<size_t> o(ids.size());
+            for (size_t k = 0; k < o.size(); ++k) o[k] = k;
+            std::sort(o.begin(), o.end(), [&](size_t a, size_t b) { return v[a] > v[b]; });
+            if (t<last&& double(v[o[0]]) - double(v[o[1]])> 2 * bound_) {
+                ++compared;
+                equal += r.out[0] == ids[o[0]];
+                EXPECT_EQ(r.out[0], ids[o[0]]) << "draft at position " << t;
+            }
+            model::SeqInput in{st.get(), std::span<const int32_t>(&tokens[t], 1), false};
+            m.model->forward({&in, 1}, lg);
+        }
+        std::printf(
+            "  %s: NextN drafts equal to the reference at %d of %d compared positions "
+            "(%zu of %zu before a near-tie); engine drafts agree with the held-out text at "
+            "%d of %zu positions (%.1f%%; the reference: %.1f%%)\n",
+            p["name"].get<std::string>().c_str(), equal, compared, last, tokens.size(), hits,
+            tokens.size() - 1, 100.0 * hits / double(tokens.size() - 1),
+            100.0 * p["nextn_top1_agreement_with_prompt"].get<double>());
+        EXPECT_GE(compared, int(last) * 3 / 4);
+        EXPECT_GT(compared, 50);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainer, TrainedGolden, ::testing::ValuesIn(kGoldens),

@@ -202,10 +202,16 @@ def main():
                     idx = sorted(set(range(0, c.n_vocab, STRIDE)) | set(top.indices.tolist()))
                     la.append({"ids": idx, "logits": [short(row[j]) for j in idx]})
                 e["logits_all"] = la
-                # NextN: position t drafts token t+2 from the trunk's hidden state at t and the
-                # prompt's token t+1 (teacher-forced).
-                nx = model(torch.tensor([ids]), sparse=True, want=("nextn",))["nextn"][0]
-                nx64 = m64(torch.tensor([ids]), sparse=True, want=("nextn",))["nextn"][0]
+                # NextN draft rows as llama.cpp's drafter (and the engine) lay them out: row p
+                # mixes the prompt's token p with the trunk's hidden state at p - 1 (a zero row
+                # at p = 0, which training never shows the head) and drafts token p + 1.
+                def draft_rows(m):
+                    h = m(torch.tensor([ids]), sparse=True)["hidden"]
+                    h = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], 1)
+                    out = m.nextn_forward(h, torch.tensor([ids]))[0]
+                    return out, m.nextn.block.moe.last_gap[0]
+                nx, ngap = draft_rows(model)
+                nx64, _ = draft_rows(m64)
                 delta = max(delta, float((nx.double() - nx64).abs().max()))
                 rows = []
                 for t in range(nx.shape[0]):
@@ -213,7 +219,8 @@ def main():
                     idx = sorted(set(range(0, c.n_vocab, STRIDE)) | set(top.indices.tolist()))
                     rows.append({"ids": idx, "logits": [short(nx[t, j]) for j in idx]})
                 e["nextn_logits"] = rows
-                agree = (nx.argmax(-1)[:-1] == torch.tensor(ids[2:])).double().mean().item()
+                e["nextn_expert_gap"] = [short(v) for v in ngap.double().numpy()]
+                agree = (nx.argmax(-1)[:-1] == torch.tensor(ids[1:])).double().mean().item()
                 e["nextn_top1_agreement_with_prompt"] = agree
             g["prompts"].append(e)
     g["delta_f32_vs_f64"] = delta
