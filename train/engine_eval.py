@@ -4,7 +4,7 @@
     /usr/bin/python3 train/engine_eval.py build/glm5 models/kjv-mini.gguf [train/out/tokens.npz]
 
 Prints the engine's validation loss and next-token top-1 accuracy next to the PyTorch ones.
-(The engine has no NextN draft forward yet, so the NextN agreement is the trainer's.)
+(The engine's NextN drafts are checked by ctest -R NextN, which prints their agreement.)
 """
 
 import json
