@@ -15,8 +15,8 @@
 #include <set>
 
 #include "core/error.h"
-#include "gguf/gguf.h"
 #include "gen/vocab.h"
+#include "gguf/gguf.h"
 #include "runtime/engine.h"
 #include "runtime/json_constraint.h"
 #include "runtime/sampler.h"
