@@ -2,6 +2,8 @@
 // (cpu_backend.cpp, cpu_moe.cpp, and one file per family of ops).
 #pragma once
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 #include "backend/backend.h"
@@ -132,12 +135,37 @@ class CpuBackend final : public Backend {
         for (auto& b : blocks_) b.used = 0;
         cur_ = 0;
     }
+    // Large caches are anonymous mappings: zero without being written, and
+    // resident only as their rows are filled (the memory plan counts the
+    // whole size; a full context is not touched before it is used).
     uint8_t* alloc_cache(size_t bytes) override {
-        auto* p = static_cast<uint8_t*>(aligned_malloc(bytes));
+        if (bytes >= kMappedCache) {
+            void* m =
+                ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (m == MAP_FAILED)
+                throw ResourceError("out of memory mapping " + std::to_string(bytes) +
+                                    " bytes of cache");
+            std::lock_guard<std::mutex> lk(mapped_mu_);
+            mapped_[static_cast<uint8_t*>(m)] = bytes;
+            return static_cast<uint8_t*>(m);
+        }
+        auto* p = static_cast<uint8_t*>(aligned_malloc(std::max<size_t>(bytes, 1)));
         std::memset(p, 0, bytes);
         return p;
     }
-    void free_cache(uint8_t* p) override { std::free(p); }
+    void free_cache(uint8_t* p) override {
+        if (!p) return;
+        {
+            std::lock_guard<std::mutex> lk(mapped_mu_);
+            auto it = mapped_.find(p);
+            if (it != mapped_.end()) {
+                ::munmap(p, it->second);
+                mapped_.erase(it);
+                return;
+            }
+        }
+        std::free(p);
+    }
     void read(const float* src, float* dst, size_t n) override {
         std::memcpy(dst, src, n * sizeof(float));
     }
@@ -657,6 +685,9 @@ class CpuBackend final : public Backend {
 
     OpProfile profile_;  // first member destroyed last: reports after the pool stops
     ThreadPool pool_;
+    static constexpr size_t kMappedCache = size_t(1) << 20;
+    std::mutex mapped_mu_;
+    std::map<uint8_t*, size_t> mapped_;  // cache mappings and their sizes
     std::vector<PerThread> per_thread_;
     std::vector<Block> blocks_;
     size_t cur_ = 0;

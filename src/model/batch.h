@@ -76,4 +76,25 @@ FlatBatch<State> flatten_batch(std::span<const SeqInput> inputs, int64_t n_vocab
     return b;
 }
 
+// A forward's span resolved against the trunk: layers [first, end), and
+// whether it ends with the head. Throws on a span outside the trunk, missing
+// hidden rows or rows of the wrong size for `rows` tokens of `width` floats.
+struct SpanRange {
+    int64_t first = 0, end = 0;
+    bool head = true;
+};
+inline SpanRange check_span(const LayerSpan& s, int64_t n_layer, int64_t rows, int64_t width,
+                            const char* arch) {
+    SpanRange r{s.first, s.end < 0 ? n_layer : s.end, s.end < 0 || s.end == n_layer};
+    const std::string what = std::string(arch) + ": layer span [" + std::to_string(r.first) + ", " +
+                             std::to_string(r.end) + ")";
+    if (r.first < 0 || r.first >= n_layer || r.end <= r.first || r.end > n_layer)
+        throw Error(what + " is outside the trunk's " + std::to_string(n_layer) + " layers");
+    if (r.first > 0 && s.hidden_in.size() != size_t(rows * width))
+        throw Error(what + ": " + std::to_string(s.hidden_in.size()) +
+                    " hidden values in, the batch needs " + std::to_string(rows * width));
+    if (!r.head && !s.hidden_out) throw Error(what + " ends before the head and has no hidden_out");
+    return r;
+}
+
 }  // namespace glm5::model

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "model/batch.h"
+#include "model/cache_alloc.h"
 
 namespace glm5::model {
 
@@ -35,15 +36,19 @@ namespace {
 // completes again, and never read before.
 class NextState final : public SequenceState {
   public:
-    NextState(Backend& be, const Glm5NextHParams& hp, CacheType type, int64_t n_ctx)
+    // cell_width[il]: the indexer's cell row [key | gate] on layers with an
+    // indexer, 0 elsewhere.
+    NextState(Backend& be, const Glm5NextHParams& hp, CacheType type, int64_t n_ctx,
+              int64_t capacity, const std::vector<int64_t>& cell_width)
         : be_(be), n_ctx_(n_ctx), pool_(hp.idx_pool) {
         layers_.resize(size_t(hp.n_layer));
         for (int64_t il = 0; il < hp.n_layer; ++il) {
             LayerState& ls = layers_[size_t(il)];
             if (hp.is_mla[size_t(il)]) {
+                const int64_t cw = cell_width[size_t(il)];
                 ls.latent = CacheRows{nullptr, hp.kv_lora, type};
-                ls.cells = CacheRows{nullptr, 0, type};  // width set by the model
-                ls.pools = CacheRows{nullptr, hp.idx_dim, type};
+                ls.cells = CacheRows{nullptr, cw, type};
+                ls.pools = CacheRows{nullptr, cw ? hp.idx_dim : 0, type};
             } else {
                 const int64_t di = hp.n_head[size_t(il)] * hp.kda_dim;
                 ls.tail_off = kda_floats_;
@@ -53,17 +58,24 @@ class NextState final : public SequenceState {
                 kda_floats_ += hp.n_head[size_t(il)] * hp.kda_dim * hp.kda_dim;
             }
         }
-        kda_ = reinterpret_cast<float*>(be_.alloc_cache(kda_bytes()));
-        next_ = reinterpret_cast<float*>(be_.alloc_cache(kda_bytes()));
+        try {
+            kda_ = reinterpret_cast<float*>(be_.alloc_cache(kda_bytes()));
+            next_ = reinterpret_cast<float*>(be_.alloc_cache(kda_bytes()));
+            resize(capacity);
+        } catch (...) {
+            release();
+            throw;
+        }
     }
-    ~NextState() override {
-        be_.free_cache(reinterpret_cast<uint8_t*>(kda_));
-        be_.free_cache(reinterpret_cast<uint8_t*>(next_));
+    ~NextState() override { release(); }
+    void release() {
+        if (kda_) be_.free_cache(reinterpret_cast<uint8_t*>(kda_));
+        if (next_) be_.free_cache(reinterpret_cast<uint8_t*>(next_));
+        kda_ = next_ = nullptr;
         for (auto& ls : layers_)
             for (CacheRows* c : {&ls.latent, &ls.cells, &ls.pools})
                 if (c->data) be_.free_cache(c->data);
     }
-
     int64_t n_past() const override { return n_past_; }
     int64_t n_ctx() const override { return n_ctx_; }
 
@@ -119,32 +131,25 @@ class NextState final : public SequenceState {
         return 2 * kda_bytes() + per_row * size_t(capacity_) +
                pool_rows * size_t((capacity_ + pool_ - 1) / pool_);
     }
+    int64_t capacity() const override { return capacity_; }
 
-    void set_cell_width(int64_t il, int64_t w) { layers_[size_t(il)].cells.width = w; }
-
-    // Grows every positional cache to hold at least n rows (doubling, capped at n_ctx).
-    void reserve(int64_t n) {
-        if (n <= capacity_) return;
-        int64_t cap = std::max<int64_t>(capacity_, 256);
-        while (cap < n) cap *= 2;
-        cap = std::min(cap, n_ctx_);
-        auto grow = [&](CacheRows& c, int64_t rows, int64_t keep) {
-            if (c.width == 0) return;
-            uint8_t* fresh = be_.alloc_cache(c.row_bytes() * size_t(rows));
-            if (c.data) {
-                be_.copy_cache(fresh, c.data, c.row_bytes() * size_t(keep), "grow");
-                be_.free_cache(c.data);
-            }
-            c.data = fresh;
-        };
-        const int64_t pool_cap = (cap + pool_ - 1) / pool_;
+    // Reallocates every positional cache to exactly `rows` positions, keeping
+    // what the state holds (the engine sizes a sequence once per request:
+    // caches never grow inside a forward).
+    void resize(int64_t rows) override {
+        check_capacity(rows, n_past_, n_ctx_);
+        if (rows == capacity_) return;
+        const int64_t pools = (rows + pool_ - 1) / pool_;
+        std::vector<CacheResize> all;
         for (auto& ls : layers_) {
-            grow(ls.latent, cap, n_past_);
-            grow(ls.cells, cap, n_past_);
-            grow(ls.pools, pool_cap, n_past_ / pool_);
+            all.push_back({&ls.latent, rows, n_past_});
+            all.push_back({&ls.cells, rows, n_past_});
+            all.push_back({&ls.pools, pools, n_past_ / pool_});
         }
-        capacity_ = cap;
+        resize_caches(be_, all);
+        capacity_ = rows;
     }
+    void reserve(int64_t n) const { check_reserved(n, capacity_); }
     // The forward completed: what it wrote becomes the state.
     void advance(int64_t n) {
         n_past_ += n;
@@ -204,13 +209,87 @@ struct Glm5NextModel::Batch {
     float* lowrank = nullptr;
 };
 
-std::unique_ptr<SequenceState> Glm5NextModel::new_state(int64_t n_ctx) {
+std::unique_ptr<SequenceState> Glm5NextModel::new_state(int64_t n_ctx, int64_t capacity) {
     if (n_ctx <= 0) throw Error("context size must be positive");
-    auto st = std::make_unique<NextState>(*backend_, hp_, cache_type_, n_ctx);
+    std::vector<int64_t> cells(size_t(hp_.n_layer), 0);
     for (int64_t il = 0; il < hp_.n_layer; ++il)
         if (layers_[size_t(il)].indexer)
-            st->set_cell_width(il, hp_.idx_dim + layers_[size_t(il)].idx_gate_width);
-    return st;
+            cells[size_t(il)] = hp_.idx_dim + layers_[size_t(il)].idx_gate_width;
+    return std::make_unique<NextState>(*backend_, hp_, cache_type_, n_ctx,
+                                       capacity > 0 ? capacity : n_ctx, cells);
+}
+
+// The widest row any layer's work buffers hold (the forward's scratch).
+Glm5NextModel::WorkWidths Glm5NextModel::work_widths() const {
+    const Glm5NextHParams& h = hp_;
+    WorkWidths w;
+    w.width = std::max({h.n_ff, h.q_lora, h.kv_lora, h.idx_heads * h.idx_dim, 2 * h.idx_dim});
+    w.width3 = w.width;
+    for (const Layer& L : layers_) {
+        w.heads = std::max(w.heads, L.n_head);
+        if (L.mla) {
+            w.width =
+                std::max({w.width, L.n_head * h.k_mla, L.n_head * h.kv_lora, L.n_head * h.v_mla});
+        } else {
+            w.width = std::max(w.width, L.n_head * h.kda_dim);
+            w.width3 = std::max(w.width3, 3 * L.n_head * h.kda_dim);
+            w.lowrank = std::max({w.lowrank, L.f_a.rows, L.g_a ? L.g_a.rows : int64_t(1)});
+        }
+    }
+    w.width3 = std::max(w.width3, w.width);
+    return w;
+}
+
+StateCost Glm5NextModel::state_cost() const {
+    const Glm5NextHParams& h = hp_;
+    const size_t es = backend::cache_elem_size(cache_type_);
+    StateCost c;
+    c.pool = std::max<int64_t>(1, h.idx_pool);
+    size_t kda = 0;
+    for (int64_t il = 0; il < h.n_layer; ++il) {
+        const Layer& L = layers_[size_t(il)];
+        if (h.is_mla[size_t(il)]) {
+            c.per_token += size_t(h.kv_lora) * es;
+            if (L.indexer) {
+                c.per_token += size_t(h.idx_dim + L.idx_gate_width) * es;
+                c.per_pool += size_t(h.idx_dim) * es;
+            }
+        } else {
+            const size_t di = size_t(h.n_head[size_t(il)] * h.kda_dim);
+            kda += (3 * size_t(h.conv_k - 1) * di + di * size_t(h.kda_dim)) * sizeof(float);
+        }
+    }
+    c.fixed = 2 * kda;  // current and next (double-buffered)
+    c.snapshot = kda;
+    return c;
+}
+
+// Mirrors forward() (an upper estimate): the streams and hyper-connection
+// buffers, the ten work buffers of the widest layer, the indexer's pool
+// scores (rows x depth / pool), per-thread attention scores over the visible
+// cells, the MoE and matmul activation copies (at most 4 bytes a value) and
+// the logits.
+size_t Glm5NextModel::scratch_bytes(int64_t T, int64_t R, int64_t D) const {
+    const Glm5NextHParams& h = hp_;
+    const size_t E = size_t(h.n_embd), S = size_t(h.hc_streams), V = size_t(h.n_vocab);
+    const size_t rows = size_t(T), depth = size_t(D);
+    const WorkWidths ww = work_widths();
+    const int64_t width = ww.width, width3 = ww.width3, heads = ww.heads;
+    const size_t per_row = 3 * S * E + 2 * E + (2 + S) * S + 2 * S + S * S + 2 * size_t(width3) +
+                           8 * size_t(width) + size_t(ww.lowrank);
+    size_t b = rows * per_row * 4;
+    b += size_t(R) * (S * E + E + 2 * V) * 4;  // head rows, logits, host logits
+    const size_t B = size_t(std::max<int64_t>(1, h.idx_pool)), n_sel = size_t(h.n_sel_pools());
+    b += rows * (n_sel + n_sel * B + B) * 4 + rows * 16;  // picks, cells, visibility
+    if (depth / B > n_sel) b += rows * (depth / B) * 4;   // pool scores
+    const size_t n_vis = std::min(depth, n_sel * B + B);
+    b += (size_t(backend_->n_threads()) + 1) * size_t(heads) * n_vis * 4;
+    const size_t K = size_t(h.n_expert_used), F = size_t(h.n_ff_exp);
+    const size_t Sh = F * size_t(h.n_expert_shared);
+    if (h.n_expert > 0)
+        b += rows * ((K * F + Sh) * 2 + (K + 1) * E + 2 * E + 2 * K * E + K * F) * 4;
+    b += rows * size_t(std::max<int64_t>(width3, int64_t(E))) * 4;
+    return b;
 }
 
 // (pre, post, C) of one sublayer from the streams X (spec 6.3).
@@ -421,7 +500,12 @@ void Glm5NextModel::ffn(const Batch& b, const Layer& L, const float* x, float* o
     be.matmul(L.ffn_down, fg, F, T, out, E);
 }
 
-void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>& logits) {
+int64_t Glm5NextModel::hidden_width() const {
+    return hp_.hc_streams * hp_.n_embd;
+}
+
+void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>& logits,
+                            const LayerSpan& span) {
     Backend& be = *backend_;
     const Glm5NextHParams& h = hp_;
     const int64_t E = h.n_embd, S = h.hc_streams, SE = S * E;
@@ -436,6 +520,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     logits.clear();
     const int64_t T = b.T = int64_t(tokens.size());
     if (T == 0) return;
+    const SpanRange sr = check_span(span, h.n_layer, T, SE, "glm5next");
     for (const auto& s : b.segs) s.state->reserve(s.n_past + s.n);
 
     // Scratch: the streams (twice, for hc_expand), the sublayer input/output,
@@ -451,29 +536,22 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     b.post = be.scratch(size_t(T * S));
     b.comb = be.scratch(size_t(T * S * S));
     // (w[0] and w[1] hold the three KDA projections side by side.)
-    int64_t width = std::max({h.n_ff, h.q_lora, h.kv_lora, h.idx_heads * h.idx_dim, 2 * h.idx_dim});
-    int64_t width3 = width, lowrank = 1;
-    for (const Layer& L : layers_) {
-        if (L.mla) {
-            width = std::max({width, L.n_head * h.k_mla, L.n_head * h.kv_lora, L.n_head * h.v_mla});
-        } else {
-            width = std::max(width, L.n_head * h.kda_dim);
-            width3 = std::max(width3, 3 * L.n_head * h.kda_dim);
-            lowrank = std::max({lowrank, L.f_a.rows, L.g_a ? L.g_a.rows : int64_t(1)});
-        }
-    }
-    width3 = std::max(width3, width);
+    const WorkWidths ww = work_widths();
     for (size_t i = 0; i < std::size(b.w); ++i)
-        b.w[i] = be.scratch(size_t(T * (i < 2 ? width3 : width)));
-    b.lowrank = be.scratch(size_t(T * lowrank));
+        b.w[i] = be.scratch(size_t(T * (i < 2 ? ww.width3 : ww.width)));
+    b.lowrank = be.scratch(size_t(T * ww.lowrank));
 
     // Embed, put image rows in place of their placeholders (spec 12.5: after
     // the lookup, before the streams), and replicate into the S streams.
-    be.embed(tok_embd_, tokens, x);
-    for (const auto& e : flat.embeds) be.write(x + e.row * E, e.rows, size_t(e.n * E));
-    for (int64_t s = 0; s < S; ++s) be.copy_rows(x, E, nullptr, T, E, X + s * E, SE);
+    if (sr.first == 0) {
+        be.embed(tok_embd_, tokens, x);
+        for (const auto& e : flat.embeds) be.write(x + e.row * E, e.rows, size_t(e.n * E));
+        for (int64_t s = 0; s < S; ++s) be.copy_rows(x, E, nullptr, T, E, X + s * E, SE);
+    } else {
+        be.write(X, span.hidden_in.data(), size_t(T * SE));
+    }
 
-    for (int64_t il = 0; il < h.n_layer; ++il) {
+    for (int64_t il = sr.first; il < sr.end; ++il) {
         const Layer& L = layers_[size_t(il)];
 
         // ---- attention sublayer between the hyper-connections
@@ -494,6 +572,14 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
         ffn(b, L, x, sub);
         be.hc_expand(X, sub, b.post, b.comb, T, S, E, Xnext);
         std::swap(X, Xnext);
+    }
+
+    if (!sr.head) {
+        span.hidden_out->resize(size_t(T * SE));
+        be.read(X, span.hidden_out->data(), size_t(T * SE));
+        if (span.commit)
+            for (const auto& s : b.segs) s.state->advance(s.n);
+        return;
     }
 
     // ---- LM head on the unweighted stream mean, only for the rows that want logits

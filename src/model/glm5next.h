@@ -69,8 +69,13 @@ class Glm5NextModel final : public Model {
   public:
     Glm5NextModel(const gguf::File& f, backend::Backend& be, const LoadOptions& opt);
 
-    std::unique_ptr<SequenceState> new_state(int64_t n_ctx) override;
-    void forward(std::span<const SeqInput> inputs, std::vector<float>& logits) override;
+    std::unique_ptr<SequenceState> new_state(int64_t n_ctx, int64_t capacity = 0) override;
+    StateCost state_cost() const override;
+    size_t scratch_bytes(int64_t rows, int64_t logit_rows, int64_t depth) const override;
+    using Model::forward;
+    void forward(std::span<const SeqInput> inputs, std::vector<float>& logits,
+                 const LayerSpan& span) override;
+    int64_t hidden_width() const override;
 
     const Glm5NextHParams& hparams() const { return hp_; }
 
@@ -123,6 +128,12 @@ class Glm5NextModel final : public Model {
     struct Batch;  // the flattened batch of one forward (glm5next.cpp)
 
     void load_layer(int64_t il, Layer& L, bool with_indexer);
+    // The work buffers' widths: widest layer, the three KDA projections side
+    // by side, the low-rank gates; and the most heads of a layer.
+    struct WorkWidths {
+        int64_t width = 0, width3 = 0, lowrank = 1, heads = 1;
+    };
+    WorkWidths work_widths() const;
     // A small table the ops read as floats (conv taps, slot embeddings), in
     // any storage type; checked against its shape.
     const float* load_floats(const std::string& name, std::initializer_list<int64_t> ne);

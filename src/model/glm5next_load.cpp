@@ -229,6 +229,8 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
     }
     info_.weight_bytes = tensors_.bytes_used();
     info_.repacked_bytes = tensors_.bytes_repacked();
+    info_.copied_bytes = tensors_.bytes_copied();
+    info_.mapped_bytes = tensors_.bytes_mapped();
     info_.repack_skipped = tensors_.repack_skipped();
 }
 

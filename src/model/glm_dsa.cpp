@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "model/batch.h"
+#include "model/cache_alloc.h"
 
 namespace glm5::model {
 
@@ -25,13 +26,20 @@ using backend::CacheType;
 // the next draft.
 class GlmDsaModel::DsaState final : public SequenceState {
   public:
-    DsaState(backend::Backend& be, const GlmDsaHParams& hp, CacheType type, int64_t n_ctx, bool mtp)
+    DsaState(backend::Backend& be, const GlmDsaHParams& hp, CacheType type, int64_t n_ctx,
+             int64_t capacity, bool mtp)
         : be_(be), type_(type), n_ctx_(n_ctx), n_embd_(hp.n_embd) {
         for (int64_t il = 0; il < hp.n_layer; ++il) {
             latent_.push_back(CacheRows{nullptr, hp.kv_lora + hp.n_rot, type});
             keys_.push_back(CacheRows{nullptr, hp.idx_full[size_t(il)] ? hp.idx_dim : 0, type});
         }
         mtp_latent_ = CacheRows{nullptr, mtp ? hp.kv_lora + hp.n_rot : 0, type};
+        try {
+            resize(capacity);
+        } catch (...) {
+            release();
+            throw;
+        }
     }
     ~DsaState() override { release(); }
 
@@ -66,29 +74,24 @@ class GlmDsaModel::DsaState final : public SequenceState {
         for (size_t i = 0; i < latent_.size(); ++i)
             per_row += latent_[i].row_bytes() + keys_[i].row_bytes();
         per_row += mtp_latent_.row_bytes();
-        return per_row * size_t(capacity_) + h_rows_.size() * sizeof(float);
+        return per_row * size_t(capacity_);
     }
+    int64_t capacity() const override { return capacity_; }
 
-    // Grows every cache to hold at least n rows (doubling, capped at n_ctx).
-    void reserve(int64_t n) {
-        if (n <= capacity_) return;
-        int64_t cap = std::max<int64_t>(capacity_ ? capacity_ : 256, 256);
-        while (cap < n) cap *= 2;
-        cap = std::min(cap, n_ctx_);
-        auto grow = [&](CacheRows& c) {
-            if (c.width == 0) return;
-            uint8_t* fresh = be_.alloc_cache(c.row_bytes() * size_t(cap));
-            if (c.data) {
-                be_.copy_cache(fresh, c.data, c.row_bytes() * size_t(n_past_), "grow");
-                be_.free_cache(c.data);
-            }
-            c.data = fresh;
-        };
-        for (auto& c : latent_) grow(c);
-        for (auto& c : keys_) grow(c);
-        grow(mtp_latent_);
-        capacity_ = cap;
+    // Reallocates every cache to exactly `rows` positions, keeping the
+    // n_past rows it holds (the engine sizes a sequence once per request:
+    // caches never grow inside a forward).
+    void resize(int64_t rows) override {
+        check_capacity(rows, n_past_, n_ctx_);
+        if (rows == capacity_) return;
+        std::vector<CacheResize> all;
+        for (auto& c : latent_) all.push_back({&c, rows, n_past_});
+        for (auto& c : keys_) all.push_back({&c, rows, n_past_});
+        all.push_back({&mtp_latent_, rows, n_past_});
+        resize_caches(be_, all);
+        capacity_ = rows;
     }
+    void reserve(int64_t n) const { check_reserved(n, capacity_); }
 
     void advance(int64_t n) { n_past_ += n; }
     const CacheRows& latent(int64_t il) const { return latent_[size_t(il)]; }
@@ -137,9 +140,49 @@ class GlmDsaModel::DsaState final : public SequenceState {
     int64_t h_first_ = 0, h_count_ = 0;
 };
 
-std::unique_ptr<SequenceState> GlmDsaModel::new_state(int64_t n_ctx) {
+std::unique_ptr<SequenceState> GlmDsaModel::new_state(int64_t n_ctx, int64_t capacity) {
     if (n_ctx <= 0) throw Error("context size must be positive");
-    return std::make_unique<DsaState>(*backend_, hp_, cache_type_, n_ctx, nextn_ != nullptr);
+    return std::make_unique<DsaState>(*backend_, hp_, cache_type_, n_ctx,
+                                      capacity > 0 ? capacity : n_ctx, nextn_ != nullptr);
+}
+
+StateCost GlmDsaModel::state_cost() const {
+    const GlmDsaHParams& h = hp_;
+    const size_t es = backend::cache_elem_size(cache_type_);
+    StateCost c;
+    for (int64_t il = 0; il < h.n_layer; ++il)
+        c.per_token += size_t(h.kv_lora + h.n_rot + (h.idx_full[size_t(il)] ? h.idx_dim : 0)) * es;
+    if (nextn_) {
+        c.per_token += size_t(h.kv_lora + h.n_rot) * es;
+        c.per_kept_row = size_t(h.n_embd) * sizeof(float);
+    }
+    return c;
+}
+
+// Mirrors forward() (an upper estimate): the backend scratch (activations,
+// Buffers, the head's rows; a second set for the NextN block's catch-up),
+// the indexer's scores (one float per query and visible key: rows x depth),
+// the attention's per-thread scores, the MoE and matmul activation copies
+// (at most 4 bytes a value), and the host logits.
+size_t GlmDsaModel::scratch_bytes(int64_t T, int64_t R, int64_t D) const {
+    const GlmDsaHParams& h = hp_;
+    const size_t E = size_t(h.n_embd), H = size_t(h.n_head), W = size_t(h.kv_lora + h.n_rot);
+    const size_t Fd = size_t(h.n_ff), Fe = size_t(h.n_ff_exp), K = size_t(h.n_expert_used);
+    const size_t F = std::max(Fd, Fe), S = Fe * size_t(h.n_expert_shared);
+    const size_t Hi = size_t(h.idx_heads), Di = size_t(h.idx_dim), V = size_t(h.n_vocab);
+    const size_t rows = size_t(T), top_k = size_t(h.idx_top_k), depth = size_t(D);
+    size_t per_row = E + E + size_t(h.q_lora) + H * size_t(h.k_mla) + W + H * W +
+                     H * size_t(h.kv_lora) + H * size_t(h.v_mla) + E + Hi * Di + Di + Hi + 2 * F;
+    if (nextn_) per_row = 2 * per_row + 6 * E;  // hn, and the block's own rows
+    size_t b = rows * per_row * 4;
+    b += size_t(R) * (E + 2 * V) * 4;          // head input, logits, host logits
+    b += rows * (top_k * 4 + 16);              // selections, visibility
+    if (depth > top_k) b += rows * depth * 4;  // indexer scores
+    const size_t n_vis = std::min(depth, top_k);
+    b += (size_t(backend_->n_threads()) + 1) * H * n_vis * 4;
+    if (h.n_expert > 0) b += rows * ((K * F + S) * 2 + (K + 1) * E + 2 * E + 2 * K * E + K * F) * 4;
+    b += rows * std::max({E, size_t(h.q_lora), F, H * size_t(h.v_mla), size_t(h.kv_lora)}) * 4;
+    return b;
 }
 
 // The activations one decoder block needs for T rows.
@@ -260,7 +303,16 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, float* x, int64_t T, const i
     be.add(x, b.tmp, T * E);
 }
 
-void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& logits) {
+int64_t GlmDsaModel::hidden_width() const {
+    return hp_.n_embd;
+}
+
+bool GlmDsaModel::can_split_before(int64_t layer) const {
+    return layer >= 0 && layer < hp_.n_layer && hp_.idx_full[size_t(layer)];
+}
+
+void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& logits,
+                          const LayerSpan& span) {
     backend::Backend& be = *backend_;
     const GlmDsaHParams& h = hp_;
     const int64_t E = h.n_embd;
@@ -273,20 +325,34 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     logits.clear();
     const int64_t T = fb.size();
     if (T == 0) return;
+    const SpanRange sr = check_span(span, h.n_layer, T, E, "glm-dsa");
+    if (!can_split_before(sr.first))
+        throw Error("glm-dsa: a layer span cannot start at layer " + std::to_string(sr.first) +
+                    ", which reuses the indexer selection of the layer before it");
     for (const Segment& s : fb.segs) s.state->reserve(s.n_past + s.n);
 
     be.reset_scratch();
     float* x = be.scratch(size_t(T * E));
     Buffers b(be, h, T);
-    be.embed(tok_embd_, fb.tokens, x);
+    if (sr.first == 0)
+        be.embed(tok_embd_, fb.tokens, x);
+    else
+        be.write(x, span.hidden_in.data(), size_t(T * E));
 
     std::vector<BlockSegment> segs(fb.segs.size());
-    for (int64_t il = 0; il < h.n_layer; ++il) {
+    for (int64_t il = sr.first; il < sr.end; ++il) {
         for (size_t i = 0; i < fb.segs.size(); ++i) {
             const Segment& s = fb.segs[i];
             segs[i] = {&s.state->latent(il), &s.state->keys(il), s.first, s.n};
         }
         block(layers_[size_t(il)], b, x, T, fb.pos.data(), segs);
+    }
+    if (!sr.head) {
+        span.hidden_out->resize(size_t(T * E));
+        be.read(x, span.hidden_out->data(), size_t(T * E));
+        if (span.commit)
+            for (const Segment& s : fb.segs) s.state->advance(s.n);
+        return;
     }
 
     // ---- output norm (every row when the NextN block needs the hidden

@@ -50,8 +50,14 @@ class GlmDsaModel final : public Model {
   public:
     GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOptions& opt);
 
-    std::unique_ptr<SequenceState> new_state(int64_t n_ctx) override;
-    void forward(std::span<const SeqInput> inputs, std::vector<float>& logits) override;
+    std::unique_ptr<SequenceState> new_state(int64_t n_ctx, int64_t capacity = 0) override;
+    StateCost state_cost() const override;
+    size_t scratch_bytes(int64_t rows, int64_t logit_rows, int64_t depth) const override;
+    using Model::forward;
+    void forward(std::span<const SeqInput> inputs, std::vector<float>& logits,
+                 const LayerSpan& span) override;
+    int64_t hidden_width() const override;
+    bool can_split_before(int64_t layer) const override;
     bool can_draft() const override { return nextn_ != nullptr; }
     void draft(std::span<DraftRequest> reqs) override;
 

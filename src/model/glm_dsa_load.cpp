@@ -155,6 +155,8 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
     info_.has_nextn = hp_.n_nextn > 0;
     info_.weight_bytes = tensors_.bytes_used();
     info_.repacked_bytes = tensors_.bytes_repacked();
+    info_.copied_bytes = tensors_.bytes_copied();
+    info_.mapped_bytes = tensors_.bytes_mapped();
     info_.repack_skipped = tensors_.repack_skipped();
 
     if (opt.load_nextn && hp_.n_nextn > 0) {
@@ -171,6 +173,8 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
         if (tensors_.has(p + "shared_head_head.weight"))
             nextn_->head = tensors_.matrix(p + "shared_head_head.weight", {E, V});
         info_.nextn_loaded = true;
+        info_.copied_bytes = tensors_.bytes_copied();
+        info_.mapped_bytes = tensors_.bytes_mapped();
     }
 }
 

@@ -28,6 +28,8 @@ struct ModelInfo {
     bool nextn_loaded = false;    // ... and its weights were loaded (--spec)
     uint64_t weight_bytes = 0;    // bytes of weights the trunk uses
     uint64_t repacked_bytes = 0;  // of which repacked at load (--repack)
+    uint64_t copied_bytes = 0;    // anonymous memory holding weight copies (--no-mmap, repacks)
+    uint64_t mapped_bytes = 0;    // weights served from the file mapping (file-backed pages)
     // Why nothing was repacked although asked for (repack_if_fits and the
     // copies would not fit in memory); empty otherwise.
     std::string repack_skipped;
@@ -62,8 +64,31 @@ class SequenceState {
     virtual void restore(const StateSnapshot& s) = 0;
     // Whether rewind(n) would succeed (changes nothing).
     virtual bool can_rewind(int64_t n) const = 0;
-    // Bytes of memory the state holds now.
+    // Bytes of memory the state holds now (Model::state_cost().bytes(capacity())).
     virtual size_t memory_bytes() const = 0;
+    // Positions the caches hold: allocated once, never grown by a forward (a
+    // forward past it throws). resize() reallocates to exactly `rows`
+    // (n_past <= rows <= n_ctx), keeping what the state holds.
+    virtual int64_t capacity() const = 0;
+    virtual void resize(int64_t rows) = 0;
+};
+
+// What sequence states cost, from the hyperparameters alone (memory planning).
+struct StateCost {
+    size_t per_token = 0;  // cache bytes per position: every layer's rows, the NextN block's
+    // Bytes per `pool` positions (glm5next's pooled indexer keys; 0 when none).
+    size_t per_pool = 0;
+    int64_t pool = 1;
+    size_t fixed = 0;     // per sequence, whatever its length (recurrent state, double-buffered)
+    size_t snapshot = 0;  // what a speculative rollback point copies
+    // Host rows a sequence keeps after each forward of `rows` tokens (the
+    // NextN drafter's seeds), per row.
+    size_t per_kept_row = 0;
+    // Exactly what a state with `capacity` positions allocates.
+    size_t bytes(int64_t capacity) const {
+        return fixed + per_token * size_t(capacity) +
+               per_pool * size_t((capacity + pool - 1) / pool);
+    }
 };
 
 // Rows that replace the token embeddings of tokens [at, at + n) of one
@@ -102,6 +127,22 @@ struct DraftRequest {
     std::vector<int32_t> out;
 };
 
+// The layers one forward runs and what enters and leaves them: how a model is
+// split by layers (each part runs its own; between parts flow the residual
+// rows, Model::hidden_width() floats per token, in batch order).
+struct LayerSpan {
+    int64_t first = 0;  // the first trunk layer
+    int64_t end = -1;   // one past the last; -1: through the last layer and the LM head
+    // first > 0: the rows entering layer `first` (host memory).
+    std::span<const float> hidden_in = {};
+    // A span that ends before the last layer writes the rows leaving it here.
+    std::vector<float>* hidden_out = nullptr;
+    // Whether the states commit this forward (positions advance, recurrent
+    // state becomes current). One process running a sequence's layers in
+    // several spans commits with the last; a span through the head always does.
+    bool commit = true;
+};
+
 struct LoadOptions {
     backend::CacheType cache_type = backend::CacheType::F16;
     bool load_nextn = false;  // --spec
@@ -126,13 +167,38 @@ class Model {
     virtual ~Model() = default;
     const ModelInfo& info() const { return info_; }
 
-    virtual std::unique_ptr<SequenceState> new_state(int64_t n_ctx) = 0;
+    // A sequence of at most n_ctx positions whose caches hold `capacity` of
+    // them (0: all n_ctx), allocated now.
+    virtual std::unique_ptr<SequenceState> new_state(int64_t n_ctx, int64_t capacity = 0) = 0;
+
+    // Memory planning: the bytes of a state, and the working memory (backend
+    // scratch and host buffers) of the largest forward: `rows` tokens in one
+    // pass of which `logit_rows` want logits, attending `depth` cached tokens.
+    virtual StateCost state_cost() const = 0;
+    virtual size_t scratch_bytes(int64_t rows, int64_t logit_rows, int64_t depth) const = 0;
 
     // Evaluates every sequence's tokens in one pass (weights are read once for
     // all of them) and appends them to the states. Logits rows are written in
     // order: for each input, all its rows or only its last. A token's logits do
     // not depend on what else shares the batch.
-    virtual void forward(std::span<const SeqInput> inputs, std::vector<float>& logits) = 0;
+    void forward(std::span<const SeqInput> inputs, std::vector<float>& logits) {
+        forward(inputs, logits, LayerSpan{});
+    }
+    // The same over the layers of `span` only: the logits come from the span
+    // that ends with the head, and are bitwise those of the whole forward,
+    // however the layers are split (a sequence's states hold the caches of
+    // every layer a span runs on them). Throws, changing no state, on a span
+    // outside the trunk or hidden rows of the wrong size.
+    virtual void forward(std::span<const SeqInput> inputs, std::vector<float>& logits,
+                         const LayerSpan& span) = 0;
+    // Floats per token between two layers (the residual stream).
+    virtual int64_t hidden_width() const = 0;
+    // Whether a span may start at `layer`: glm-dsa's shared-indexer layers
+    // reuse the selection of the full layer before them, so a split goes
+    // before a full layer.
+    virtual bool can_split_before(int64_t layer) const {
+        return layer >= 0 && layer < info_.n_layer;
+    }
 
     // Whether draft() works: a NextN/MTP block was loaded (--spec).
     virtual bool can_draft() const { return false; }

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/format.h"
+#include "core/memory.h"
 #include "gguf/gguf.h"
 #include "quant/quant.h"
 #include "quant/repack.h"
@@ -30,30 +31,13 @@ std::string shape_str(std::initializer_list<int64_t> ne) {
 
 }  // namespace
 
-namespace {
-
-// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
-// GLM5_MEM_AVAILABLE=BYTES overrides it: how the tests reach the paths of a
-// model whose copies do not fit, on any machine.
-uint64_t available_memory() {
-    if (const char* e = std::getenv("GLM5_MEM_AVAILABLE")) return std::strtoull(e, nullptr, 10);
-    std::ifstream f("/proc/meminfo");
-    std::string key, unit;
-    uint64_t kb = 0;
-    while (f >> key >> kb >> unit)
-        if (key == "MemAvailable:") return kb * 1024;
-    return 0;
-}
-
-}  // namespace
-
 TensorSource::TensorSource(const gguf::File& f, bool in_memory, bool repack, bool repack_if_fits)
     : file_(f), in_memory_(in_memory), repack_(repack) {
     if (!in_memory_ && !repack_) return;
     uint64_t total = 0;
     for (const auto& t : f.tensors())
         if (in_memory_ || quant::repack_supported(t.type, t.ne[0])) total += t.nbytes;
-    const uint64_t avail = available_memory();
+    const uint64_t avail = available_memory().bytes;
     // Reading the file fills the page cache too, but the kernel can drop
     // that; the copies themselves must fit.
     if (avail == 0 || total <= avail) return;
@@ -83,11 +67,15 @@ const uint8_t* TensorSource::own(size_t bytes, const std::string& what,
     fill(static_cast<uint8_t*>(p));
     ::mprotect(p, n, PROT_READ);
     copies_.emplace_back(p, n);
+    bytes_copied_ += n;
     return static_cast<const uint8_t*>(p);
 }
 
 const uint8_t* TensorSource::place(const gguf::TensorInfo& t) {
-    if (!in_memory_ || t.nbytes == 0) return t.data;
+    if (!in_memory_ || t.nbytes == 0) {
+        bytes_mapped_ += t.nbytes;
+        return t.data;
+    }
     return own(t.nbytes, t.name, [&](uint8_t* p) { std::memcpy(p, t.data, t.nbytes); });
 }
 

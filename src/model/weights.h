@@ -56,6 +56,10 @@ class TensorSource {
     uint64_t bytes_used() const { return bytes_used_; }
     // Bytes (in the file) of the matrices repacked so far.
     uint64_t bytes_repacked() const { return bytes_repacked_; }
+    // Bytes of anonymous memory holding copies (--no-mmap, repacks).
+    uint64_t bytes_copied() const { return bytes_copied_; }
+    // Bytes served from the file mapping as they are (file-backed pages).
+    uint64_t bytes_mapped() const { return bytes_mapped_; }
     const std::string& repack_skipped() const { return repack_skipped_; }
 
   private:
@@ -71,6 +75,8 @@ class TensorSource {
     std::deque<std::vector<float>> converted_;
     uint64_t bytes_used_ = 0;
     uint64_t bytes_repacked_ = 0;
+    uint64_t bytes_copied_ = 0;
+    uint64_t bytes_mapped_ = 0;
     bool in_memory_ = false;
     bool repack_ = false;
     std::string repack_skipped_;
