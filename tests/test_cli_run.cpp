@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "util_cli.h"
 #include "util_model.h"
@@ -287,3 +288,70 @@ TEST(CliRun, SpeculativeMtpWithoutANextNBlockIsRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string last_line(const std::string& s) {
+    size_t end = s.find_last_not_of('\n');
+    if (end == std::string::npos) return "";
+    const size_t b = s.rfind('\n', end);
+    return s.substr(b == std::string::npos ? 0 : b + 1,
+                    end + 1 - (b == std::string::npos ? 0 : b + 1));
+}
+
+}  // namespace
+
+// Memory planning under simulated memory: with no --ctx-size the context is
+// the largest that fits (said in one line); a named context that does not fit
+// is refused with exit code 2, its numbers and a --ctx-size that does fit as
+// the last line, and that remedy loads and generates; MAX_CONTEXT names one too.
+TEST(CliMemory, AutomaticContextRefusalAndItsRemedy) {
+    const std::string env = "GLM5_MEM_AVAILABLE=" + std::to_string(600ull << 20);
+    const std::string base = "run --model " + kTiny + " --tokens 1,2,3 -n 2 --print-ids";
+    CliResult r = run_glm5(base, "", env);
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.err, m,
+                                  std::regex("glm5: context (\\d+) tokens \\(the GGUF "
+                                             "advertises 1048576\\)")))
+        << r.err;
+    const long long n_auto = std::stoll(m[1]);
+    EXPECT_GT(n_auto, 4096);
+    EXPECT_LT(n_auto, 1048576);
+
+    r = run_glm5(base + " --ctx-size 1000000", "", env);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_TRUE(r.out.empty());
+    const std::string last = last_line(r.err);
+    EXPECT_NE(last.find("600.00 MiB is available"), std::string::npos) << last;
+    ASSERT_TRUE(std::regex_search(last, m, std::regex("--ctx-size (\\d+)"))) << last;
+    const std::string remedy = m[0];
+    EXPECT_NEAR(double(std::stoll(m[1])), double(n_auto), 2.0 * 256) << last;
+
+    r = run_glm5(base + " " + remedy, "", env);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), ' '), 1) << "two ids: " << r.out;
+
+    r = run_glm5(base, "", env + " MAX_CONTEXT=1000000");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(last_line(r.err).find("--ctx-size"), std::string::npos) << r.err;
+    r = run_glm5(base, "", env + " MAX_CONTEXT=lots");
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("MAX_CONTEXT"), std::string::npos) << r.err;
+    r = run_glm5(base, "", env + " MAX_CONTEXT=2048");
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("glm5: context 2048 tokens (MAX_CONTEXT"), std::string::npos) << r.err;
+}
+
+TEST(CliMemory, InspectPrintsThePlan) {
+    const std::string env = "GLM5_MEM_AVAILABLE=" + std::to_string(600ull << 20);
+    CliResult r = run_glm5("inspect " + kTiny + " --plan --parallel 2 --ctx-size 4096", "", env);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("memory plan: 2 slots x 4096 tokens"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("caches: 2 x 4096 tokens"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("fits"), std::string::npos) << r.out;
+    r = run_glm5("inspect " + kTiny + " --plan --parallel 4 --ctx-size 500000", "", env);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.out.find("does not fit"), std::string::npos) << r.out;
+    EXPECT_NE(last_line(r.err).find("--ctx-size"), std::string::npos) << r.err;
+}

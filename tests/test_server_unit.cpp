@@ -341,10 +341,20 @@ TEST(RequestParsing, DeveloperMessagesAreSystemMessages) {
     EXPECT_EQ(dev.prompts[0].tokens, sys.prompts[0].tokens);
 }
 
-TEST(RequestParsing, MaxTokensIsClampedToTheContext) {
+// Without max_tokens a reply may run to the context's end; an explicit one
+// that does not fit beside the prompt is a 400 (as OpenAI answers).
+TEST(RequestParsing, MaxTokensPastTheContextIsRefused) {
     const ModelContext& mc = fx().mc;
-    GenRequest g = parse_chat_request(chat(R"("max_tokens":100000)"), mc);
-    EXPECT_EQ(engine_params(g, 0, mc).max_tokens, mc.n_ctx - int64_t(g.prompts[0].tokens.size()));
+    try {
+        parse_chat_request(chat(R"("max_tokens":100000)"), mc);
+        FAIL() << "max_tokens past the context accepted";
+    } catch (const ApiError& e) {
+        EXPECT_EQ(e.status(), 400);
+        EXPECT_EQ(e.param(), "max_tokens");
+        EXPECT_EQ(e.code(), "context_length_exceeded");
+    }
+    GenRequest fits = parse_chat_request(chat(R"("max_tokens":100)"), mc);
+    EXPECT_EQ(engine_params(fits, 0, mc).max_tokens, 100);
     GenRequest d = parse_chat_request(chat(""), mc);
     EXPECT_EQ(engine_params(d, 0, mc).max_tokens, mc.n_ctx - int64_t(d.prompts[0].tokens.size()));
     GenRequest e = parse_chat_request(chat(R"("ignore_eos":true)"), mc);

@@ -48,27 +48,31 @@ runtime::EngineOptions with_vision(runtime::EngineOptions o, const LoadedVision*
 
 }  // namespace
 
-ChatRunner::ChatRunner(LoadedModel& m, int64_t n_ctx, int64_t ubatch,
+ChatRunner::ChatRunner(LoadedModel& m, const ContextChoice& ctx, int64_t ubatch,
                        const runtime::SamplerParams& sp, int64_t n_predict,
                        const LoadedVision* vision)
     : m_(m),
       tok_(text::Tokenizer::from_gguf(*m.file)),
       chat_(text::ChatFormat::from_gguf(*m.file)),
-      engine_(*m.model, with_vision(cli_engine_options(n_ctx, ubatch, m.spec), vision)),
+      engine_(*m.model, with_vision(cli_engine_options(ctx, ubatch, m.spec), vision)),
       sampler_(std::make_shared<runtime::Sampler>(sp)),
       n_predict_(n_predict) {
     if (!chat_.template_warning().empty()) log_info("glm5: %s\n", chat_.template_warning().c_str());
 }
 
-runtime::EngineOptions cli_engine_options(int64_t n_ctx, int64_t ubatch,
+runtime::EngineOptions cli_engine_options(const ContextChoice& ctx, int64_t ubatch,
                                           const runtime::SpecParams& spec) {
     runtime::EngineOptions o;
     o.spec = spec;
     o.n_parallel = 1;
-    o.n_ctx = n_ctx;
+    o.n_ctx = ctx.n_ctx;
     o.ubatch = ubatch;
-    o.max_rewind = n_ctx;
+    o.max_rewind = ctx.n_ctx;
     o.cache_budget_bytes = SIZE_MAX;
+    // One slot, sized to the whole context once: each turn adopts the
+    // previous one in place, never copying the conversation's caches.
+    o.cache_pool_bytes = ctx.cache_pool;
+    o.request_sized_states = false;
     return o;
 }
 

@@ -41,7 +41,7 @@ struct TurnResult {
 // The engine the CLI drives as a one-slot client: one sequence, its previous
 // turn kept as a retained prefix and rewound as far as needed (a chat's next
 // turn extends the last one).
-runtime::EngineOptions cli_engine_options(int64_t n_ctx, int64_t ubatch,
+runtime::EngineOptions cli_engine_options(const ContextChoice& ctx, int64_t ubatch,
                                           const runtime::SpecParams& spec);
 
 // Runs one request on `e` and waits for it; a request that fails throws its
@@ -52,8 +52,9 @@ runtime::RequestResult run_request(runtime::Engine& e, runtime::RequestParams p,
 class ChatRunner {
   public:
     // With a vision tower (`vision`, outliving the runner) turns may carry images.
-    ChatRunner(LoadedModel& m, int64_t n_ctx, int64_t ubatch, const runtime::SamplerParams& sp,
-               int64_t n_predict, const LoadedVision* vision = nullptr);
+    ChatRunner(LoadedModel& m, const ContextChoice& ctx, int64_t ubatch,
+               const runtime::SamplerParams& sp, int64_t n_predict,
+               const LoadedVision* vision = nullptr);
 
     const text::Tokenizer& tokenizer() const { return *tok_; }
     const text::ChatFormat& format() const { return chat_; }

@@ -140,6 +140,9 @@ int cmd_bench(int argc, char** argv) {
     eo.ubatch = ubatch;
     eo.max_rewind = n_ctx;
     eo.cache_budget_bytes = SIZE_MAX;
+    // Whole-context states: the timed request adopts the prefilled depth
+    // without a copy.
+    eo.request_sized_states = false;
     runtime::Engine engine(model, eo);
     auto wait_all = [](std::vector<std::shared_ptr<runtime::Request>> rs) {
         for (auto& r : rs) {

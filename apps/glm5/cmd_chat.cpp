@@ -66,13 +66,16 @@ int cmd_chat(int argc, char** argv) {
         }
     }();
     const runtime::SamplerParams sp = sampling_from_args(a);
-    const int64_t n_ctx = a.get_int("ctx-size", 1, 1 << 24);
     const int64_t ubatch = a.get_int("ubatch", 1, 1 << 16);
+    requested_context_check(a);
     const int64_t n_predict = a.get_int("n-predict", 0, 1 << 24);
     const std::string path = a.is_set("model") ? a.get("model") : ensure_default_model();
     LoadedModel m = open_model(a, path);
     LoadedVision vision = open_vision(a, m);
-    ChatRunner chat(m, n_ctx, ubatch, sp, n_predict, &vision);
+    ContextRequest cr = cli_context_request(ubatch, m.spec);
+    plan_vision(vision, cr);
+    const ContextChoice ctx = plan_context(a, *m.model, cr);
+    ChatRunner chat(m, ctx, ubatch, sp, n_predict, &vision);
     if (!a.get("system").empty()) chat.set_system(a.get("system"));
 
     const bool tty = isatty(0) && isatty(1);

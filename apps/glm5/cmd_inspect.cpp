@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "gguf/gguf.h"
+#include "model_setup.h"
 #include "quant/quant.h"
 
 namespace glm5::app {
@@ -187,6 +188,31 @@ void print_values(const File& f, const std::string& name, uint64_t n) {
     std::fwrite(out.data(), 1, out.size(), stdout);
 }
 
+// The memory plan of a model file for a slot count and context, as serve or
+// run would make it (the weights are mapped, not read).
+int print_plan(const Args& a) {
+    const int n_slots = int(a.get_int("parallel", 1, 1024));
+    const int64_t ubatch = a.get_int("ubatch", 1, 1 << 16);
+    const int draft = int(a.get_int("spec-draft", 0, runtime::VerifyCost::kMaxRows - 1));
+    const uint64_t budget = parse_size(a.get("cache-budget"), "cache-budget");
+    requested_context_check(a);
+    model::LoadOptions lo;
+    lo.cache_type = cache_type_from(a);
+    lo.load_nextn = draft > 0;
+    const auto f = gguf::File::open(a.positional_value("FILE"));
+    auto be = backend::make_cpu_backend(backend::BackendOptions{});
+    auto m = model::load_model(*f, *be, lo);
+    ContextRequest r;
+    r.n_slots = n_slots;
+    r.ubatch = ubatch;
+    r.draft_max = draft;
+    r.retained = budget;
+    r.can_change_slots = true;
+    r.print_table = true;
+    plan_context(a, *m, r);
+    return std::fflush(stdout) == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int cmd_inspect(int argc, char** argv) {
@@ -197,7 +223,20 @@ int cmd_inspect(int argc, char** argv) {
     a.option("tensor", "NAME", "", "print the values of this tensor instead of the report");
     a.option("values", "N", "16",
              "with --tensor: how many values, in storage order, dequantized ('all' for every one)");
+    a.flag("plan",
+           "print the memory plan instead of the report: what the weights, caches, scratch and "
+           "prefix cache of --parallel slots x --ctx-size tokens need, against available memory "
+           "(exit 2 when it does not fit)");
+    a.option("parallel", "N", "1", "with --plan: slots", "-np");
+    add_context_flags(a, "per slot, with --plan");
+    a.option("cache-type", "TYPE", "f16", "with --plan: attention cache type, f16 or f32");
+    a.option("cache-budget", "SIZE", "0",
+             "with --plan: prefix-cache budget (serve's --cache-budget)");
+    a.option("spec-draft", "N", "0",
+             "with --plan: the speculative window (0: no speculation; glm-dsa loads its NextN "
+             "block)");
     if (!a.parse(argc, argv, 2)) return 0;
+    if (a.get_flag("plan")) return print_plan(a);
 
     uint64_t n_values = 0;
     if (a.is_set("values") && !a.is_set("tensor")) throw UsageError("--values needs --tensor");

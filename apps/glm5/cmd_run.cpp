@@ -42,9 +42,9 @@ nlohmann::ordered_json calls_json(const std::vector<text::ToolCall>& calls) {
 // Token ids in, token ids out: the interface the parity tests and tools use.
 int run_tokens(const Args& a, LoadedModel& m) {
     const std::vector<int32_t> prompt = parse_token_list(a.get("tokens"), "tokens");
-    const int64_t n_ctx = a.get_int("ctx-size", 1, 1 << 24);
-    runtime::Engine engine(*m.model,
-                           cli_engine_options(n_ctx, a.get_int("ubatch", 1, 1 << 16), m.spec));
+    const int64_t ubatch = a.get_int("ubatch", 1, 1 << 16);
+    const ContextChoice ctx = plan_context(a, *m.model, cli_context_request(ubatch, m.spec));
+    runtime::Engine engine(*m.model, cli_engine_options(ctx, ubatch, m.spec));
     runtime::RequestParams rp;
     rp.prompt = prompt;
     rp.sampling = sampling_from_args(a);
@@ -123,8 +123,7 @@ int run_jsonl(const Args& a, ChatRunner& chat, text::ReasoningEffort effort) {
 void add_generation_flags(Args& a) {
     add_sampling_flags(a);
     a.option("n-predict", "N", "256", "most tokens to generate per reply", "-n");
-    a.option("ctx-size", "N", "4096", "context size in tokens", "-c");
-    a.option("ubatch", "N", "512", "prompt micro-batch size in tokens");
+    add_context_flags(a, "");
     a.option("system", "TEXT", "", "system message");
     a.flag("think", "let the model reason first (glm5next always does)");
     a.option("reasoning-effort", "LEVEL", "max", "with --think: low, medium (= max), high or max");
@@ -162,8 +161,8 @@ int cmd_run(int argc, char** argv) {
         }
     }();
     const runtime::SamplerParams sp = sampling_from_args(a);  // validate before loading
-    const int64_t n_ctx = a.get_int("ctx-size", 1, 1 << 24);
     const int64_t ubatch = a.get_int("ubatch", 1, 1 << 16);
+    requested_context_check(a);
     const int64_t n_predict = a.get_int("n-predict", 0, 1 << 24);
 
     const std::string path = a.is_set("model") ? a.get("model") : ensure_default_model();
@@ -171,7 +170,8 @@ int cmd_run(int argc, char** argv) {
     if (LoadedVision v = open_vision(a, m); v.tower) return run_with_images(a, m, v);
     if (a.is_set("tokens")) return run_tokens(a, m);
 
-    ChatRunner chat(m, n_ctx, ubatch, sp, n_predict);
+    const ContextChoice ctx = plan_context(a, *m.model, cli_context_request(ubatch, m.spec));
+    ChatRunner chat(m, ctx, ubatch, sp, n_predict);
     if (!a.get("system").empty()) chat.set_system(a.get("system"));
     if (a.is_set("jsonl")) {
         const int rc = run_jsonl(a, chat, effort);

@@ -62,27 +62,6 @@ bool wait_signal(int ms) {
     return g_signals.load() > 0;
 }
 
-// "512", "64K", "512M", "2G" (powers of 1024) -> bytes.
-size_t parse_size(const std::string& s, const std::string& flag) {
-    char* end = nullptr;
-    errno = 0;
-    const double v = std::strtod(s.c_str(), &end);
-    double mult = 1;
-    std::string suffix = end ? std::string(end) : "";
-    if (suffix == "K" || suffix == "k" || suffix == "KiB")
-        mult = 1024.0;
-    else if (suffix == "M" || suffix == "m" || suffix == "MiB")
-        mult = 1024.0 * 1024;
-    else if (suffix == "G" || suffix == "g" || suffix == "GiB")
-        mult = 1024.0 * 1024 * 1024;
-    else if (!suffix.empty())
-        mult = -1;
-    if (end == s.c_str() || errno || mult < 0 || !(v >= 0) || v * mult > 1e18)
-        throw UsageError("--" + flag + " expects a size like 65536, 512K, 64M or 2G, got '" + s +
-                         "'");
-    return size_t(v * mult);
-}
-
 std::string base_name(const std::string& path) {
     const size_t slash = path.find_last_of('/');
     return slash == std::string::npos ? path : path.substr(slash + 1);
@@ -100,8 +79,7 @@ int cmd_serve(int argc, char** argv) {
     a.option("host", "ADDR", "127.0.0.1", "address to listen on");
     a.option("port", "N", "8080", "port to listen on (0: any free port, printed at start)");
     a.option("parallel", "N", "4", "requests decoded at once (slots); more queue", "-np");
-    a.option("ctx-size", "N", "4096", "context per slot in tokens (prompt and reply)", "-c");
-    a.option("ubatch", "N", "512", "most prompt tokens per forward, all slots together");
+    add_context_flags(a, "per slot");
     a.flag("prefix-cache", "keep finished sequences and reuse shared prompt prefixes", true);
     a.option("cache-budget", "SIZE", "2G",
              "memory for retained sequences (prefix cache), e.g. 512M");
@@ -152,7 +130,7 @@ int cmd_serve(int argc, char** argv) {
 
     runtime::EngineOptions eo;
     eo.n_parallel = int(a.get_int("parallel", 1, 1024));
-    eo.n_ctx = a.get_int("ctx-size", 2, int64_t(1) << 24);
+    requested_context_check(a);
     eo.ubatch = a.get_int("ubatch", 1, 1 << 16);
     eo.prefix_cache = a.get_flag("prefix-cache");
     eo.cache_budget_bytes = parse_size(a.get("cache-budget"), "cache-budget");
@@ -184,7 +162,6 @@ int cmd_serve(int argc, char** argv) {
     mc.names = {mc.id, m.model->info().name, base_name(path)};
     if (base_name(path).size() > 5 && base_name(path).ends_with(".gguf"))
         mc.names.push_back(base_name(path).substr(0, base_name(path).size() - 5));
-    mc.n_ctx = eo.n_ctx;
     try {
         mc.json_vocab = std::make_shared<const runtime::JsonVocab>(*tok);
     } catch (const Error& e) {
@@ -201,6 +178,17 @@ int cmd_serve(int argc, char** argv) {
     if (vision.tower) mc.vision = &vision.tower->hparams();
 
     eo.spec = m.spec;
+    ContextRequest cr;
+    cr.n_slots = eo.n_parallel;
+    cr.ubatch = eo.ubatch;
+    cr.draft_max = m.spec.type != runtime::DraftType::Off ? m.spec.draft_max : 0;
+    cr.retained = eo.prefix_cache ? eo.cache_budget_bytes : 0;
+    cr.can_change_slots = true;
+    plan_vision(vision, cr);
+    const ContextChoice ctx = plan_context(a, *m.model, cr);
+    eo.n_ctx = ctx.n_ctx;
+    eo.cache_pool_bytes = ctx.cache_pool;
+    mc.n_ctx = eo.n_ctx;
     runtime::Engine engine(*m.model, eo);
     server::Server srv(engine, mc, so);
     install_signal_handlers();

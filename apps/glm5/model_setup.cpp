@@ -5,11 +5,13 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
 #include "core/format.h"
 #include "core/log.h"
+#include "core/memory.h"
 #include "core/thread_pool.h"
 
 namespace glm5::app {
@@ -73,17 +75,19 @@ void add_model_flags(Args& a, bool model_required) {
            true);
 }
 
+backend::CacheType cache_type_from(const Args& a) {
+    const std::string& ct = a.get("cache-type");
+    if (ct == "f16") return backend::CacheType::F16;
+    if (ct == "f32") return backend::CacheType::F32;
+    throw UsageError("--cache-type must be f16 or f32, got '" + ct + "'");
+}
+
 LoadedModel open_model(const Args& a, const std::string& path_override) {
     const std::string path = path_override.empty() ? a.get("model") : path_override;
     if (path.empty()) throw UsageError("--model is required");
     model::LoadOptions lo;
+    lo.cache_type = cache_type_from(a);
     const std::string& ct = a.get("cache-type");
-    if (ct == "f16")
-        lo.cache_type = backend::CacheType::F16;
-    else if (ct == "f32")
-        lo.cache_type = backend::CacheType::F32;
-    else
-        throw UsageError("--cache-type must be f16 or f32, got '" + ct + "'");
     runtime::SpecParams sp;
     if (a.get_flag("spec")) {
         try {
@@ -138,6 +142,154 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
             "speed\n",
             info.repack_skipped.c_str());
     return m;
+}
+
+// "512", "64K", "512M", "2G" (powers of 1024) -> bytes.
+size_t parse_size(const std::string& s, const std::string& flag) {
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(s.c_str(), &end);
+    double mult = 1;
+    std::string suffix = end ? std::string(end) : "";
+    if (suffix == "K" || suffix == "k" || suffix == "KiB")
+        mult = 1024.0;
+    else if (suffix == "M" || suffix == "m" || suffix == "MiB")
+        mult = 1024.0 * 1024;
+    else if (suffix == "G" || suffix == "g" || suffix == "GiB")
+        mult = 1024.0 * 1024 * 1024;
+    else if (!suffix.empty())
+        mult = -1;
+    if (end == s.c_str() || errno || mult < 0 || !(v >= 0) || v * mult > 1e18)
+        throw UsageError("--" + flag + " expects a size like 65536, 512K, 64M or 2G, got '" + s +
+                         "'");
+    return size_t(v * mult);
+}
+
+void add_context_flags(Args& a, const std::string& what) {
+    a.option("ctx-size", "N", "0",
+             "context " + (what.empty() ? "" : what + " ") +
+                 "in tokens (prompt and reply); 0: the largest that fits in memory, up to the "
+                 "GGUF's context_length ($MAX_CONTEXT when the flag is absent). Unlike "
+                 "llama.cpp's -c, it is per slot, not the total across slots",
+             "-c");
+    a.option("ubatch", "N", "512", "most prompt tokens per forward, all slots together");
+    a.option("mem-reserve", "SIZE", "auto",
+             "memory the plan leaves to the rest of the machine (auto: 5% of what is available, "
+             "256M to 4G)");
+}
+
+namespace {
+
+int64_t requested_context(const Args& a);
+
+}  // namespace
+
+void requested_context_check(const Args& a) {
+    (void)requested_context(a);
+}
+
+ContextRequest cli_context_request(int64_t ubatch, const runtime::SpecParams& spec) {
+    ContextRequest r;
+    r.ubatch = ubatch;
+    r.draft_max = spec.type != runtime::DraftType::Off ? spec.draft_max : 0;
+    return r;
+}
+
+namespace {
+
+int64_t requested_context(const Args& a) {
+    if (a.is_set("ctx-size")) return a.get_int("ctx-size", 0, int64_t(1) << 24);
+    const char* e = std::getenv("MAX_CONTEXT");
+    if (!e || !*e) return 0;
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(e, &end, 10);
+    if (*end != '\0' || errno || v < 0 || v > (1ll << 24))
+        throw UsageError(
+            std::string("MAX_CONTEXT must be a token count from 0 to 16777216, got '") + e + "'");
+    return v;
+}
+
+}  // namespace
+
+ContextChoice plan_context(const Args& a, const model::Model& m, const ContextRequest& r) {
+    const MemoryAvailable avail = available_memory();
+    const std::string rf = a.get("mem-reserve");
+    const uint64_t reserve =
+        runtime::default_reserve(avail, rf == "auto" ? -1 : int64_t(parse_size(rf, "mem-reserve")));
+    const uint64_t process = rss_anon_bytes();
+    const int64_t trained = m.info().n_ctx_train;
+    const int64_t limit = std::min<int64_t>(trained > 0 ? trained : 4096, int64_t(1) << 24);
+    runtime::PlanRequest pr;
+    pr.n_slots = r.n_slots;
+    pr.ubatch = r.ubatch;
+    pr.draft_max = r.draft_max;
+    pr.extra = r.extra;
+    pr.extra_label = r.extra_label;
+    const int64_t asked = requested_context(a);
+    const std::string named = a.is_set("ctx-size") ? "--ctx-size" : "MAX_CONTEXT";
+    int64_t n = 0;
+    std::string why;
+    if (asked > 0) {
+        pr.n_ctx = asked;
+        const runtime::MemoryPlan p = runtime::make_plan(m, pr, avail, reserve, process);
+        if (!p.fits()) {
+            if (r.print_table) std::printf("%s", p.table().c_str());
+            throw ResourceError(runtime::refusal(m, p, r.can_change_slots));
+        }
+        n = asked;
+        why = "(" + named + "; the GGUF advertises " + std::to_string(trained) + ")";
+    } else if (avail.bytes == 0) {
+        n = std::min<int64_t>(limit, 4096);
+        why = "(free memory is unknown here: not planned; the GGUF advertises " +
+              std::to_string(trained) + ")";
+    } else {
+        n = runtime::largest_context(m, pr, avail, reserve, process, limit);
+        if (n == 0) {
+            pr.n_ctx = runtime::kContextStep;
+            throw ResourceError(runtime::refusal(
+                m, runtime::make_plan(m, pr, avail, reserve, process), r.can_change_slots));
+        }
+        why = n == limit ? "(all the GGUF advertises)"
+                         : "(the GGUF advertises " + std::to_string(trained) + ")";
+    }
+    pr.n_ctx = n;
+    runtime::MemoryPlan p = runtime::make_plan(m, pr, avail, reserve, process);
+    // The prefix cache takes what the slots leave, up to its budget.
+    if (r.retained > 0) {
+        const uint64_t left = avail.bytes == 0
+                                  ? r.retained
+                                  : avail.bytes - std::min(avail.bytes, p.needed() + p.reserve);
+        pr.retained = std::min<uint64_t>(r.retained, left);
+        p = runtime::make_plan(m, pr, avail, reserve, process);
+    }
+    const uint64_t after_weights =
+        avail.bytes - std::min(avail.bytes, p.weights_mapped + p.process + p.reserve);
+    std::string line = "glm5: context " + std::to_string(n) + " tokens " + why;
+    if (avail.bytes) {
+        line += ": " + human_bytes(double(after_weights)) +
+                " free after the weights, the process and " + human_bytes(double(p.reserve)) +
+                " reserve (" + avail.source + "); " + std::to_string(r.n_slots) + " slot" +
+                (r.n_slots == 1 ? "" : "s") + " x " + human_bytes(double(m.state_cost().bytes(n))) +
+                " of caches, " + human_bytes(double(p.scratch)) + " of scratch";
+        if (p.retained) line += ", " + human_bytes(double(p.retained)) + " prefix cache";
+        if (asked == 0 && n < limit) {
+            runtime::PlanRequest more = pr;
+            more.n_ctx = n + runtime::kContextStep;
+            more.retained = 0;
+            line += "; " + std::to_string(more.n_ctx) + " would need " +
+                    human_bytes(double(
+                        runtime::make_plan(m, more, avail, reserve, process).needed() + reserve)) +
+                    " of " + human_bytes(double(avail.bytes));
+        }
+    }
+    log_info("%s\n", line.c_str());
+    if (r.print_table) std::printf("%s", p.table().c_str());
+    ContextChoice c;
+    c.n_ctx = n;
+    c.cache_pool = p.cache_pool();
+    c.plan = p;
+    return c;
 }
 
 std::string spec_summary(const runtime::RequestResult& r, runtime::DraftType type) {

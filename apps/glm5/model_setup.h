@@ -11,6 +11,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "runtime/memory_plan.h"
 
 namespace glm5::app {
 
@@ -29,9 +30,45 @@ std::string spec_summary(const runtime::RequestResult& r, runtime::DraftType typ
 // Declares --model, --threads, --cache-type, --spec and its settings on `a`.
 void add_model_flags(Args& a, bool model_required);
 
+// --cache-type as a cache type (a UsageError for anything but f16 / f32).
+backend::CacheType cache_type_from(const Args& a);
+
 // Opens the model named by the flags (or `path` when given), printing the
 // load banner to stderr.
 LoadedModel open_model(const Args& a, const std::string& path = "");
+
+// "512", "64K", "512M", "2G" (powers of 1024) -> bytes; UsageError naming --flag.
+size_t parse_size(const std::string& s, const std::string& flag);
+
+// Declares --ctx-size (per `what`, e.g. "per slot"), --ubatch and --mem-reserve.
+void add_context_flags(Args& a, const std::string& what);
+
+struct ContextRequest {
+    int n_slots = 1;
+    int64_t ubatch = 512;
+    int draft_max = 0;              // the speculative window, when speculation is on
+    uint64_t retained = 0;          // prefix-cache budget wanted on top of the slots
+    bool can_change_slots = false;  // the command has --parallel (a remedy may name it)
+    bool print_table = false;       // print the plan's table on stdout (inspect --plan)
+    uint64_t extra = 0;             // more planned memory (the vision tower) ...
+    std::string extra_label;        // ... and what it is
+};
+struct ContextChoice {
+    int64_t n_ctx = 0;
+    size_t cache_pool = 0;  // EngineOptions::cache_pool_bytes
+    runtime::MemoryPlan plan;
+};
+
+// The context per slot: --ctx-size / $MAX_CONTEXT when named (refused with
+// the numbers and working remedies when it does not fit: ResourceError, exit
+// code 2), else the largest that fits up to the GGUF's context_length. Says
+// what it picked and why on stderr, in a line beginning "glm5: context N tokens".
+ContextChoice plan_context(const Args& a, const model::Model& m, const ContextRequest& r);
+
+// Refuses a malformed --ctx-size / $MAX_CONTEXT before anything is loaded.
+void requested_context_check(const Args& a);
+// The one-slot request of run and chat.
+ContextRequest cli_context_request(int64_t ubatch, const runtime::SpecParams& spec);
 
 // "1,2,3" -> ids; refuses anything else with a UsageError.
 std::vector<int32_t> parse_token_list(const std::string& s, const std::string& flag);

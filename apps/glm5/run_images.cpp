@@ -68,8 +68,12 @@ int run_with_images(const Args& a, LoadedModel& m, LoadedVision& v) {
 
     runtime::EngineOptions eo;
     eo.n_parallel = 1;
-    eo.n_ctx = a.get_int("ctx-size", 1, 1 << 24);
     eo.ubatch = a.get_int("ubatch", 1, 1 << 16);
+    ContextRequest cr = cli_context_request(eo.ubatch, m.spec);
+    plan_vision(v, cr);
+    const ContextChoice ctx = plan_context(a, *m.model, cr);
+    eo.n_ctx = ctx.n_ctx;
+    eo.cache_pool_bytes = ctx.cache_pool;
     eo.prefix_cache = false;
     eo.vision = v.tower.get();
     eo.image_token = v.image_token;

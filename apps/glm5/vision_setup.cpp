@@ -38,6 +38,14 @@ LoadedVision open_vision(const Args& a, LoadedModel& m) {
     return v;
 }
 
+void plan_vision(const LoadedVision& v, ContextRequest& r) {
+    if (!v.tower) return;
+    const int64_t tokens = image::kMaxTokens;
+    r.extra = v.tower->weight_bytes() + v.tower->scratch_bytes(4 * tokens) +
+              uint64_t(tokens * v.tower->hparams().out) * sizeof(float);
+    r.extra_label = "vision tower: weights, an image at the budget";
+}
+
 std::vector<runtime::PreparedImage> load_images(const Args& a, const LoadedVision& v) {
     std::vector<runtime::PreparedImage> out;
     for (const std::string& path : a.get_all("image"))

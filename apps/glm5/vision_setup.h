@@ -28,6 +28,10 @@ struct LoadedVision {
 // --image without --mmproj is a usage error.
 LoadedVision open_vision(const Args& a, LoadedModel& m);
 
+// What the memory plan counts for the tower: its weights and the scratch and
+// rows of an image at the token budget (0 without --mmproj).
+void plan_vision(const LoadedVision& v, ContextRequest& r);
+
 // Reads and prepares every --image (an undecodable file is a glm5::Error
 // naming it).
 std::vector<runtime::PreparedImage> load_images(const Args& a, const LoadedVision& v);

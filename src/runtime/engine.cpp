@@ -43,6 +43,7 @@ struct Engine::Slot {
     bool sampled_any = false;
     bool done = false;
     int64_t forwards = 0;
+    size_t bytes = 0;   // the cache memory it holds in the pool's count
     std::string error;  // why sampling failed
     // Speculative decoding.
     SpecParams spec;
@@ -169,8 +170,9 @@ EngineStats Engine::stats() const {
     s.queue_depth = int(queue_.size());
     s.busy_slots = busy_;
     s.retained_entries = int(retained_.size());
-    s.retained_bytes = 0;
-    for (const auto& r : retained_) s.retained_bytes += r.bytes;
+    s.retained_bytes = retained_total();
+    s.cache_pool_bytes = opt_.cache_pool_bytes;
+    s.cache_used_bytes = active_bytes_ + s.retained_bytes;
     s.weight_bytes = model_.backend().counters().weight_bytes;
     return s;
 }
@@ -222,19 +224,18 @@ void Engine::admit(std::unique_lock<std::mutex>& lk) {
         lk.lock();
     }
     while (!queue_.empty() && int(slots_.size()) < opt_.n_parallel) {
-        auto s = std::make_unique<Slot>();
-        s->job = std::move(queue_.front());
-        queue_.pop_front();
-        s->admitted = Clock::now();
-        const std::vector<int32_t>& prompt = s->job->params.prompt;
+        Job& job = *queue_.front();
+        const std::vector<int32_t>& prompt = job.params.prompt;
+        const int64_t want = reach(job.params);
+        const model::StateCost cost = model_.state_cost();
 
         // The retained entry sharing the longest usable prefix.
         auto best = retained_.end();
         int64_t best_p = 0;
-        if (opt_.prefix_cache && s->job->params.use_prefix_cache) {
+        if (opt_.prefix_cache && job.params.use_prefix_cache) {
             for (auto it = retained_.begin(); it != retained_.end(); ++it) {
                 // Same ids, and the same image bytes under image tokens.
-                const std::vector<uint64_t>& content = s->job->expanded.content;
+                const std::vector<uint64_t>& content = job.expanded.content;
                 auto key = [](const std::vector<uint64_t>& c, size_t i) {
                     return i < c.size() ? c[i] : uint64_t(0);
                 };
@@ -251,31 +252,112 @@ void Engine::admit(std::unique_lock<std::mutex>& lk) {
                 best_p = p;
             }
         }
+        // Reserve the request's cache memory in the pool: an adopted entry
+        // that holds enough moves over as it is; one that must grow keeps its
+        // old caches until the copy is made, so both count; else a fresh state.
+        size_t reserved = 0;
+        if (best != retained_.end() && best->state->capacity() < want) {
+            if (make_room(cost.bytes(want), &*best)) {
+                reserved = cost.bytes(want);
+            } else {
+                retained_.erase(best);
+                best = retained_.end();
+            }
+        }
+        if (best == retained_.end()) {
+            if (!make_room(cost.bytes(want), nullptr)) {
+                if (!slots_.empty()) break;  // waits for running requests to end
+                // Nothing runs and nothing is retained: it can never fit.
+                auto j = std::move(queue_.front());
+                queue_.pop_front();
+                lk.unlock();
+                Slot tmp;
+                tmp.job = std::move(j);
+                finish(tmp, "error",
+                       "the request's caches need " + std::to_string(cost.bytes(want)) +
+                           " bytes; the planned cache memory holds " +
+                           std::to_string(opt_.cache_pool_bytes));
+                lk.lock();
+                continue;
+            }
+            reserved = cost.bytes(want);
+        }
+        auto s = std::make_unique<Slot>();
+        s->job = std::move(queue_.front());
+        queue_.pop_front();
+        s->admitted = Clock::now();
         if (best != retained_.end()) {
             s->state = std::move(best->state);
             s->tokens = std::move(best->tokens);
+            if (!reserved) reserved = best->bytes;
             retained_.erase(best);
             s->state->rewind(best_p);
             s->tokens.resize(size_t(best_p));
             s->cached = best_p;
         }
+        s->bytes = reserved;
+        active_bytes_ += reserved;
         lk.unlock();
-        if (!s->state) s->state = model_.new_state(opt_.n_ctx);
+        std::string alloc_error;
+        try {
+            if (!s->state)
+                s->state = model_.new_state(opt_.n_ctx, want);
+            else if (s->state->capacity() < want)
+                s->state->resize(want);
+        } catch (const std::exception& e) {
+            alloc_error = std::string("cannot allocate the sequence's caches: ") + e.what();
+        }
+        if (!alloc_error.empty()) {
+            s->state.reset();
+            s->admitted = {};
+            finish(*s, "error", alloc_error);  // (returns the reservation)
+            lk.lock();
+            continue;
+        }
         s->prompt_pos = size_t(s->cached);
         s->sampler = s->job->params.sampler ? s->job->params.sampler
                                             : std::make_shared<Sampler>(s->job->params.sampling);
-        s->history = prompt;
+        s->history = s->job->params.prompt;
         s->spec = s->job->params.spec ? *s->job->params.spec : opt_.spec;
         s->drafter = s->spec.type == DraftType::Auto
                          ? (model_.can_draft() ? DraftType::Mtp : DraftType::Ngram)
                          : s->spec.type;
         s->governor = std::make_unique<WindowGovernor>(s->spec);
         lk.lock();
-        stats_.prompt_tokens += prompt.size();
+        stats_.prompt_tokens += s->job->params.prompt.size();
         stats_.cached_tokens += uint64_t(s->cached);
         ++busy_;
         slots_.push_back(std::move(s));
     }
+}
+
+int64_t Engine::reach(const RequestParams& p) const {
+    if (!opt_.request_sized_states) return opt_.n_ctx;
+    int64_t n =
+        int64_t(p.prompt.size()) + (p.prefill_only ? 0 : std::max<int64_t>(p.max_tokens, 1));
+    // Whole blocks of 64 positions: an entry adopted by a slightly longer
+    // request often holds enough already.
+    n = (n + 63) / 64 * 64;
+    return std::min(n, opt_.n_ctx);
+}
+
+size_t Engine::retained_total() const {
+    size_t total = 0;
+    for (const auto& r : retained_) total += r.bytes;
+    return total;
+}
+
+bool Engine::make_room(size_t more, const Retained* keep) {
+    if (opt_.cache_pool_bytes == 0) return true;
+    size_t total = active_bytes_ + retained_total();
+    for (auto it = retained_.end();
+         total + more > opt_.cache_pool_bytes && it != retained_.begin();) {
+        --it;
+        if (&*it == keep) continue;
+        total -= it->bytes;
+        it = retained_.erase(it);
+    }
+    return total + more <= opt_.cache_pool_bytes;
 }
 
 bool Engine::step() {
@@ -532,8 +614,9 @@ void Engine::plan_drafts(const std::vector<Slot*>& slots) {
         const int64_t produced = int64_t(s->history.size() - p.prompt.size());
         // Never draft past the reply budget or the context: the window's last
         // row must still have room for the token it yields.
-        const int64_t room = std::min(p.max_tokens - produced, opt_.n_ctx - s->state->n_past() -
-                                                                   int64_t(s->refeed.size()) - 1);
+        const int64_t room =
+            std::min(p.max_tokens - produced,
+                     s->state->capacity() - s->state->n_past() - int64_t(s->refeed.size()) - 1);
         int k = s->governor->choose(verify_cost_,
                                     s->drafter == DraftType::Mtp ? mtp_seconds_per_token_ : 0.0);
         k = int(std::min<int64_t>(k, room));
@@ -635,8 +718,13 @@ void Engine::finish(Slot& s, const std::string& reason, const std::string& error
     } else {
         r.queue_seconds = seconds(s.job->submitted, now);
     }
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        active_bytes_ -= s.bytes;
+    }
     // What an error touched is never kept for reuse.
     if (s.state && reason != "error") retain(s);
+    s.bytes = 0;
     {
         std::lock_guard<std::mutex> lk(mu_);
         stats_.requests_done++;
@@ -659,8 +747,21 @@ void Engine::finish(Slot& s, const std::string& reason, const std::string& error
 void Engine::retain(Slot& s) {
     if (!opt_.prefix_cache || s.tokens.empty() || int64_t(s.tokens.size()) != s.state->n_past())
         return;
+    // Kept at what it holds (whole blocks of 64 positions), not at what its
+    // request could have reached: a retained entry never pins a full context.
+    if (opt_.request_sized_states) {
+        const int64_t hold = std::min(opt_.n_ctx, (s.state->n_past() + 63) / 64 * 64);
+        if (hold < s.state->capacity()) {
+            try {
+                s.state->resize(hold);
+            } catch (const std::exception& e) {
+                log_info("glm5: a finished sequence is not retained: %s\n", e.what());
+                return;
+            }
+        }
+    }
     Retained r;
-    r.bytes = s.state->memory_bytes();
+    r.bytes = model_.state_cost().bytes(s.state->capacity());
     r.state = std::move(s.state);
     r.tokens = std::move(s.tokens);
     r.content = s.job->expanded.content;
@@ -670,10 +771,11 @@ void Engine::retain(Slot& s) {
 }
 
 void Engine::evict_to_budget() {
-    size_t total = 0;
-    for (const auto& r : retained_) total += r.bytes;
-    while (!retained_.empty() &&
-           (total > opt_.cache_budget_bytes || retained_.size() > kMaxRetained)) {
+    size_t total = retained_total();
+    const size_t budget = opt_.cache_pool_bytes ? opt_.cache_pool_bytes -
+                                                      std::min(opt_.cache_pool_bytes, active_bytes_)
+                                                : opt_.cache_budget_bytes;
+    while (!retained_.empty() && (total > budget || retained_.size() > kMaxRetained)) {
         total -= retained_.back().bytes;
         retained_.pop_back();
     }

@@ -124,6 +124,18 @@ struct EngineOptions {
     int64_t ubatch = 512;  // most prompt tokens per forward (all slots together)
     bool prefix_cache = true;
     size_t cache_budget_bytes = size_t(2) << 30;  // retained entries, evicted LRU beyond this
+    // The memory plan's bound on cache memory (runtime/memory_plan.h): the
+    // states of running requests plus retained entries never exceed it;
+    // retained entries are evicted (least recently used first) to make room,
+    // and a request that cannot fit waits in the queue. With a pool,
+    // retained entries may use all of it that running requests leave free
+    // (cache_budget_bytes is not applied). 0: no pool.
+    size_t cache_pool_bytes = 0;
+    // Size each sequence's caches to what its request can reach (prompt +
+    // max_tokens, capped by n_ctx) and shrink retained entries to what they
+    // hold, so no entry pins a full context. false: every state holds n_ctx
+    // (the CLI's one slot, whose conversation grows turn by turn).
+    bool request_sized_states = true;
     int64_t max_rewind = 16;  // glm-dsa: how far a retained entry may be rewound
     SpecParams spec;          // speculative decoding for requests that do not say
     // Requests waiting for a slot; submit() beyond this throws QueueFull. 0: no
@@ -149,8 +161,10 @@ struct EngineStats {
     uint64_t forwards = 0;
     int queue_depth = 0, busy_slots = 0, retained_entries = 0;
     size_t retained_bytes = 0;
-    double busy_seconds = 0;    // time spent in forwards
-    uint64_t weight_bytes = 0;  // weight bytes the forwards read (the backend's count)
+    size_t cache_pool_bytes = 0;  // planned (EngineOptions::cache_pool_bytes)
+    size_t cache_used_bytes = 0;  // held by running requests' states and retained entries
+    double busy_seconds = 0;      // time spent in forwards
+    uint64_t weight_bytes = 0;    // weight bytes the forwards read (the backend's count)
     // Speculative decoding: tokens drafted and accepted, verifies, and per
     // draft position (0 = first draft of a window) how often it was drafted
     // and accepted.
@@ -199,6 +213,11 @@ class Engine {
     bool image_rows(Slot& s, size_t n, std::deque<std::vector<model::EmbedRows>>& out);
     void retain(Slot& s);
     void evict_to_budget();
+    // Evicts retained entries (never `keep`) until `more` bytes fit in the
+    // pool; false when they cannot.
+    bool make_room(size_t more, const Retained* keep);
+    size_t retained_total() const;
+    int64_t reach(const RequestParams& p) const;  // positions a request can fill
     void plan_drafts(const std::vector<Slot*>& slots);
     int32_t emit(Slot& s, std::span<const float> lg, int64_t n_past, std::string& reason);
 
@@ -210,6 +229,7 @@ class Engine {
     std::vector<std::unique_ptr<Slot>> slots_;  // active
     std::list<Retained> retained_;              // most recently used first
     int busy_ = 0;                              // admitted requests not yet finished
+    size_t active_bytes_ = 0;                   // running requests' states
     bool stopping_ = false;
     bool accepting_ = true;
     uint64_t next_id_ = 1;

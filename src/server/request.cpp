@@ -248,13 +248,23 @@ void check_total_choices(const GenRequest& g, const ModelContext& mc) {
             "n times the number of prompts must be at most " + std::to_string(mc.max_choices), "n");
 }
 
-void check_context(size_t n_prompt, const ModelContext& mc, const char* param) {
+// The prompt must leave room for a reply; an explicit max_tokens must fit
+// with it (without one, generation stops at the context: "length").
+void check_context(size_t n_prompt, int64_t max_tokens, const ModelContext& mc, const char* param) {
     if (n_prompt == 0) throw bad_request("the prompt is empty", param);
     if (int64_t(n_prompt) >= mc.n_ctx)
         throw bad_request("This model's context holds " + std::to_string(mc.n_ctx) +
                               " tokens (prompt and reply together); the prompt has " +
                               std::to_string(n_prompt) + " tokens",
                           param, "context_length_exceeded");
+    if (max_tokens > 0 && int64_t(n_prompt) + max_tokens > mc.n_ctx)
+        throw bad_request(
+            "This model's context holds " + std::to_string(mc.n_ctx) +
+                " tokens (prompt and reply together); the prompt has " + std::to_string(n_prompt) +
+                " tokens and max_tokens asks for " + std::to_string(max_tokens) + " more (" +
+                std::to_string(int64_t(n_prompt) + max_tokens) + "): lower max_tokens to at most " +
+                std::to_string(mc.n_ctx - int64_t(n_prompt)) + " or omit it",
+            "max_tokens", "context_length_exceeded");
 }
 
 // Tools in OpenAI form: [{"type": "function", "function": {"name", "description",
@@ -674,7 +684,7 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     PromptInput in;
     in.tokens = text::encode_prompt(*mc.tok, p);
     in.images = message_images(history, mc);
-    check_context(size_t(in.expanded_size()), mc, "messages");
+    check_context(size_t(in.expanded_size()), g.max_tokens, mc, "messages");
     g.prompts.push_back(std::move(in));
     check_total_choices(g, mc);
     return g;
@@ -744,7 +754,7 @@ GenRequest parse_completion_request(const ojson& body, const ModelContext& mc) {
     } else {
         throw type_error("prompt", "a string, an array of token ids, or an array of those", *p);
     }
-    for (const auto& in : g.prompts) check_context(in.tokens.size(), mc, "prompt");
+    for (const auto& in : g.prompts) check_context(in.tokens.size(), g.max_tokens, mc, "prompt");
     check_total_choices(g, mc);
     return g;
 }

@@ -328,6 +328,11 @@ std::string Server::metrics_text() {
     metric("retained_entries", "gauge", "Finished sequences kept for prefix reuse.",
            s.retained_entries);
     metric("retained_bytes", "gauge", "Memory held by retained sequences.", s.retained_bytes);
+    metric("cache_planned_bytes", "gauge",
+           "Cache memory the load-time plan set aside (slots at full context + prefix cache).",
+           s.cache_pool_bytes);
+    metric("cache_used_bytes", "gauge",
+           "Cache memory held now by running requests and retained sequences.", s.cache_used_bytes);
     metric("http_in_flight", "gauge", "Generation requests being served.", in_flight_.load());
     metric("requests_refused_total", "counter",
            "Engine requests refused with 429 because the queue was full (--max-queue).",

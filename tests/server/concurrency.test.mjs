@@ -154,4 +154,34 @@ describe('concurrency', () => {
     await Promise.all([...running, queued]);
     await waitFor(async () => (await metrics(srv.url)).glm5_busy_slots === 0, 3000, 'all slots to free');
   });
+
+  test('a request past the context gets its 400 while another stream keeps going', async () => {
+    const alone = (await streamOf(prompts[2], { max_tokens: 100 })).content;
+    const running = streamOf(prompts[2], { max_tokens: 100 });
+    const post = (path, body) =>
+      fetch(`${srv.url}${path}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+    // An explicit max_tokens that does not fit with the prompt.
+    let r = await post('/v1/chat/completions', { ...request(prompts[0]), stream: false, max_tokens: 8192 });
+    assert.equal(r.status, 400);
+    let e = (await r.json()).error;
+    assert.equal(e.code, 'context_length_exceeded');
+    assert.equal(e.param, 'max_tokens');
+    assert.match(e.message, /8192/);
+    // A prompt that alone fills the context.
+    r = await post('/v1/completions', { model: srv.model, prompt: Array(8192).fill(5), max_tokens: 1 });
+    assert.equal(r.status, 400);
+    e = (await r.json()).error;
+    assert.equal(e.code, 'context_length_exceeded');
+    const res = await running;
+    assert.equal(res.finish, 'length');
+    assert.equal(res.content, alone, 'the other stream is unaffected');
+    // The cache memory stays inside the plan.
+    const m = await metrics(srv.url);
+    assert.ok(m.glm5_cache_planned_bytes > 0);
+    assert.ok(m.glm5_cache_used_bytes <= m.glm5_cache_planned_bytes, 'cache memory within the plan');
+  });
 });
