@@ -5,3 +5,7 @@ add_test(NAME docs_usage_guide
                  ${CMAKE_CURRENT_SOURCE_DIR}/data/glm-dsa/tiny.gguf
                  ${CMAKE_CURRENT_SOURCE_DIR}/server)
 set_tests_properties(docs_usage_guide PROPERTIES TIMEOUT 600 FAIL_REGULAR_EXPRESSION "FAIL")
+
+# The folder table of docs/architecture.md is the layering the code keeps.
+add_test(NAME docs_architecture_layers
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/docs/check_layers.sh ${PROJECT_SOURCE_DIR})

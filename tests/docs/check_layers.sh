@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Checks the "may use" column of docs/architecture.md's folder table against the code: every
+# `#include "X/..."` in src/F/ names F itself or a layer F may use. A new upward include, or a
+# table that no longer says what the code does, fails the test.
+#
+# usage: check_layers.sh REPO_ROOT
+set -uo pipefail
+root=$1
+doc=$root/docs/architecture.md
+layers=" $(ls -d "$root"/src/*/ | xargs -n1 basename | tr '\n' ' ') "
+fail=0
+rows=0
+declare -A direct
+while IFS='|' read -r _ folder _ uses _; do
+    folder=$(sed -E 's/[` ]//g' <<<"$folder")
+    [[ $folder =~ ^src/([a-z_]+)/$ ]] || continue
+    # "core, quant (type table)" -> core quant; "std only" -> nothing.
+    direct[${BASH_REMATCH[1]}]=$(sed -E 's/\([^)]*\)//g; s/std only//; s/,/ /g' <<<"$uses")
+done <"$doc"
+# A layer may use what its table row names and, through them, what those may use.
+closure() {
+    local todo=($1) seen=" "
+    while ((${#todo[@]})); do
+        local l=${todo[0]}
+        todo=("${todo[@]:1}")
+        [[ $seen == *" $l "* ]] && continue
+        seen+="$l "
+        todo+=(${direct[$l]:-})
+    done
+    echo "$seen"
+}
+for name in "${!direct[@]}"; do
+    rows=$((rows + 1))
+    allowed=$(closure "$name")
+    for f in $(find "$root/src/$name" -name '*.h' -o -name '*.cpp' | sort); do
+        while read -r inc; do
+            dep=${inc%%/*}
+            [[ $layers == *" $dep "* ]] || continue  # a system or third-party header
+            if [[ $allowed != *" $dep "* ]]; then
+                echo "FAIL: ${f#$root/} includes \"$inc\": src/$name/ may use only:$allowed"
+                fail=1
+            fi
+        done < <(sed -nE 's/^#include "([^"]+)".*/\1/p' "$f")
+    done
+done
+for l in $layers; do
+    grep -q "| \`src/$l/\` |" "$doc" || { echo "FAIL: src/$l/ has no row in docs/architecture.md"; fail=1; }
+done
+[[ $rows -gt 0 ]] || { echo "FAIL: no folder rows found in $doc"; exit 1; }
+[[ $fail == 0 ]] && echo "ok: $rows layers include only what docs/architecture.md allows"
+exit $fail
