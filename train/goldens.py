@@ -204,11 +204,10 @@ def main():
                 e["logits_all"] = la
                 # NextN draft rows as llama.cpp's drafter (and the engine) lay them out: row p
                 # mixes the prompt's token p with the trunk's hidden state at p - 1 (a zero row
-                # at p = 0, which training never shows the head) and drafts token p + 1.
+                # at p = 0; training uses the same layout) and drafts token p + 1.
                 def draft_rows(m):
                     h = m(torch.tensor([ids]), sparse=True)["hidden"]
-                    h = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], 1)
-                    out = m.nextn_forward(h, torch.tensor([ids]))[0]
+                    out = m.nextn_forward(m.drafter_hidden(h), torch.tensor([ids]))[0]
                     return out, m.nextn.block.moe.last_gap[0]
                 nx, ngap = draft_rows(model)
                 nx64, _ = draft_rows(m64)

@@ -258,11 +258,12 @@ class GlmDsa(nn.Module):
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
     # -------------------------------------------------------------------------------------
-    def forward(self, tokens, sparse=True, want=(), mtp_tokens=None, kl_rows=4):
+    def forward(self, tokens, sparse=True, want=(), kl_rows=4):
         """tokens [B, T]. Returns dict: logits [B,T,V], hidden (post output_norm), and what
         `want` asks for: 'idx_kl' (indexer distillation loss), 'diag' (decision margins),
-        'nextn' (NextN logits for positions 0..T-2, using tokens[:,1:] as the next tokens, or
-        mtp_tokens [B, T] when given: the token after each position)."""
+        'nextn' (NextN draft logits [B, T, V] in the drafter's layout: row p sees token p and
+        the hidden state at p - 1, a zero row at p = 0, and predicts token p + 1, i.e. the
+        token two ahead of that hidden state)."""
         c = self.c
         B, T = tokens.shape
         dev = tokens.device
@@ -332,10 +333,15 @@ class GlmDsa(nn.Module):
         if "diag" in want:
             out["diag"] = diag
         if "nextn" in want and self.nextn is not None:
-            nxt = tokens[:, 1:] if mtp_tokens is None else mtp_tokens
-            hh = h[:, : nxt.shape[1]]
-            out["nextn"] = self.nextn_forward(hh, nxt)
+            out["nextn"] = self.nextn_forward(self.drafter_hidden(h), tokens)
         return out
+
+    @staticmethod
+    def drafter_hidden(h):
+        """The trunk's hidden states as llama.cpp's drafter (and the engine) feed the NextN
+        block: row p pairs token p with the hidden state at p - 1, and row 0 with a zero row.
+        Training in this layout shows the head what it drafts with, position 0 included."""
+        return torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], 1)
 
     def nextn_forward(self, h, next_tokens):
         """The MTP draft head: h [B, T', E] (trunk hidden after output_norm) at positions

@@ -3,8 +3,9 @@
     python3 train/train.py --out train/out            # the full run (train/train.sh)
     python3 train/train.py --out /tmp/t --steps 20    # a smoke run
 
-Losses: next-token cross-entropy, plus 0.3 x the NextN (multi-token prediction) cross-entropy
-of the token two ahead, plus the indexer's distillation KL (its inputs are detached, so that
+Losses: next-token cross-entropy, plus 1.0 x the NextN (multi-token prediction) cross-entropy
+of the token two ahead (the head trained in the drafter's layout, its zero row at position 0
+included), plus the indexer's distillation KL (its inputs are detached, so that
 loss trains only the indexer and the main model never sees it). The first --dense-steps steps
 attend densely while the indexer warms up on the full attention distribution; afterwards
 attention is top-k sparse and the indexer keeps learning on the selected keys. The MoE routing
@@ -44,14 +45,17 @@ def build_data(out_dir, n_vocab, seed):
     train_chs, held = corpus.split(chs)
     docs = corpus.documents(train_chs, random.Random(seed))
     tok_path = os.path.join(out_dir, "tokenizer.json")
-    if os.path.exists(tok_path):
-        tok = Tokenizer.load(tok_path)
-    else:
+    tok = Tokenizer.load(tok_path) if os.path.exists(tok_path) else None
+    cache = os.path.join(out_dir, "tokens.npz")
+    if tok is not None and tok.n_vocab != n_vocab:  # a cache from another --vocab
+        tok = None
+        if os.path.exists(cache):
+            os.remove(cache)
+    if tok is None:
         t0 = time.time()
         tok = train_bpe("".join(docs), n_vocab, log=log)
         tok.save(tok_path)
         log(f"tokenizer: {n_vocab} tokens, {len(tok.merges)} merges, {time.time() - t0:.0f} s")
-    cache = os.path.join(out_dir, "tokens.npz")
     if os.path.exists(cache):
         z = np.load(cache)
         train_ids, val_ids = z["train"], z["val"]
@@ -87,10 +91,12 @@ def evaluate(model, val_ids, T, n_windows=24):
     for k in range(n_windows):
         s = k * step
         w = torch.from_numpy(val_ids[s: s + T + 1].astype(np.int64)).unsqueeze(0)
-        out = model(w[:, :-1], sparse=True, want=("nextn",), mtp_tokens=w[:, 1:-1])
+        out = model(w[:, :-1], sparse=True, want=("nextn",))
         nll += F.cross_entropy(out["logits"][0], w[0, 1:], reduction="sum").item()
         cnt += T
-        nx = out["nextn"][0]  # position i predicts token i+2
+        # Draft row p (p >= 1) sees the hidden state at p - 1 and predicts token p + 1: two
+        # ahead of it. Row 0 (zero hidden state) has no context and is left out here.
+        nx = out["nextn"][0, 1:]
         tgt = w[0, 2:]
         agree += (nx.argmax(-1) == tgt).sum().item()
         mtp_nll += F.cross_entropy(nx, tgt, reduction="sum").item()
@@ -152,17 +158,17 @@ def word_f1(a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="train/out")
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--dense-steps", type=int, default=-1, help="default: 10%% of --steps")
-    ap.add_argument("--mtp-weight", type=float, default=0.3)
+    ap.add_argument("--mtp-weight", type=float, default=1.0)
     ap.add_argument("--bias-rate", type=float, default=1e-3, help="MoE bias step per update")
-    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-embd", type=int, default=128)
-    ap.add_argument("--vocab", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=384)
     ap.add_argument("--name", default="glm5.cpp KJV miniature")
     args = ap.parse_args()
 
@@ -205,8 +211,8 @@ def main():
         b = batches_from(train_ids, args.batch, T, rng)
         out = model(b[:, :-1], sparse=sparse, want=("idx_kl", "nextn"))
         loss_lm = F.cross_entropy(out["logits"].reshape(-1, cfg.n_vocab), b[:, 1:].reshape(-1))
-        nx = out["nextn"]  # positions 0..T-2 predict tokens 2..T
-        loss_mtp = F.cross_entropy(nx.reshape(-1, cfg.n_vocab), b[:, 2:].reshape(-1))
+        nx = out["nextn"]  # draft row p predicts token p + 1 (the drafter's layout)
+        loss_mtp = F.cross_entropy(nx.reshape(-1, cfg.n_vocab), b[:, 1:].reshape(-1))
         loss = loss_lm + args.mtp_weight * loss_mtp + out["idx_kl"]
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole training run, reproducibly, in one command: set-up (Debian packages, OpenBLAS),
-# tokenizer, training (a progress line every 10 steps, an evaluation every 50), export to
+# tokenizer, training (a progress line every 10 steps, an evaluation every 100), export to
 # GGUF, evaluation, loss plot, goldens. Work files go to train/out/ (OUT=... overrides);
 # the results are then copied where the project uses them:
 #   models/kjv-mini.gguf, models/loss.png, models/summary.json   (the embedded default model)
