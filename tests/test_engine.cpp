@@ -1,5 +1,6 @@
 // The serving engine: batched slots give the same tokens as alone, queueing
 // beyond n_parallel, retained prefixes, cancellation, stops and refusals.
+#include <future>
 #include <thread>
 
 #include "runtime/engine.h"
@@ -126,12 +127,16 @@ TEST_F(EngineTest, PrefixCacheOffReusesNothing) {
 
 TEST_F(EngineTest, CancelFreesTheSlot) {
     runtime::Engine e(*m.model, opts(1));
-    std::shared_ptr<runtime::Request> r;
+    // The engine thread may emit before submit() has returned the handle: it
+    // takes the handle through a future (ThreadSanitizer saw the plain variable race).
+    std::promise<std::shared_ptr<runtime::Request>> handle;
+    std::shared_future<std::shared_ptr<runtime::Request>> got = handle.get_future().share();
     std::atomic<int> seen{0};
-    r = e.submit(request(prompt_of(1, 8), 200, 0.8f, 1), [&](int32_t) {
-        if (++seen == 3) r->cancel();
+    const auto r = e.submit(request(prompt_of(1, 8), 200, 0.8f, 1), [&](int32_t) {
+        if (++seen == 3) got.get()->cancel();
         return true;
     });
+    handle.set_value(r);
     const auto res = r->wait();
     EXPECT_EQ(res.finish_reason, "cancelled");
     EXPECT_LT(res.tokens.size(), 10u);
