@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages glm5.cpp needs, only those that are missing.
 set -euo pipefail
 pkgs=(build-essential cmake clang libclang-rt-14-dev googletest libgtest-dev libbenchmark-dev
-      nlohmann-json3-dev libcpp-httplib-dev nodejs npm curl tmux expect)
+      nlohmann-json3-dev libcpp-httplib-dev libpng-dev libjpeg62-turbo-dev nodejs npm curl
+      tmux expect wamerican)
 missing=()
 for p in "${pkgs[@]}"; do
   # NodeSource's nodejs package bundles npm and conflicts with Debian's npm.

@@ -189,17 +189,31 @@ TEST(CliRun, UnsupportedArchitectureIsRefused) {
     EXPECT_NE(r.err.find("not supported"), std::string::npos) << r.err;
 }
 
-TEST(CliRun, EmbeddedDefaultModelIsGeneratedOnFirstUse) {
+TEST(CliRun, EmbeddedDefaultModelIsWrittenOnFirstUse) {
     const std::string d = tmp_dir("cache");
     std::filesystem::remove_all(d);
     const CliResult first = run_glm5("run -p Hello -n 4 --temp 0", "", "GLM5_CACHE=" + d);
     ASSERT_EQ(first.code, 0) << first.err;
-    EXPECT_NE(first.err.find("generating"), std::string::npos) << first.err;
-    EXPECT_TRUE(std::filesystem::exists(d + "/tiny.gguf"));
+    EXPECT_NE(first.err.find("writing the embedded default model"), std::string::npos) << first.err;
+    // One file in the cache, byte for byte the committed trained model.
+    std::vector<std::filesystem::path> cached;
+    for (const auto& e : std::filesystem::directory_iterator(d)) cached.push_back(e.path());
+    ASSERT_EQ(cached.size(), 1u);
+    auto read = [](const std::filesystem::path& p) {
+        std::ifstream f(p, std::ios::binary);
+        return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    };
+    EXPECT_TRUE(read(cached[0]) == read(std::string(GLM5_SOURCE_DIR) + "/models/kjv-mini.gguf"));
     const CliResult second = run_glm5("run -p Hello -n 4 --temp 0", "", "GLM5_CACHE=" + d);
     ASSERT_EQ(second.code, 0) << second.err;
-    EXPECT_EQ(second.err.find("generating"), std::string::npos);
+    EXPECT_EQ(second.err.find("writing"), std::string::npos);
     EXPECT_EQ(first.out, second.out);
+    // A damaged cached copy is replaced, not loaded.
+    std::filesystem::resize_file(cached[0], 1000);
+    const CliResult third = run_glm5("run -p Hello -n 4 --temp 0", "", "GLM5_CACHE=" + d);
+    ASSERT_EQ(third.code, 0) << third.err;
+    EXPECT_NE(third.err.find("writing the embedded default model"), std::string::npos);
+    EXPECT_EQ(first.out, third.out);
 }
 
 }  // namespace
@@ -229,6 +243,47 @@ TEST(CliRun, BenchParallelPrintsScalingAndCeiling) {
     EXPECT_NEAR(ceiling, alone / shared, 0.005 + ceiling * (0.05 / alone + 0.05 / shared));
     EXPECT_GT(ceiling, 1.0);
     EXPECT_LE(ceiling, 2.0);
+}
+
+}  // namespace
+
+namespace {
+
+// --spec with --tokens/--print-ids/--ignore-eos gives exactly the ids of the
+// same run without it, and reports what it drafted on stderr.
+TEST(CliRun, SpeculativeRunGivesThePlainIdsAndReportsItsDrafts) {
+    const auto g = load_json(data_path("glm-dsa/tiny.golden.json"));
+    const auto tokens = join(to_ids(g["prompts"][0]["tokens"]), ",");
+    const std::string base = "run --model " + kTiny + " --tokens " + tokens +
+                             " -n 24 --temp 0 --print-ids --ignore-eos --cache-type f32";
+    const CliResult plain = run_glm5(base);
+    ASSERT_EQ(plain.code, 0) << plain.err;
+    for (const char* type : {"mtp", "ngram", "auto"}) {
+        const CliResult spec =
+            run_glm5(base + " --spec --spec-fixed --spec-draft 3 --spec-type " + type);
+        ASSERT_EQ(spec.code, 0) << spec.err;
+        EXPECT_EQ(spec.out, plain.out) << type;
+        EXPECT_NE(spec.err.find("glm5: speculative:"), std::string::npos) << spec.err;
+        EXPECT_NE(spec.err.find("accepted "), std::string::npos) << spec.err;
+        EXPECT_NE(spec.err.find(" verifies, "), std::string::npos) << spec.err;
+    }
+}
+
+TEST(CliRun, SpeculativeMtpWithoutANextNBlockIsRefused) {
+    const CliResult next = run_glm5("run --model " + data_path("glm5next/tiny.gguf") +
+                                    " --tokens 1,2,3 -n 2 --spec --spec-type mtp");
+    EXPECT_EQ(next.code, 2);
+    EXPECT_NE(next.err.find("ngram only"), std::string::npos) << next.err;
+    const std::string dir = ::testing::TempDir();
+    const std::string none = dir + "/glm5-no-nextn.gguf";
+    ASSERT_EQ(run_glm5("make-model --preset tiny --no-nextn -o " + none).code, 0);
+    const CliResult r =
+        run_glm5("run --model " + none + " --tokens 1,2,3 -n 2 --spec --spec-type mtp");
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("no loadable NextN/MTP block"), std::string::npos) << r.err;
+    std::remove(none.c_str());
+    EXPECT_EQ(run_glm5("run --model " + kTiny + " --tokens 1 -n 1 --spec --spec-type bogus").code,
+              2);
 }
 
 }  // namespace

@@ -17,15 +17,15 @@
 #include "text/chat.h"
 
 #include "core/error.h"
+#include "gen/generator.h"
+#include "gen/quant_mix.h"
+#include "gen/random.h"
+#include "gen/vocab.h"
 #include "gguf/gguf.h"
-#include "model/gen_quant_mix.h"
-#include "model/gen_random.h"
-#include "model/gen_vocab.h"
-#include "model/generator.h"
 #include "quant/quant.h"
 
 namespace fs = std::filesystem;
-using namespace glm5::model::gen;
+using namespace glm5::gen;
 using glm5::quant::Type;
 
 namespace {

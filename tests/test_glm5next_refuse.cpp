@@ -287,8 +287,8 @@ namespace {
 TEST_F(Glm5NextLoad, HugeHyperparametersAreRefusedBeforeUse) {
     expect_refused(write_variant("huge_heads",
                                  [](gguf::Writer& w) {
-                                     w.set_u64("glm5next.attention.indexer.head_count",
-                                               uint64_t(1) << 33);
+                                     w.set_u64("glm5next.attention.indexer.head_count", uint64_t(1)
+                                                                                            << 33);
                                  }),
                    {"attention.indexer.head_count", "more than the limit of 2147483647"});
     expect_refused(write_variant("huge_kda",
@@ -309,12 +309,11 @@ TEST_F(Glm5NextLoad, VocabularyMustMatchTheEmbeddingRows) {
     ASSERT_TRUE(toks && toks->is_array());
     std::vector<std::string> fewer;
     for (size_t i = 0; i + 1 < toks->size(); ++i) fewer.emplace_back(*toks->string_at(i));
-    expect_refused(write_variant("vocab_short",
-                                 [&](gguf::Writer& w) {
-                                     w.set_array_string("tokenizer.ggml.tokens", fewer);
-                                 }),
-                   {"the tokenizer has " + std::to_string(fewer.size()) + " tokens",
-                    "token_embd.weight has " + std::to_string(toks->size()) + " rows"});
+    expect_refused(
+        write_variant("vocab_short",
+                      [&](gguf::Writer& w) { w.set_array_string("tokenizer.ggml.tokens", fewer); }),
+        {"the tokenizer has " + std::to_string(fewer.size()) + " tokens",
+         "token_embd.weight has " + std::to_string(toks->size()) + " rows"});
 }
 
 }  // namespace

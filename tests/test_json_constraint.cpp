@@ -15,11 +15,11 @@
 #include <set>
 
 #include "core/error.h"
+#include "gen/vocab.h"
 #include "gguf/gguf.h"
-#include "model/gen_vocab.h"
+#include "runtime/engine.h"
 #include "runtime/json_constraint.h"
 #include "runtime/sampler.h"
-#include "runtime/session.h"
 #include "text/tokenizer.h"
 #include "util_model.h"
 
@@ -53,7 +53,7 @@ const Vocab& fixture() {
 // The generator's vocabulary padded to 32768 tokens (the bench model's n_vocab).
 const Vocab& vocab32k() {
     static Vocab v = [] {
-        const auto g = model::gen::make_vocab(32768);
+        const auto g = gen::make_vocab(32768);
         text::VocabData d;
         d.tokens = g.tokens;
         for (int32_t t : g.types) d.types.push_back(text::TokenType(t));
@@ -926,7 +926,7 @@ TEST(JsonConstraint, CostPerStep) {
 }
 
 TEST(JsonConstraint, TinyModelEndToEnd) {
-    // The fixture model (random weights) at temperature 1 through Session + Sampler: the
+    // The fixture model (random weights) at temperature 1 through the engine: the
     // constrained reply must be valid JSON for a nested schema, thinking off and on.
     const Vocab& v = fixture();
     glm5::test::TestModel tm(std::string(GLM5_TEST_DATA) + "/glm-dsa/tiny.gguf",
@@ -940,30 +940,24 @@ TEST(JsonConstraint, TinyModelEndToEnd) {
             (think ? "" : "</think>");
         const std::vector<int32_t> prompt = v.tok->encode(prompt_text);
         for (uint64_t seed = 1; seed <= 4; ++seed) {
-            Session sess(*tm.model, 512);
-            SamplerParams sp;
-            sp.temperature = 1.0f;
-            sp.top_k = 0;
-            sp.top_p = 1.0f;
-            sp.min_p = 0.0f;
-            sp.seed = seed;
-            Sampler sampler(sp);
-            auto c = make_json_constraint(g, v.jv, think != 0);
-            const int64_t max_tokens = 160;
-            std::span<const float> logits = sess.prefill(prompt);
-            std::vector<int32_t> out;
-            for (int64_t i = 0; i < max_tokens; ++i) {
-                c->set_remaining(max_tokens - i);
-                const int32_t t =
-                    sampler.sample(logits, out, [&](int32_t id) { return c->allows(id); });
-                c->accept(t);
-                if (v.tok->is_stop(t)) {
-                    ++stopped;
-                    break;
-                }
-                out.push_back(t);
-                logits = sess.decode(t);
-            }
+            runtime::EngineOptions eo;
+            eo.n_parallel = 1;
+            eo.n_ctx = 512;
+            runtime::Engine engine(*tm.model, eo);
+            runtime::RequestParams rp;
+            rp.prompt = prompt;
+            rp.sampling.temperature = 1.0f;
+            rp.sampling.top_k = 0;
+            rp.sampling.top_p = 1.0f;
+            rp.sampling.min_p = 0.0f;
+            rp.sampling.seed = seed;
+            rp.max_tokens = 160;
+            rp.constraint = make_json_constraint(g, v.jv, think != 0);
+            for (int32_t t : v.tok->stop_ids()) rp.stop_ids.insert(t);
+            const runtime::RequestResult r = engine.submit(std::move(rp))->wait();
+            ASSERT_NE(r.finish_reason, "error") << r.error;
+            if (r.finish_reason == "stop") ++stopped;
+            const std::vector<int32_t>& out = r.tokens;
             std::string text = v.tok->decode(out);
             if (think) {
                 const size_t p = text.find("</think>");

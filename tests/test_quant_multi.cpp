@@ -15,7 +15,8 @@ using namespace glm5::quant;
 namespace {
 
 // The formats with a multi-activation kernel at the kernel level in force
-// (GLM5_CPU or the CPU's): today only the AVX-512 VNNI level has any.
+// (GLM5_CPU or the CPU's): the AVX-512 VNNI level, and the AVX2 level for the
+// float formats (F32, F16, BF16); the scalar level has none.
 int expected_multi_kernels() {
     int n = 0;
     for (uint32_t raw = 0; raw < 40; ++raw) {
@@ -36,6 +37,8 @@ int expected_multi_kernels() {
 }
 
 TEST(QuantMulti, BitIdenticalToSingleRowKernel) {
+    // (At the scalar level every product runs the single-row kernel per
+    // activation: nothing is compared and none may be offered, checked below.)
     int checked = 0;
     for (uint32_t raw = 0; raw < 40; ++raw) {
         const TypeTraits* tt = find_traits(raw);
@@ -81,6 +84,8 @@ TEST(QuantMulti, BitIdenticalToSingleRowKernel) {
     EXPECT_EQ(checked, expected_multi_kernels()) << "at level " << cpu_level_name(cpu_level());
     if (cpu_has_avx512()) {
         EXPECT_GT(checked, 0) << "no multi-activation kernel at the VNNI level";
+    } else if (cpu_has_avx2()) {
+        EXPECT_EQ(checked, 3) << "the AVX2 level has the F32, F16 and BF16 multi kernels";
     }
 }
 

@@ -82,6 +82,7 @@ bool Args::parse(int argc, char** argv, int first) {
                     value = argv[++i];
                 }
                 values_[s->name] = value;
+                all_values_[s->name].push_back(value);
             }
             given_[s->name] = true;
             continue;
@@ -108,6 +109,12 @@ const std::string& Args::get(const std::string& name) const {
     auto it = values_.find(name);
     if (it == values_.end()) throw std::logic_error("undeclared flag " + name);
     return it->second;
+}
+
+std::vector<std::string> Args::get_all(const std::string& name) const {
+    get(name);  // declared?
+    auto it = all_values_.find(name);
+    return it == all_values_.end() ? std::vector<std::string>{} : it->second;
 }
 
 int64_t Args::get_int(const std::string& name, int64_t min, int64_t max) const {

@@ -34,6 +34,8 @@ class Args {
     bool is_set(const std::string& name) const;  // given on the command line
     bool get_flag(const std::string& name) const;
     const std::string& get(const std::string& name) const;
+    // Every value a valued option was given, in order (--image A --image B).
+    std::vector<std::string> get_all(const std::string& name) const;
     int64_t get_int(const std::string& name, int64_t min, int64_t max) const;
     double get_double(const std::string& name, double min, double max) const;
     const std::string& positional_value(const std::string& name) const;
@@ -53,6 +55,7 @@ class Args {
     std::vector<Spec> positionals_;
     std::map<std::string, std::string> values_;
     std::map<std::string, bool> given_;
+    std::map<std::string, std::vector<std::string>> all_values_;
     std::map<std::string, std::string> pos_values_;
 };
 

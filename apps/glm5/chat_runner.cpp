@@ -1,9 +1,11 @@
 #include "chat_runner.h"
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 
+#include "core/error.h"
 #include "core/log.h"
 
 namespace glm5::app {
@@ -34,20 +36,59 @@ runtime::SamplerParams sampling_from_args(const Args& a) {
     return sp;
 }
 
+namespace {
+
+runtime::EngineOptions with_vision(runtime::EngineOptions o, const LoadedVision* v) {
+    if (v && v->tower) {
+        o.vision = v->tower.get();
+        o.image_token = v->image_token;
+    }
+    return o;
+}
+
+}  // namespace
+
 ChatRunner::ChatRunner(LoadedModel& m, int64_t n_ctx, int64_t ubatch,
-                       const runtime::SamplerParams& sp, int64_t n_predict)
+                       const runtime::SamplerParams& sp, int64_t n_predict,
+                       const LoadedVision* vision)
     : m_(m),
       tok_(text::Tokenizer::from_gguf(*m.file)),
       chat_(text::ChatFormat::from_gguf(*m.file)),
-      session_(*m.model, n_ctx, ubatch),
-      sampler_(sp),
+      engine_(*m.model, with_vision(cli_engine_options(n_ctx, ubatch, m.spec), vision)),
+      sampler_(std::make_shared<runtime::Sampler>(sp)),
       n_predict_(n_predict) {
     if (!chat_.template_warning().empty()) log_info("glm5: %s\n", chat_.template_warning().c_str());
 }
 
+runtime::EngineOptions cli_engine_options(int64_t n_ctx, int64_t ubatch,
+                                          const runtime::SpecParams& spec) {
+    runtime::EngineOptions o;
+    o.spec = spec;
+    o.n_parallel = 1;
+    o.n_ctx = n_ctx;
+    o.ubatch = ubatch;
+    o.max_rewind = n_ctx;
+    o.cache_budget_bytes = SIZE_MAX;
+    return o;
+}
+
+runtime::RequestResult run_request(runtime::Engine& e, runtime::RequestParams p,
+                                   runtime::TokenCallback on_token) {
+    runtime::RequestResult r = e.submit(std::move(p), std::move(on_token))->wait();
+    if (r.finish_reason == "error") throw Error(r.error);
+    return r;
+}
+
+void ChatRunner::attach_image(runtime::PreparedImage img, const std::string& path) {
+    pending_.push_back(std::move(img));
+    pending_paths_.push_back(path);
+}
+
 void ChatRunner::reset() {
     history_.clear();
-    session_.reset();
+    pending_.clear();
+    pending_paths_.clear();
+    images_.clear();
 }
 
 TurnResult ChatRunner::turn(const std::string& user, bool think, text::ReasoningEffort effort,
@@ -55,15 +96,26 @@ TurnResult ChatRunner::turn(const std::string& user, bool think, text::Reasoning
     std::vector<text::ChatMessage> msgs;
     if (!system_.empty()) msgs.push_back({"system", system_, {}, {}, {}});
     msgs.insert(msgs.end(), history_.begin(), history_.end());
-    msgs.push_back({"user", user, {}, {}, {}});
+    text::ChatMessage um{"user", user, {}, {}, {}};
+    for (const auto& path : pending_paths_) {
+        um.image_at.push_back(0);
+        um.image_urls.push_back(path);
+    }
+    msgs.push_back(um);
     text::ChatOptions opt;
     opt.thinking = think;
     opt.effort = think ? effort : text::ReasoningEffort::Default;
     const text::RenderedPrompt p = chat_.render(msgs, nullptr, opt);
     for (const auto& w : p.warnings) log_info("glm5: %s\n", w.c_str());
     const std::vector<int32_t> ids = tok_->encode(p.text);
-    TurnResult r = run(ids, p.reasoning_open, true, cb);
-    history_.push_back({"user", user, {}, {}, {}});
+    // Every image of the conversation goes with each turn: the engine reuses
+    // its cached prefix across them only for the same bytes.
+    images_.insert(images_.end(), std::make_move_iterator(pending_.begin()),
+                   std::make_move_iterator(pending_.end()));
+    pending_.clear();
+    pending_paths_.clear();
+    TurnResult r = run(ids, p.reasoning_open, true, cb, images_);
+    history_.push_back(um);
     history_.push_back(text::assistant_message(r.reply));
     return r;
 }
@@ -73,7 +125,7 @@ TurnResult ChatRunner::raw(const std::string& prompt, const StreamCallbacks& cb)
 }
 
 TurnResult ChatRunner::run(const std::vector<int32_t>& ids, bool reasoning_open, bool parse,
-                           const StreamCallbacks& cb) {
+                           const StreamCallbacks& cb, std::vector<runtime::PreparedImage> images) {
     TurnResult r;
     text::StreamDecoder dec(*tok_);
     text::ReplyParserOptions po;
@@ -85,11 +137,15 @@ TurnResult ChatRunner::run(const std::vector<int32_t>& ids, bool reasoning_open,
         for (const auto& c : d.tool_calls)
             if (cb.tool_call) cb.tool_call(c);
     };
-    runtime::GenerateOptions go;
-    go.max_tokens = n_predict_;
-    for (int32_t s : tok_->stop_ids()) go.stop_ids.insert(s);
+    runtime::RequestParams rp;
+    rp.prompt = ids;
+    rp.images = std::move(images);
+    rp.max_tokens = n_predict_;
+    rp.prefill_only = n_predict_ == 0;
+    rp.sampler = sampler_;
+    for (int32_t s : tok_->stop_ids()) rp.stop_ids.insert(s);
     std::string raw_text;
-    r.gen = runtime::generate(session_, ids, sampler_, go, [&](int32_t t) {
+    r.gen = run_request(engine_, std::move(rp), [&](int32_t t) {
         const std::string piece = dec.push(t);
         if (parse)
             emit(parser.feed(piece));
@@ -98,6 +154,9 @@ TurnResult ChatRunner::run(const std::vector<int32_t>& ids, bool reasoning_open,
         raw_text += piece;
         return true;
     });
+    totals_.draft_n += r.gen.draft_n;
+    totals_.draft_accepted += r.gen.draft_accepted;
+    totals_.verifies += r.gen.verifies;
     const std::string tail = dec.flush();
     if (parse) {
         emit(parser.feed(tail));
@@ -110,13 +169,13 @@ TurnResult ChatRunner::run(const std::vector<int32_t>& ids, bool reasoning_open,
     return r;
 }
 
-std::string timing_summary(const runtime::GenerateResult& g) {
+std::string timing_summary(const runtime::RequestResult& g) {
     char buf[256];
-    const int64_t fed = g.prompt_tokens - g.reused_tokens;
+    const int64_t fed = g.prompt_tokens - g.cached_tokens;
     std::snprintf(buf, sizeof(buf),
                   "prompt %lld tokens (%lld reused) in %.3f s, %.1f tok/s | generated %zu tokens "
                   "in %.3f s, %.1f tok/s",
-                  (long long)g.prompt_tokens, (long long)g.reused_tokens, g.prompt_seconds,
+                  (long long)g.prompt_tokens, (long long)g.cached_tokens, g.prompt_seconds,
                   g.prompt_seconds > 0 ? double(fed) / g.prompt_seconds : 0.0, g.tokens.size(),
                   g.gen_seconds, g.gen_seconds > 0 ? double(g.tokens.size()) / g.gen_seconds : 0.0);
     return buf;

@@ -10,11 +10,12 @@
 
 #include "args.h"
 #include "model_setup.h"
+#include "runtime/engine.h"
 #include "runtime/sampler.h"
-#include "runtime/session.h"
 #include "text/chat.h"
 #include "text/reply_parser.h"
 #include "text/tokenizer.h"
+#include "vision_setup.h"
 
 namespace glm5::app {
 
@@ -34,13 +35,25 @@ struct StreamCallbacks {
 
 struct TurnResult {
     text::ParsedReply reply;
-    runtime::GenerateResult gen;
+    runtime::RequestResult gen;
 };
+
+// The engine the CLI drives as a one-slot client: one sequence, its previous
+// turn kept as a retained prefix and rewound as far as needed (a chat's next
+// turn extends the last one).
+runtime::EngineOptions cli_engine_options(int64_t n_ctx, int64_t ubatch,
+                                          const runtime::SpecParams& spec);
+
+// Runs one request on `e` and waits for it; a request that fails throws its
+// error (the CLI's exit code 2 path).
+runtime::RequestResult run_request(runtime::Engine& e, runtime::RequestParams p,
+                                   runtime::TokenCallback on_token = nullptr);
 
 class ChatRunner {
   public:
+    // With a vision tower (`vision`, outliving the runner) turns may carry images.
     ChatRunner(LoadedModel& m, int64_t n_ctx, int64_t ubatch, const runtime::SamplerParams& sp,
-               int64_t n_predict);
+               int64_t n_predict, const LoadedVision* vision = nullptr);
 
     const text::Tokenizer& tokenizer() const { return *tok_; }
     const text::ChatFormat& format() const { return chat_; }
@@ -53,23 +66,31 @@ class ChatRunner {
     TurnResult raw(const std::string& prompt, const StreamCallbacks& cb);
 
     void set_system(const std::string& s) { system_ = s; }
+    // Speculative totals over every turn so far (draft_n, draft_accepted, verifies).
+    const runtime::RequestResult& spec_totals() const { return totals_; }
     void reset();
+    // Adds an image (its path names it) to the next user message, before its text.
+    void attach_image(runtime::PreparedImage img, const std::string& path);
 
   private:
     TurnResult run(const std::vector<int32_t>& ids, bool reasoning_open, bool parse,
-                   const StreamCallbacks& cb);
+                   const StreamCallbacks& cb, std::vector<runtime::PreparedImage> images = {});
 
     LoadedModel& m_;
     std::unique_ptr<text::Tokenizer> tok_;
     text::ChatFormat chat_;
-    runtime::Session session_;
-    runtime::Sampler sampler_;
+    runtime::Engine engine_;
+    std::shared_ptr<runtime::Sampler> sampler_;
     int64_t n_predict_;
     std::string system_;
     std::vector<text::ChatMessage> history_;
+    runtime::RequestResult totals_;
+    std::vector<runtime::PreparedImage> pending_;  // for the next user message
+    std::vector<std::string> pending_paths_;
+    std::vector<runtime::PreparedImage> images_;  // the conversation's, in order
 };
 
 // "prompt 12 tok (reused 4) 310.2 tok/s | generated 16 tok 45.1 tok/s"
-std::string timing_summary(const runtime::GenerateResult& g);
+std::string timing_summary(const runtime::RequestResult& g);
 
 }  // namespace glm5::app

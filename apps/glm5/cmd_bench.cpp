@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -12,11 +13,14 @@
 #include <vector>
 
 #include "args.h"
+#include "bench_vision.h"
 #include "commands.h"
 #include "core/bandwidth.h"
+#include "core/error.h"
 #include "core/format.h"
 #include "core/thread_pool.h"
 #include "model_setup.h"
+#include "runtime/engine.h"
 
 namespace glm5::app {
 
@@ -54,6 +58,44 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// What verifying a window costs: forwards of 1, 2, 3, 5 and 9 rows (every
+// row with logits) on a sequence holding the prompt, each undone by a
+// snapshot restore, against a one-row decode.
+std::string verify_cost_table(model::Model& model, std::vector<int32_t> prompt,
+                              const std::vector<int32_t>& more, int reps) {
+    prompt.insert(prompt.end(), more.begin(), more.end());
+    auto st = model.new_state(int64_t(prompt.size()) + 16);
+    std::vector<float> lg;
+    model::SeqInput in{st.get(), prompt, false, false};
+    model.forward({&in, 1}, lg);
+    const auto snap = st->snapshot();
+    const int sizes[] = {1, 2, 3, 5, 9};
+    std::vector<double> ms;
+    for (int r : sizes) {
+        std::vector<int32_t> win(static_cast<size_t>(r));
+        for (int i = 0; i < r; ++i) win[size_t(i)] = more[size_t(i) % more.size()];
+        std::vector<double> t;
+        for (int k = 0; k < std::max(3, 3 * reps); ++k) {
+            model::SeqInput w{st.get(), win, true, true};
+            const auto t0 = std::chrono::steady_clock::now();
+            model.forward({&w, 1}, lg);
+            t.push_back(seconds_since(t0) * 1e3);
+            st->restore(*snap);
+        }
+        ms.push_back(stats(t).median);
+    }
+    std::string out =
+        "\n| verify rows | ms per forward | cost vs 1 row | cost per token |\n"
+        "| ---: | ---: | ---: | ---: |\n";
+    char buf[160];
+    for (size_t i = 0; i < ms.size(); ++i) {
+        std::snprintf(buf, sizeof(buf), "| %d | %.2f | %.2fx | %.2fx |\n", sizes[i], ms[i],
+                      ms[i] / ms[0], ms[i] / ms[0] / sizes[i]);
+        out += buf;
+    }
+    return out;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -73,7 +115,9 @@ int cmd_bench(int argc, char** argv) {
              "repetition also decodes one sequence alone and the paired speed-up is reported");
     a.flag("roofline", "measure the read bandwidth and report the decode roofline", true);
     a.option("bandwidth-bytes", "BYTES", "1073741824", "buffer size of the bandwidth measurement");
+    add_vision_bench_flags(a);
     if (!a.parse(argc, argv, 2)) return 0;
+    if (a.is_set("mmproj")) return bench_vision(a);
     const int64_t n_prompt = a.get_int("n-prompt", 0, 1 << 20);
     const int64_t n_gen = a.get_int("n-gen", 0, 1 << 20);
     const int64_t reps = a.get_int("repetitions", 1, 1000);
@@ -87,60 +131,110 @@ int cmd_bench(int argc, char** argv) {
     const int64_t V = model.info().n_vocab;
     const int64_t n_ctx = depth + std::max<int64_t>(n_prompt, n_gen) + 8;
 
-    // A fresh sequence holding `depth` tokens (prefilled in micro-batches, untimed).
-    auto new_seq = [&](uint64_t seed) {
-        auto st = model.new_state(n_ctx);
-        const auto toks = random_tokens(depth, V, seed ^ 0x5eedull);
-        std::vector<float> lg;
-        for (int64_t i = 0; i < depth; i += ubatch) {
-            const int64_t n = std::min(ubatch, depth - i);
-            model::SeqInput in{st.get(), std::span<const int32_t>(toks.data() + i, size_t(n)),
-                               false, false};
-            model.forward({&in, 1}, lg);
+    // Every test runs through the engine, as serving does. Each repetition
+    // first prefills `depth` random tokens per sequence (untimed, retained);
+    // the timed request then adopts that prefix, as after llama-bench -d.
+    runtime::EngineOptions eo;
+    eo.n_parallel = int(n_par);
+    eo.n_ctx = n_ctx;
+    eo.ubatch = ubatch;
+    eo.max_rewind = n_ctx;
+    eo.cache_budget_bytes = SIZE_MAX;
+    runtime::Engine engine(model, eo);
+    auto wait_all = [](std::vector<std::shared_ptr<runtime::Request>> rs) {
+        for (auto& r : rs) {
+            const runtime::RequestResult res = r->wait();
+            if (res.finish_reason == "error") throw Error(res.error);
         }
-        return st;
+    };
+    auto depth_tokens = [&](uint64_t seed) { return random_tokens(depth, V, seed ^ 0x5eedull); };
+    auto warm = [&](const std::vector<uint64_t>& seeds) {
+        if (depth == 0) return;
+        std::vector<runtime::RequestParams> ps;
+        for (uint64_t seed : seeds) {
+            runtime::RequestParams p;
+            p.prompt = depth_tokens(seed);
+            p.prefill_only = true;
+            ps.push_back(std::move(p));
+        }
+        wait_all(engine.submit_group(std::move(ps)));
     };
 
+    // Prompt processing: the logits of the last prompt token, as a reply's
+    // first token needs.
     auto run_pp = [&](uint64_t seed) {
+        engine.drop_retained();
+        warm({seed});
+        runtime::RequestParams p;
+        p.prompt = depth_tokens(seed);
         const auto toks = random_tokens(n_prompt, V, seed);
-        auto st = new_seq(seed);
-        std::vector<float> lg;
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int64_t i = 0; i < n_prompt; i += ubatch) {
-            const int64_t n = std::min(ubatch, n_prompt - i);
-            model::SeqInput in{st.get(), std::span<const int32_t>(toks.data() + i, size_t(n)),
-                               false, i + n == n_prompt};
-            model.forward({&in, 1}, lg);
-        }
-        return double(n_prompt) / seconds_since(t0);
+        p.prompt.insert(p.prompt.end(), toks.begin(), toks.end());
+        p.max_tokens = 1;
+        p.forced = {0};
+        const runtime::RequestResult r = engine.submit(std::move(p))->wait();
+        if (r.finish_reason == "error") throw Error(r.error);
+        return double(n_prompt) / r.prompt_seconds;
     };
-    // n_seq sequences, one token each per forward; returns aggregate tokens/s.
+    // n_seq sequences decoding a forced random continuation together, one
+    // token each per forward; returns aggregate tokens/s.
     auto run_tg = [&](int64_t n_seq, uint64_t seed, double* bytes_per_token) {
-        std::vector<std::vector<int32_t>> toks;
-        std::vector<std::unique_ptr<model::SequenceState>> st;
-        for (int64_t s = 0; s < n_seq; ++s) {
-            toks.push_back(random_tokens(n_gen, V, seed * 131 + uint64_t(s)));
-            st.push_back(new_seq(seed * 131 + uint64_t(s)));
+        engine.drop_retained();
+        std::vector<uint64_t> seeds;
+        for (int64_t s = 0; s < n_seq; ++s) seeds.push_back(seed * 131 + uint64_t(s));
+        warm(seeds);
+        std::vector<runtime::RequestParams> ps;
+        for (uint64_t sd : seeds) {
+            const auto toks = random_tokens(n_gen + 1, V, sd);
+            runtime::RequestParams p;
+            p.prompt = depth_tokens(sd);
+            p.prompt.push_back(toks[0]);
+            p.forced.assign(toks.begin() + 1, toks.end());
+            p.max_tokens = n_gen;
+            ps.push_back(std::move(p));
         }
-        std::vector<float> lg;
-        std::vector<model::SeqInput> in(static_cast<size_t>(n_seq));
         be.reset_counters();
         const auto t0 = std::chrono::steady_clock::now();
-        for (int64_t i = 0; i < n_gen; ++i) {
-            for (int64_t s = 0; s < n_seq; ++s)
-                in[size_t(s)] = {st[size_t(s)].get(),
-                                 std::span<const int32_t>(&toks[size_t(s)][size_t(i)], 1), false,
-                                 true};
-            model.forward(in, lg);
-        }
+        wait_all(engine.submit_group(std::move(ps)));
         const double tps = double(n_gen * n_seq) / seconds_since(t0);
         if (bytes_per_token)
             *bytes_per_token = double(be.counters().weight_bytes) / double(n_gen * n_seq);
         return tps;
     };
+    // With --spec: greedy decoding from one fixed prompt, plainly and with
+    // speculation (forced random tokens would make acceptance meaningless).
+    const bool spec = m.spec.type != runtime::DraftType::Off;
+    const std::vector<int32_t> fixed_prompt = random_tokens(32, V, 7);
+    runtime::RequestResult spec_last;
+    bool spec_identical = true;
+    auto run_greedy = [&](bool with_spec, std::vector<int32_t>* out) {
+        engine.drop_retained();
+        warm({7});
+        runtime::RequestParams p;
+        p.prompt = depth_tokens(7);
+        p.prompt.insert(p.prompt.end(), fixed_prompt.begin(), fixed_prompt.end());
+        p.sampling.temperature = 0;
+        p.max_tokens = n_gen;
+        runtime::SpecParams off;
+        p.spec = with_spec ? m.spec : off;
+        const runtime::RequestResult r = engine.submit(std::move(p))->wait();
+        if (r.finish_reason == "error") throw Error(r.error);
+        if (with_spec) spec_last = r;
+        if (out) *out = r.tokens;
+        return r.gen_seconds > 0 ? double(r.tokens.size() - 1) / r.gen_seconds : 0.0;
+    };
+
     // Warm-up: touch every code path and page once.
     if (n_prompt > 0) run_pp(99);
     if (n_gen > 0) run_tg(n_par, 99, nullptr);
+    std::vector<double> greedy, greedy_spec;
+    if (spec && n_gen > 1) {
+        for (int64_t r = 0; r < reps; ++r) {
+            std::vector<int32_t> a_out, b_out;
+            greedy.push_back(run_greedy(false, &a_out));
+            greedy_spec.push_back(run_greedy(true, &b_out));
+            spec_identical = spec_identical && a_out == b_out;
+        }
+    }
 
     // The read bandwidth is measured right after each decode repetition and
     // each repetition's roofline fraction is taken against its own
@@ -193,6 +287,11 @@ int cmd_bench(int argc, char** argv) {
                 (n_par > 1 ? " x" + std::to_string(n_par) + " seqs" : ""),
             stats(tg));
 
+    if (!greedy.empty()) {
+        row("tg" + std::to_string(n_gen) + at + " greedy", stats(greedy));
+        row("tg" + std::to_string(n_gen) + at + " spec", stats(greedy_spec));
+    }
+
     if (!tg.empty() && bw) {
         const double bytes = stats(bpt).median;
         const double tps = stats(tg).median;
@@ -235,6 +334,16 @@ int cmd_bench(int argc, char** argv) {
                           100.0 * stats(scaling).median / ceiling);
             out += buf;
         }
+    }
+    if (!greedy.empty()) {
+        std::snprintf(buf, sizeof(buf),
+                      "\nspeculative: %.2fx the greedy tokens/s (medians); %s; the output is %s "
+                      "plain greedy decoding's\n",
+                      stats(greedy_spec).median / stats(greedy).median,
+                      spec_summary(spec_last, m.spec.type).c_str(),
+                      spec_identical ? "identical to" : "DIFFERENT FROM");
+        out += buf;
+        out += verify_cost_table(model, depth_tokens(7), fixed_prompt, int(reps));
     }
     std::fwrite(out.data(), 1, out.size(), stdout);
     return 0;

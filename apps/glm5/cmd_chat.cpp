@@ -8,9 +8,12 @@
 #include "args.h"
 #include "chat_runner.h"
 #include "commands.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "default_model.h"
+#include "image/image.h"
 #include "model_setup.h"
+#include "vision_setup.h"
 
 namespace glm5::app {
 
@@ -20,6 +23,7 @@ const char* kHelp =
     "commands:\n"
     "  /think on|off   reasoning before answering (now: %s)\n"
     "  /reset          forget the conversation\n"
+    "  /image PATH     attach a PNG or JPEG to the next message (needs --mmproj)\n"
     "  /exit           leave (Ctrl-D too)\n"
     "  /help           this list\n"
     "A line ending in \\ continues on the next line; a line of \"\"\" starts and ends a block.\n";
@@ -52,6 +56,7 @@ int cmd_chat(int argc, char** argv) {
     add_model_flags(a, false);
     add_generation_flags(a);
     a.flag("show-reasoning", "print the model's reasoning (dimmed) before its answer", true);
+    add_vision_flags(a, false);
     if (!a.parse(argc, argv, 2)) return 0;
     const text::ReasoningEffort effort = [&] {
         try {
@@ -66,7 +71,8 @@ int cmd_chat(int argc, char** argv) {
     const int64_t n_predict = a.get_int("n-predict", 0, 1 << 24);
     const std::string path = a.is_set("model") ? a.get("model") : ensure_default_model();
     LoadedModel m = open_model(a, path);
-    ChatRunner chat(m, n_ctx, ubatch, sp, n_predict);
+    LoadedVision vision = open_vision(a, m);
+    ChatRunner chat(m, n_ctx, ubatch, sp, n_predict, &vision);
     if (!a.get("system").empty()) chat.set_system(a.get("system"));
 
     const bool tty = isatty(0) && isatty(1);
@@ -85,6 +91,23 @@ int cmd_chat(int argc, char** argv) {
             } else if (msg == "/think on" || msg == "/think off") {
                 think = msg == "/think on";
                 std::printf("(reasoning %s)\n", think ? "on" : "off");
+            } else if (msg.rfind("/image", 0) == 0 && (msg.size() == 6 || msg[6] == ' ')) {
+                const size_t b = msg.find_first_not_of(' ', 6);
+                const std::string path = b == std::string::npos ? "" : msg.substr(b);
+                if (!vision.tower) {
+                    std::printf("(no vision tower: start glm5 chat with --mmproj)\n");
+                } else if (path.empty()) {
+                    std::printf("usage: /image PATH\n");
+                } else {
+                    try {
+                        chat.attach_image(runtime::prepare_image(image::read_file(path), path,
+                                                                 vision.tower->hparams()),
+                                          path);
+                        std::printf("(image %s attached to the next message)\n", path.c_str());
+                    } catch (const Error& e) {
+                        std::printf("(image refused: %s)\n", e.what());
+                    }
+                }
             } else if (msg == "/help") {
                 std::printf(kHelp, think ? "on" : "off");
             } else {

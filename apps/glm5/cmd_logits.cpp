@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "core/format.h"
 #include "model_setup.h"
+#include "vision_setup.h"
 
 namespace glm5::app {
 
@@ -16,13 +17,25 @@ int cmd_logits(int argc, char** argv) {
     add_model_flags(a, true);
     a.option("tokens", "IDS", "", "comma-separated token ids, e.g. 1,2,3");
     a.flag("all", "print every position's logits (default: the last position only)");
+    add_vision_flags(a, true);
     if (!a.parse(argc, argv, 2)) return 0;
     if (!a.is_set("tokens")) throw UsageError("--tokens is required");
-    const std::vector<int32_t> ids = parse_token_list(a.get("tokens"), "tokens");
+    std::vector<int32_t> ids = parse_token_list(a.get("tokens"), "tokens");
     LoadedModel m = open_model(a);
     const int64_t V = m.model->info().n_vocab;
+    // With --mmproj: one <|image|> id per --image, expanded to the image's
+    // rows; the logits are those of the expanded sequence's positions.
+    LoadedVision vision = open_vision(a, m);
+    std::vector<runtime::ImageEmbedding> images;
+    runtime::ExpandedPrompt expanded;
+    if (vision.tower) {
+        images = runtime::encode_prepared(*vision.tower, load_images(a, vision));
+        expanded = runtime::expand_images(ids, vision.image_token, images);
+        ids = expanded.tokens;
+    }
     auto st = m.model->new_state(int64_t(ids.size()));
     model::SeqInput in{st.get(), ids, a.get_flag("all")};
+    in.embeds = expanded.embeds;
     std::vector<float> logits;
     m.model->forward({&in, 1}, logits);
 

@@ -1,5 +1,5 @@
 // glm5 make-model: write a synthetic model (random weights, real layout and
-// storage types) with the library generator in src/model/generator.h.
+// storage types) with the library generator in src/gen/generator.h.
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,15 +13,16 @@
 #include "commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "model/gen_quant_mix.h"
-#include "model/generator.h"
+#include "gen/generator.h"
+#include "gen/mmproj.h"
+#include "gen/quant_mix.h"
 
 namespace glm5::app {
 
 namespace {
 
-using model::gen::GenOptions;
-using model::gen::GlmDsaHParams;
+using gen::GenOptions;
+using gen::GlmDsaHParams;
 
 struct DimFlag {
     const char* flag;
@@ -64,7 +65,7 @@ std::string per_preset(int64_t GlmDsaHParams::*field) {
 }
 
 std::vector<bool> parse_pattern(const std::string& s, int64_t n_layer) {
-    if (s == "glm52") return model::gen::glm52_indexer_pattern(n_layer);
+    if (s == "glm52") return gen::glm52_indexer_pattern(n_layer);
     std::vector<bool> v;
     for (size_t i = 0; i < s.size(); ++i) {
         if (s[i] == ',') continue;
@@ -85,11 +86,39 @@ std::string gb(uint64_t bytes) {
     return b;
 }
 
+// --arch mmproj: a random glm5next vision tower (model/gen_mmproj.h).
+int make_mmproj(const Args& a) {
+    auto hp = gen::MmprojHParams::preset(a.get("preset"));
+    if (a.is_set("type")) {
+        const std::string t = a.get("type");
+        if (t == "F32")
+            hp.type = quant::Type::F32;
+        else if (t == "F16")
+            hp.type = quant::Type::F16;
+        else if (t == "BF16")
+            hp.type = quant::Type::BF16;
+        else
+            throw UsageError("--arch mmproj: --type must be F32, F16 or BF16, got '" + t + "'");
+    }
+    const std::string out = a.get("output");
+    if (out.empty()) throw UsageError("-o FILE is required");
+    const int threads = a.is_set("threads") ? int(a.get_int("threads", 1, 1024)) : 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t bytes =
+        gen::write_mmproj(hp, uint64_t(a.get_int("seed", 0, INT64_MAX)), out, threads, nullptr);
+    if (!a.get_flag("quiet"))
+        std::fprintf(stderr, "make-model: wrote %s: mmproj %s (%s matrices), %s in %.1f s\n",
+                     out.c_str(), a.get("preset").c_str(), quant::name(hp.type), gb(bytes).c_str(),
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::printf("%s\n", out.c_str());
+    return 0;
+}
+
 }  // namespace
 
 int cmd_make_model(int argc, char** argv) {
     std::string types;
-    for (const auto& n : model::gen::scheme_names()) types += (types.empty() ? "" : " ") + n;
+    for (const auto& n : gen::scheme_names()) types += (types.empty() ? "" : " ") + n;
     Args a("make-model",
            "Write a synthetic GLM model: deterministic random weights in the real glm-dsa GGUF\n"
            "layout (metadata, tokenizer, tensor names and shapes) and real storage types.\n"
@@ -100,7 +129,9 @@ int cmd_make_model(int argc, char** argv) {
              "tiny | small (the test fixtures' shapes) | bench (~3 GB at Q4_K_M)");
     a.option("arch", "NAME", "glm-dsa",
              "glm-dsa | glm5next (GLM-5.3-Flash: preset tiny only, the shape of the glm5next "
-             "fixture; the dimension flags and --indexer-types apply to glm-dsa)");
+             "fixture; the dimension flags and --indexer-types apply to glm-dsa) | mmproj (a "
+             "glm5next vision tower: preset tiny, the fixture's shape in F32, or flash, "
+             "GLM-5.3-Flash's in BF16; --type F32, F16 or BF16 sets the matrices)");
     a.option("type", "T", "preset's: F32 tiny, F16 small, Q4_K_M bench",
              "a llama-quantize mix or a single type: " + types +
                  ". Mix names follow llama-quantize's per-tensor rules (Q2_K is the Q2_K mix);"
@@ -134,6 +165,8 @@ int cmd_make_model(int argc, char** argv) {
     a.flag("quiet", "no banner or progress on stderr");
     if (!a.parse(argc, argv, 2)) return 0;
 
+    if (a.get("arch") == "mmproj") return make_mmproj(a);
+
     GenOptions o;
     o.preset = a.get("preset");
     {
@@ -148,7 +181,7 @@ int cmd_make_model(int argc, char** argv) {
     if (a.is_set("indexer-types"))
         o.glm_dsa.indexer_full = parse_pattern(a.get("indexer-types"), o.glm_dsa.n_layer);
     else if (o.glm_dsa.n_layer != preset_layers)
-        o.glm_dsa.indexer_full = model::gen::glm52_indexer_pattern(o.glm_dsa.n_layer);
+        o.glm_dsa.indexer_full = gen::glm52_indexer_pattern(o.glm_dsa.n_layer);
     o.glm_dsa.n_nextn = a.get_flag("nextn") ? 1 : 0;
     const std::string arch = a.get("arch");
     if (arch == "glm5next") {
@@ -158,41 +191,41 @@ int cmd_make_model(int argc, char** argv) {
         if (a.is_set("indexer-types"))
             throw UsageError("--indexer-types applies to --arch glm-dsa only");
         if (o.preset != "tiny") throw UsageError("--arch glm5next has only the tiny preset");
-        o.arch = model::gen::Arch::Glm5Next;
-        o.glm5next = model::gen::Glm5NextHParams::preset(o.preset);
+        o.arch = gen::Arch::Glm5Next;
+        o.glm5next = gen::Glm5NextHParams::preset(o.preset);
         o.glm5next.n_nextn = o.glm_dsa.n_nextn;
     } else if (arch != "glm-dsa") {
         throw UsageError("--arch must be glm-dsa or glm5next, got '" + arch + "'");
     }
-    const bool next = o.arch == model::gen::Arch::Glm5Next;
+    const bool next = o.arch == gen::Arch::Glm5Next;
 
     o.type = a.is_set("type") ? a.get("type") : GlmDsaHParams::preset_default_type(o.preset);
     o.pure = a.get_flag("pure");
-    if (!model::gen::parse_scheme(o.type, o.pure))
+    if (!gen::parse_scheme(o.type, o.pure))
         throw UsageError("--type: unknown type or mix '" + o.type + "' (one of: " + types + ")");
     o.seed = uint64_t(a.get_int("seed", 0, INT64_MAX));
     o.name = a.get("name");
     const std::string im = a.get("imatrix");
     if (im == "auto")
-        o.imatrix = model::gen::ImatrixMode::Auto;
+        o.imatrix = gen::ImatrixMode::Auto;
     else if (im == "on")
-        o.imatrix = model::gen::ImatrixMode::On;
+        o.imatrix = gen::ImatrixMode::On;
     else if (im == "off")
-        o.imatrix = model::gen::ImatrixMode::Off;
+        o.imatrix = gen::ImatrixMode::Off;
     else
         throw UsageError("--imatrix must be auto, on or off, got '" + im + "'");
     o.nextn_type = a.get("nextn-type");
     const std::string bl = a.get("blocks");
     if (bl == "pool" || (bl == "auto" && o.preset == "bench"))
-        o.blocks = model::gen::BlockSource::Pool;
+        o.blocks = gen::BlockSource::Pool;
     else if (bl == "exact" || bl == "auto")
-        o.blocks = model::gen::BlockSource::Exact;
+        o.blocks = gen::BlockSource::Exact;
     else
         throw UsageError("--blocks must be exact, pool or auto, got '" + bl + "'");
     o.n_threads = a.is_set("threads") ? int(a.get_int("threads", 1, 1024)) : 0;
     const bool quiet = a.get_flag("quiet");
 
-    const model::gen::ModelPlan p = model::gen::plan(o);  // validates everything
+    const gen::ModelPlan p = gen::plan(o);  // validates everything
     if (a.get_flag("dry-run")) {
         for (const auto& t : p.tensors) {
             std::string shape;
@@ -215,14 +248,13 @@ int cmd_make_model(int argc, char** argv) {
                      "make-model: %s %s, type %s, seed %llu: %lld+%lld blocks, %.3f G params, "
                      "%s;%s%s; %d threads\n",
                      p.arch.c_str(), o.preset.c_str(),
-                     model::gen::parse_scheme(o.type, o.pure)->name.c_str(),
-                     (unsigned long long)o.seed,
+                     gen::parse_scheme(o.type, o.pure)->name.c_str(), (unsigned long long)o.seed,
                      (long long)(next ? o.glm5next.n_layer : o.glm_dsa.n_layer),
                      (long long)(next ? o.glm5next.n_nextn : o.glm_dsa.n_nextn),
                      double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str(), counts.c_str(),
-                     !p.imatrix                                  ? ""
-                     : o.blocks == model::gen::BlockSource::Pool ? "; uniform imatrix (pool)"
-                                                                 : "; derived imatrix",
+                     !p.imatrix                           ? ""
+                     : o.blocks == gen::BlockSource::Pool ? "; uniform imatrix (pool)"
+                                                          : "; derived imatrix",
                      threads);
     }
 
@@ -244,7 +276,7 @@ int cmd_make_model(int argc, char** argv) {
                          gb(total).c_str(), s);
         }
     };
-    const model::gen::GenResult r = model::gen::generate(o, out, progress);
+    const gen::GenResult r = gen::generate(o, out, progress);
     if (!quiet)
         std::fprintf(stderr, "make-model: wrote %s: %llu bytes (%s) in %.1f s\n", out.c_str(),
                      (unsigned long long)r.file_bytes, gb(r.file_bytes).c_str(), r.seconds);

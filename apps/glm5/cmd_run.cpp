@@ -13,7 +13,8 @@
 #include "core/log.h"
 #include "default_model.h"
 #include "model_setup.h"
-#include "runtime/session.h"
+#include "run_images.h"
+#include "vision_setup.h"
 
 namespace glm5::app {
 
@@ -42,16 +43,19 @@ nlohmann::ordered_json calls_json(const std::vector<text::ToolCall>& calls) {
 int run_tokens(const Args& a, LoadedModel& m) {
     const std::vector<int32_t> prompt = parse_token_list(a.get("tokens"), "tokens");
     const int64_t n_ctx = a.get_int("ctx-size", 1, 1 << 24);
-    runtime::Session session(*m.model, n_ctx, a.get_int("ubatch", 1, 1 << 16));
-    runtime::Sampler sampler(sampling_from_args(a));
-    runtime::GenerateOptions go;
-    go.max_tokens = a.get_int("n-predict", 0, 1 << 24);
-    go.ignore_eos = a.get_flag("ignore-eos");
-    for (const char* k : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                          "tokenizer.ggml.eom_token_id"})
-        if (const gguf::Value* v = m.file->find(k))
-            if (auto u = v->as_uint()) go.stop_ids.insert(int32_t(*u));
-    const runtime::GenerateResult g = runtime::generate(session, prompt, sampler, go);
+    runtime::Engine engine(*m.model,
+                           cli_engine_options(n_ctx, a.get_int("ubatch", 1, 1 << 16), m.spec));
+    runtime::RequestParams rp;
+    rp.prompt = prompt;
+    rp.sampling = sampling_from_args(a);
+    rp.max_tokens = a.get_int("n-predict", 0, 1 << 24);
+    rp.prefill_only = rp.max_tokens == 0;
+    if (!a.get_flag("ignore-eos"))
+        for (const char* k : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                              "tokenizer.ggml.eom_token_id"})
+            if (const gguf::Value* v = m.file->find(k))
+                if (auto u = v->as_uint()) rp.stop_ids.insert(int32_t(*u));
+    const runtime::RequestResult g = run_request(engine, std::move(rp));
     if (a.get_flag("print-ids")) {
         std::string out;
         for (size_t i = 0; i < g.tokens.size(); ++i)
@@ -62,6 +66,8 @@ int run_tokens(const Args& a, LoadedModel& m) {
         write_out(tok->decode(g.tokens) + "\n");
     }
     log_info("glm5: %s\n", timing_summary(g).c_str());
+    if (m.spec.type != runtime::DraftType::Off)
+        log_info("glm5: %s\n", spec_summary(g, m.spec.type).c_str());
     return 0;
 }
 
@@ -141,6 +147,7 @@ int cmd_run(int argc, char** argv) {
     a.option("tokens", "IDS", "", "comma-separated prompt token ids (no chat format)");
     a.flag("print-ids", "with --tokens: print the generated ids, space separated");
     a.flag("ignore-eos", "with --tokens: never stop at end-of-generation tokens");
+    add_vision_flags(a, true);
     if (!a.parse(argc, argv, 2)) return 0;
 
     const int modes =
@@ -161,11 +168,17 @@ int cmd_run(int argc, char** argv) {
 
     const std::string path = a.is_set("model") ? a.get("model") : ensure_default_model();
     LoadedModel m = open_model(a, path);
+    if (LoadedVision v = open_vision(a, m); v.tower) return run_with_images(a, m, v);
     if (a.is_set("tokens")) return run_tokens(a, m);
 
     ChatRunner chat(m, n_ctx, ubatch, sp, n_predict);
     if (!a.get("system").empty()) chat.set_system(a.get("system"));
-    if (a.is_set("jsonl")) return run_jsonl(a, chat, effort);
+    if (a.is_set("jsonl")) {
+        const int rc = run_jsonl(a, chat, effort);
+        if (m.spec.type != runtime::DraftType::Off)
+            log_info("glm5: %s\n", spec_summary(chat.spec_totals(), m.spec.type).c_str());
+        return rc;
+    }
 
     const std::string prompt = a.is_set("prompt") ? a.get("prompt") : read_file(a.get("input"));
     StreamCallbacks cb;
@@ -178,6 +191,8 @@ int cmd_run(int argc, char** argv) {
                   nlohmann::ordered_json{{"name", c.name}, {"arguments", c.arguments}}.dump());
     write_out("\n");
     log_info("glm5: %s\n", timing_summary(r.gen).c_str());
+    if (m.spec.type != runtime::DraftType::Off)
+        log_info("glm5: %s\n", spec_summary(r.gen, m.spec.type).c_str());
     return 0;
 }
 

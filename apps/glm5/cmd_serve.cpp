@@ -22,6 +22,7 @@
 #include "server/tool_constraint.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
+#include "vision_setup.h"
 
 namespace glm5::app {
 
@@ -130,6 +131,7 @@ int cmd_serve(int argc, char** argv) {
     a.option("repeat-penalty", "R", "1.0", "default repetition penalty (1: off)");
     a.option("seed", "N", "-1", "default seed (-1: a random one per request)");
     a.flag("log-requests", "one line on stderr per request", true);
+    add_vision_flags(a, false);
     if (!a.parse(argc, argv, 2)) return 0;
 
     server::ServerOptions so;
@@ -167,6 +169,9 @@ int cmd_serve(int argc, char** argv) {
 
     const std::string path = a.is_set("model") ? a.get("model") : ensure_default_model();
     LoadedModel m = open_model(a, path);
+    LoadedVision vision = open_vision(a, m);  // --mmproj: image_url content parts
+    eo.vision = vision.tower.get();
+    eo.image_token = vision.image_token;
     std::unique_ptr<text::Tokenizer> tok = text::Tokenizer::from_gguf(*m.file);
     text::ChatFormat format = text::ChatFormat::from_gguf(*m.file);
     if (!format.template_warning().empty())
@@ -188,10 +193,14 @@ int cmd_serve(int argc, char** argv) {
     mc.tool_vocab = std::make_shared<const server::ToolVocab>(*tok);
     mc.sampling = sp;
     mc.seed_fixed = seed >= 0;
+    mc.spec = m.spec;
+    mc.can_mtp = m.model->can_draft();
     if (seed >= 0) mc.sampling.seed = uint64_t(seed);
     mc.default_max_tokens = a.get_int("max-tokens", 0, INT64_MAX / 4);
     mc.max_choices = int(a.get_int("max-choices", 1, 1024));
+    if (vision.tower) mc.vision = &vision.tower->hparams();
 
+    eo.spec = m.spec;
     runtime::Engine engine(*m.model, eo);
     server::Server srv(engine, mc, so);
     install_signal_handlers();

@@ -1,5 +1,7 @@
-// The embedded default model: the tiny preset, generated into a cache folder
-// on first use so `glm5 run` and `glm5 chat` work with no model file at all.
+// The embedded default model: a small glm-dsa trained on the King James Bible
+// (models/kjv-mini.gguf, made by train/train.sh), compiled into the binary and
+// written to a cache folder on first use, so `glm5 run`, `chat` and `serve`
+// work with no model file at all.
 #pragma once
 
 #include <string>
@@ -9,7 +11,8 @@ namespace glm5::app {
 // $GLM5_CACHE, else $XDG_CACHE_HOME/glm5, else ~/.cache/glm5.
 std::string cache_dir();
 
-// Path of the default model, generating it (and saying so on stderr) when absent.
+// Path of the default model in the cache, writing it there (and saying so on
+// stderr) when it is absent or differs from the embedded bytes.
 std::string ensure_default_model();
 
 }  // namespace glm5::app

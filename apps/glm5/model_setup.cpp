@@ -51,7 +51,18 @@ void add_model_flags(Args& a, bool model_required) {
     a.option("threads", "N", std::to_string(ThreadPool::default_threads()), "CPU threads", "-t");
     a.option("cache-type", "TYPE", "f16",
              "attention cache type: f16 or f32 (MLA latent and indexer keys)");
-    a.flag("spec", "load the NextN/MTP draft block (speculative decoding)");
+    a.flag("spec",
+           "speculative decoding: draft tokens and verify them in one forward (output identical "
+           "to plain decoding; only faster when drafts are accepted)");
+    a.option("spec-type", "T", "auto",
+             "with --spec: mtp (the file's NextN/MTP block, glm-dsa), ngram (continue the "
+             "longest recent match of the last tokens; no weights), or auto (mtp where the "
+             "block exists, else ngram)");
+    a.option("spec-draft", "N", "8", "with --spec: the largest draft window in tokens");
+    a.option("spec-pmin", "P", "0.0",
+             "with --spec: stop a NextN draft chain when the draft's probability falls below P");
+    a.flag("spec-fixed",
+           "with --spec: always draft the full window (no cost governor; for measurements)");
     a.flag("no-mmap",
            "copy the weights into memory instead of serving them from the file mapping "
            "(faster where file-backed pages are slow; needs RAM for the whole model)");
@@ -73,7 +84,18 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
         lo.cache_type = backend::CacheType::F32;
     else
         throw UsageError("--cache-type must be f16 or f32, got '" + ct + "'");
-    lo.load_nextn = a.get_flag("spec");
+    runtime::SpecParams sp;
+    if (a.get_flag("spec")) {
+        try {
+            sp.type = runtime::parse_draft_type(a.get("spec-type"));
+        } catch (const Error& e) {
+            throw UsageError(std::string("--spec-type: ") + e.what());
+        }
+        sp.draft_max = int(a.get_int("spec-draft", 1, runtime::VerifyCost::kMaxRows - 1));
+        sp.p_min = float(a.get_double("spec-pmin", 0.0, 1.0));
+        sp.adaptive = !a.get_flag("spec-fixed");
+    }
+    lo.load_nextn = sp.type == runtime::DraftType::Mtp || sp.type == runtime::DraftType::Auto;
     lo.in_memory = a.get_flag("no-mmap");
     lo.repack = a.get_flag("repack");
     lo.repack_if_fits = true;
@@ -86,14 +108,27 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     m.backend = backend::make_cpu_backend(bo);
     m.model = model::load_model(*m.file, *m.backend, lo);
     const model::ModelInfo& info = m.model->info();
+    if (sp.type == runtime::DraftType::Mtp && !m.model->can_draft())
+        throw Error("--spec-type mtp: " +
+                    std::string(info.arch != "glm-dsa"
+                                    ? info.arch + " drafts with --spec-type ngram only"
+                                    : "this file has no loadable NextN/MTP block "
+                                      "(use --spec-type ngram)"));
+    if (sp.type == runtime::DraftType::Auto)
+        sp.type = m.model->can_draft() ? runtime::DraftType::Mtp : runtime::DraftType::Ngram;
+    m.spec = sp;
     std::string blocks = std::to_string(info.n_layer) + " trunk layers";
     if (info.has_nextn)
-        blocks += info.nextn_loaded ? " +1 NextN/MTP draft block"
-                                    : " (NextN block present but not loaded; --spec loads it)";
+        blocks += m.model->can_draft() ? " +1 NextN/MTP draft block"
+                                       : " (NextN block present but not loaded; --spec loads it)";
     log_info("glm5: %s: %s, %s, %s of weights, vocab %lld, %s cache, %d threads\n",
              info.name.c_str(), info.arch.c_str(), blocks.c_str(),
              human_bytes(double(info.weight_bytes)).c_str(), (long long)info.n_vocab, ct.c_str(),
              m.backend->n_threads());
+    if (sp.type != runtime::DraftType::Off)
+        log_info("glm5: speculative decoding: %s drafts, window up to %d%s\n",
+                 runtime::draft_type_name(sp.type), sp.draft_max,
+                 sp.adaptive ? " (chosen by the cost governor)" : " (fixed)");
     if (info.repacked_bytes)
         log_info("glm5: %s of weights repacked for the interleaved GEMM (--no-repack: as stored)\n",
                  human_bytes(double(info.repacked_bytes)).c_str());
@@ -103,6 +138,18 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
             "speed\n",
             info.repack_skipped.c_str());
     return m;
+}
+
+std::string spec_summary(const runtime::RequestResult& r, runtime::DraftType type) {
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "speculative: %s drafts, accepted %lld/%lld (%.1f%%), %lld verifies, %.2f tokens "
+                  "per verify",
+                  runtime::draft_type_name(type), (long long)r.draft_accepted, (long long)r.draft_n,
+                  r.draft_n ? 100.0 * double(r.draft_accepted) / double(r.draft_n) : 0.0,
+                  (long long)r.verifies,
+                  r.verifies ? double(r.draft_accepted + r.verifies) / double(r.verifies) : 0.0);
+    return buf;
 }
 
 std::vector<int32_t> parse_token_list(const std::string& s, const std::string& flag) {

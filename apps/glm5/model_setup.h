@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "runtime/engine.h"
 
 namespace glm5::app {
 
@@ -17,9 +18,15 @@ struct LoadedModel {
     std::unique_ptr<gguf::File> file;
     std::unique_ptr<backend::Backend> backend;
     std::unique_ptr<model::Model> model;
+    // Speculative decoding as the flags ask (type Off without --spec; auto
+    // resolved to what the model supports).
+    runtime::SpecParams spec;
 };
 
-// Declares --model, --threads, --cache-type and --spec on `a`.
+// "speculative: mtp drafts, accepted A/D (x%), V verifies, T tokens per verify"
+std::string spec_summary(const runtime::RequestResult& r, runtime::DraftType type);
+
+// Declares --model, --threads, --cache-type, --spec and its settings on `a`.
 void add_model_flags(Args& a, bool model_required);
 
 // Opens the model named by the flags (or `path` when given), printing the

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -100,7 +101,10 @@ class Backend {
     // Copies between backend memory and the host.
     virtual void read(const float* src, float* host_dst, size_t n) = 0;
     virtual void write(float* dst, const float* host_src, size_t n) = 0;
-    virtual void copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes) = 0;
+    // `why` names the copy ("snapshot", "restore", "grow") for the profile
+    // and BackendOptions::fault_hook.
+    virtual void copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes,
+                            const char* why = "copy_cache") = 0;
 
     // ---- elementwise and norms -----------------------------------------
     // out[t] = table row ids[t] (dequantized).
@@ -216,9 +220,12 @@ class Backend {
     // `silu`, y = SiLU(conv). x and y must not overlap.
     struct ConvSeq {
         const float* x = nullptr;  // [n_tok][x_stride]
-        float* tail = nullptr;     // [K-1][channels]
+        float* tail = nullptr;     // [K-1][channels]: the new tail (the old one too when in place)
         float* y = nullptr;        // [n_tok][y_stride]
         int64_t n_tok = 0;
+        // The old tail, when it lives elsewhere (double-buffered state: a
+        // forward that fails leaves it untouched); null: `tail` in place.
+        const float* tail_in = nullptr;
     };
     virtual void causal_conv(std::span<const ConvSeq> seqs, int64_t channels, const float* taps,
                              int64_t kernel, int64_t x_stride, int64_t y_stride, bool silu) = 0;
@@ -233,12 +240,14 @@ class Backend {
     //   S <- diag(exp(g_t)) S;  e = v_t - S^T k_t;  S <- S + k_t (beta_t e)^T;
     //   out_t = scale * S^T q_t.
     // q, k, v, g, out: [n_tok][n_heads*dim]; beta: [n_tok][n_heads];
-    // state: [n_heads][dim][dim], updated in place.
+    // state: [n_heads][dim][dim], updated in place, or read from state_in and
+    // written to state (double-buffered state; same bits either way).
     struct DeltaRuleSeq {
         const float *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr;
         float* state = nullptr;
         float* out = nullptr;
         int64_t n_tok = 0;
+        const float* state_in = nullptr;
     };
     virtual void gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n_heads, int64_t dim,
                                   float scale) = 0;
@@ -273,10 +282,40 @@ class Backend {
                                int64_t pool_size, const float* ape, const float* norm_w, float eps,
                                const CacheRows& pools, int64_t first_pool, int64_t n_pools) = 0;
     // ==== end of glm5next ops ===================================================
+
+    // ==== vision tower ops (docs/glm5next-format.md section 12.4) ================
+    // y[r][i] += b[i] for r < n_rows, i < dim (rows `stride` apart).
+    virtual void add_bias(float* y, int64_t n_rows, int64_t dim, int64_t stride,
+                          const float* b) = 0;
+    // y = 0.5 y (1 + erf(y / sqrt 2)), n values in place.
+    virtual void gelu_erf(float* y, int64_t n) = 0;
+    // 2-D rotary embedding, rotate-half pairing, per head of `dim` values
+    // (dim a multiple of 4) at x[t*tok_stride + h*dim]: with
+    // f_i = theta^(-4i/dim) for i < dim/4 and the angles
+    // a = [row[t] f | col[t] f] (dim/2 values),
+    //   out[i] = x[i] cos a_i - x[i + dim/2] sin a_i,
+    //   out[i + dim/2] = x[i + dim/2] cos a_i + x[i] sin a_i   (i < dim/2).
+    virtual void rope_2d(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads, int64_t dim,
+                         const int32_t* row, const int32_t* col, float theta) = 0;
+    // Non-causal attention of every token of a sequence to every token of it
+    // (an image's patches): out = softmax(scale q k^T) v per head. q, k, v and
+    // out are [n][stride], head h at columns h*dim.. . Streamed in tiles with
+    // a running softmax: memory is O(n), never the n x n scores.
+    struct FullAttentionSeq {
+        const float *q = nullptr, *k = nullptr, *v = nullptr;
+        float* out = nullptr;
+        int64_t n = 0;
+    };
+    virtual void attention_full(std::span<const FullAttentionSeq> seqs, int64_t n_heads,
+                                int64_t dim, int64_t stride, float scale) = 0;
+    // ==== end of vision tower ops ===============================================
 };
 
 struct BackendOptions {
     int n_threads = 0;  // 0: all cores we may run on
+    // Fault injection for tests: called before each op with its name and
+    // rows; an exception it throws fails the op as an allocation would.
+    std::function<void(const char* op, int64_t rows)> fault_hook;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt);

@@ -65,6 +65,7 @@ using kernels::silu;
 class OpProfile {
   public:
     OpProfile() : on_(std::getenv("GLM5_PROFILE") != nullptr) {}
+    std::function<void(const char*, int64_t)> fault_hook;  // BackendOptions::fault_hook
     ~OpProfile();
     bool on() const { return on_; }
     // kind (optional) splits an op further, e.g. a product by weight type.
@@ -83,6 +84,7 @@ class OpTimer {
   public:
     OpTimer(OpProfile& p, const char* op, int64_t rows, const char* kind = nullptr)
         : p_(p), op_(op), kind_(kind), rows_(rows) {
+        if (p_.fault_hook) p_.fault_hook(op, rows);
         if (p_.on()) t0_ = std::chrono::steady_clock::now();
     }
     ~OpTimer() {
@@ -104,6 +106,7 @@ class CpuBackend final : public Backend {
     explicit CpuBackend(const BackendOptions& opt)
         : pool_(opt.n_threads > 0 ? opt.n_threads : ThreadPool::default_threads()) {
         per_thread_.resize(size_t(pool_.size()));
+        profile_.fault_hook = opt.fault_hook;
     }
     ~CpuBackend() override = default;
 
@@ -141,7 +144,9 @@ class CpuBackend final : public Backend {
     void write(float* dst, const float* src, size_t n) override {
         std::memcpy(dst, src, n * sizeof(float));
     }
-    void copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes) override {
+    void copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes,
+                    const char* why = "copy_cache") override {
+        OpTimer timer_(profile_, why, int64_t(bytes));
         std::memcpy(dst, src, bytes);
     }
 
@@ -371,6 +376,14 @@ class CpuBackend final : public Backend {
                        int64_t pool_size, const float* ape, const float* norm_w, float eps,
                        const CacheRows& pools, int64_t first_pool, int64_t n_pools) override;
     // ==== end of glm5next ops =====================================================
+
+    // ==== vision tower ops (cpu_vision.cpp) ========================================
+    void add_bias(float* y, int64_t n_rows, int64_t dim, int64_t stride, const float* b) override;
+    void gelu_erf(float* y, int64_t n) override;
+    void rope_2d(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads, int64_t dim,
+                 const int32_t* row, const int32_t* col, float theta) override;
+    void attention_full(std::span<const FullAttentionSeq> seqs, int64_t n_heads, int64_t dim,
+                        int64_t stride, float scale) override;
 
     Counters counters() const override {
         return Counters{weight_bytes_.load(), matmul_calls_.load()};
@@ -651,7 +664,8 @@ class CpuBackend final : public Backend {
         return reinterpret_cast<float*>(b.get(n * sizeof(float)));
     }
 
-    ByteBuffer wide_q_;  // attend_wide
+    ByteBuffer wide_q_;     // attend_wide
+    ByteBuffer vision_kt_;  // attention_full: the keys transposed per head
     std::vector<float> wide_scores_;
     std::vector<ByteBuffer> multi_act_;  // matmuls: one per activation format
     ByteBuffer act_buf_, act_buf2_, moe_gate_buf_, moe_up_buf_, moe_tok_g_, moe_tok_u_, moe_g_,

@@ -33,6 +33,9 @@ void CpuBackend::causal_conv(std::span<const ConvSeq> seqs, int64_t C, const flo
                              int64_t xs, int64_t ys, bool use_silu) {
     // One task per (sequence, block of channels): a channel's outputs and its
     // tail update belong to one thread, so the tail can be updated in place.
+    int64_t rows = 0;
+    for (const ConvSeq& s : seqs) rows += s.n_tok;
+    OpTimer timer_(profile_, "causal_conv", rows);
     constexpr int64_t kBlock = 64;
     const int64_t blocks = (C + kBlock - 1) / kBlock;
     const int64_t n_tail = K - 1;
@@ -41,10 +44,11 @@ void CpuBackend::causal_conv(std::span<const ConvSeq> seqs, int64_t C, const flo
             const ConvSeq& s = seqs[size_t(task / blocks)];
             const int64_t c0 = (task % blocks) * kBlock, c1 = std::min(C, c0 + kBlock);
             const int64_t n = s.n_tok;
+            const float* old_tail = s.tail_in ? s.tail_in : s.tail;
             // Input at (relative) time tau: from the tail before the batch,
             // from the batch itself from 0 on.
             auto in = [&](int64_t tau, int64_t c) {
-                return tau < 0 ? s.tail[(n_tail + tau) * C + c] : s.x[tau * xs + c];
+                return tau < 0 ? old_tail[(n_tail + tau) * C + c] : s.x[tau * xs + c];
             };
             for (int64_t c = c0; c < c1; ++c) {
                 const float* w = taps + c * K;
@@ -53,8 +57,8 @@ void CpuBackend::causal_conv(std::span<const ConvSeq> seqs, int64_t C, const flo
                     for (int64_t j = 0; j < K; ++j) acc += w[j] * in(t - n_tail + j, c);
                     s.y[t * ys + c] = use_silu ? silu(acc) : acc;
                 }
-                // New tail row i is the input at time n - (K-1) + i; reading
-                // old tail rows i + n > i before overwriting row i is safe.
+                // New tail row i is the input at time n - (K-1) + i; in place,
+                // reading old tail rows i + n > i before overwriting row i is safe.
                 for (int64_t i = 0; i < n_tail && n > 0; ++i)
                     s.tail[i * C + c] = in(n - n_tail + i, c);
             }
@@ -76,6 +80,9 @@ void CpuBackend::bounded_decay(const float* z, const float* bias, const float* r
 
 void CpuBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t H, int64_t D,
                                   float scale) {
+    int64_t rows = 0;
+    for (const DeltaRuleSeq& s : seqs) rows += s.n_tok;
+    OpTimer timer_(profile_, "gated_delta_rule", rows);
     const int64_t HD = H * D;
     pool_.parallel_for(int64_t(seqs.size()) * H, 1, [&](int64_t b, int64_t e, int ith) {
         std::vector<float>& buf = per_thread_[size_t(ith)].acc;
@@ -87,7 +94,10 @@ void CpuBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t H,
             const DeltaRuleSeq& s = seqs[size_t(task / H)];
             const int64_t h = task % H;
             float* S = s.state + h * D * D;  // S[i][j]: key channel i, value channel j
+            // The first token reads the old state where it lives.
+            const float* S0 = s.state_in ? s.state_in + h * D * D : S;
             for (int64_t t = 0; t < s.n_tok; ++t) {
+                const float* Sr = t == 0 ? S0 : S;
                 const float* q = s.q + t * HD + h * D;
                 const float* k = s.k + t * HD + h * D;
                 const float* v = s.v + t * HD + h * D;
@@ -98,9 +108,10 @@ void CpuBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t H,
                 for (int64_t j = 0; j < D; ++j) acc[j] = 0.0f;
                 for (int64_t i = 0; i < D; ++i) {
                     float* row = S + i * D;
+                    const float* src = Sr + i * D;
                     const float di = decay[i], ki = k[i];
                     for (int64_t j = 0; j < D; ++j) {
-                        row[j] *= di;
+                        row[j] = src[j] * di;
                         acc[j] += row[j] * ki;
                     }
                 }

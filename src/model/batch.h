@@ -26,6 +26,13 @@ struct FlatBatch {
     std::vector<int32_t> pos;       // every token's position
     std::vector<int32_t> out_rows;  // the tokens whose logits are wanted, in order
     std::vector<Segment> segs;
+    // Embedding overrides at batch rows [row, row + n) (SeqInput::embeds).
+    struct Embeds {
+        int64_t row;
+        int64_t n;
+        const float* rows;
+    };
+    std::vector<Embeds> embeds;
     int64_t size() const { return int64_t(tokens.size()); }
 };
 
@@ -50,9 +57,18 @@ FlatBatch<State> flatten_batch(std::span<const SeqInput> inputs, int64_t n_vocab
             if (t < 0 || t >= n_vocab)
                 throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" +
                             std::to_string(n_vocab) + ")");
+        for (const EmbedRows& e : in.embeds) {
+            if (e.n <= 0 || e.at < 0 || e.at + e.n > n || !e.rows)
+                throw Error(std::string(arch) + ": embedding rows [" + std::to_string(e.at) + ", " +
+                            std::to_string(e.at + e.n) + ") outside the input's " +
+                            std::to_string(n) + " tokens");
+            b.embeds.push_back({b.size() + e.at, e.n, e.rows});
+        }
         b.segs.push_back({st, b.size(), n, st->n_past()});
         for (int64_t i = 0; i < n; ++i) {
-            if (in.logits && (in.all_logits || i == n - 1)) b.out_rows.push_back(int32_t(b.size()));
+            const bool want = in.logits_from >= 0 ? i >= in.logits_from
+                                                  : in.logits && (in.all_logits || i == n - 1);
+            if (want) b.out_rows.push_back(int32_t(b.size()));
             b.tokens.push_back(in.tokens[size_t(i)]);
             b.pos.push_back(int32_t(st->n_past() + i));
         }

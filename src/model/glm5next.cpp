@@ -24,7 +24,9 @@ namespace {
 
 // The state of one sequence (spec section 7).
 //  - per KDA layer: the q/k/v conv tails [3][K-1][di] and the delta-rule state
-//    [H][D][D], F32, in one backend block so a snapshot is one copy;
+//    [H][D][D], F32, in one backend block so a snapshot is one copy; two such
+//    blocks: a forward reads the current one and writes the other, and only a
+//    forward that completes makes it current (a failed one changes nothing);
 //  - per MLA layer: the latent rows (R), the indexer cell rows [key | gate]
 //    and the compressed pool keys, all positional.
 // Pool keys are only ever read for pools that are complete below n_past, and
@@ -52,9 +54,11 @@ class NextState final : public SequenceState {
             }
         }
         kda_ = reinterpret_cast<float*>(be_.alloc_cache(kda_bytes()));
+        next_ = reinterpret_cast<float*>(be_.alloc_cache(kda_bytes()));
     }
     ~NextState() override {
         be_.free_cache(reinterpret_cast<uint8_t*>(kda_));
+        be_.free_cache(reinterpret_cast<uint8_t*>(next_));
         for (auto& ls : layers_)
             for (CacheRows* c : {&ls.latent, &ls.cells, &ls.pools})
                 if (c->data) be_.free_cache(c->data);
@@ -95,7 +99,7 @@ class NextState final : public SequenceState {
     // caches need no copy (rows past n_past are overwritten when re-forwarded).
     std::unique_ptr<StateSnapshot> snapshot() const override {
         uint8_t* copy = be_.alloc_cache(kda_bytes());
-        be_.copy_cache(copy, reinterpret_cast<const uint8_t*>(kda_), kda_bytes());
+        be_.copy_cache(copy, reinterpret_cast<const uint8_t*>(kda_), kda_bytes(), "snapshot");
         return std::make_unique<Snapshot>(be_, this, epoch_, n_past_, copy);
     }
     void restore(const StateSnapshot& s) override {
@@ -103,7 +107,7 @@ class NextState final : public SequenceState {
         if (!snap || snap->owner != this) throw Error("restore: snapshot of another sequence");
         if (snap->epoch != epoch_ || snap->n > n_past_)
             throw Error("restore: the sequence was reset since the snapshot");
-        be_.copy_cache(reinterpret_cast<uint8_t*>(kda_), snap->kda, kda_bytes());
+        be_.copy_cache(reinterpret_cast<uint8_t*>(kda_), snap->kda, kda_bytes(), "restore");
         n_past_ = snap->n;
     }
     size_t memory_bytes() const override {
@@ -112,7 +116,7 @@ class NextState final : public SequenceState {
             per_row += ls.latent.row_bytes() + ls.cells.row_bytes();
             pool_rows += ls.pools.row_bytes();
         }
-        return kda_bytes() + per_row * size_t(capacity_) +
+        return 2 * kda_bytes() + per_row * size_t(capacity_) +
                pool_rows * size_t((capacity_ + pool_ - 1) / pool_);
     }
 
@@ -128,7 +132,7 @@ class NextState final : public SequenceState {
             if (c.width == 0) return;
             uint8_t* fresh = be_.alloc_cache(c.row_bytes() * size_t(rows));
             if (c.data) {
-                be_.copy_cache(fresh, c.data, c.row_bytes() * size_t(keep));
+                be_.copy_cache(fresh, c.data, c.row_bytes() * size_t(keep), "grow");
                 be_.free_cache(c.data);
             }
             c.data = fresh;
@@ -141,12 +145,22 @@ class NextState final : public SequenceState {
         }
         capacity_ = cap;
     }
-    void advance(int64_t n) { n_past_ += n; }
+    // The forward completed: what it wrote becomes the state.
+    void advance(int64_t n) {
+        n_past_ += n;
+        std::swap(kda_, next_);
+    }
 
-    float* conv_tail(int64_t il, int u, int64_t tail_rows_x_di) const {
+    // Where a forward reads a KDA layer's state (the current block) and where
+    // it writes the new one (the other block).
+    const float* conv_tail_in(int64_t il, int u, int64_t tail_rows_x_di) const {
         return kda_ + layers_[size_t(il)].tail_off + u * tail_rows_x_di;
     }
-    float* delta(int64_t il) const { return kda_ + layers_[size_t(il)].delta_off; }
+    float* conv_tail_out(int64_t il, int u, int64_t tail_rows_x_di) const {
+        return next_ + layers_[size_t(il)].tail_off + u * tail_rows_x_di;
+    }
+    const float* delta_in(int64_t il) const { return kda_ + layers_[size_t(il)].delta_off; }
+    float* delta_out(int64_t il) const { return next_ + layers_[size_t(il)].delta_off; }
     const CacheRows& latent(int64_t il) const { return layers_[size_t(il)].latent; }
     const CacheRows& cells(int64_t il) const { return layers_[size_t(il)].cells; }
     const CacheRows& pools(int64_t il) const { return layers_[size_t(il)].pools; }
@@ -166,7 +180,8 @@ class NextState final : public SequenceState {
     uint64_t epoch_ = 0;
     std::vector<LayerState> layers_;
     int64_t kda_floats_ = 0;
-    float* kda_ = nullptr;
+    float* kda_ = nullptr;   // the current KDA block
+    float* next_ = nullptr;  // what the forward in flight writes
 };
 
 }  // namespace
@@ -229,8 +244,8 @@ void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, const float*
         be.matmul(*proj[u], x, E, T, r, di);
         for (size_t i = 0; i < b.segs.size(); ++i) {
             const auto& s = b.segs[i];
-            cs[i] = {r + s.first * di, s.state->conv_tail(il, u, (K - 1) * di), c + s.first * di,
-                     s.n};
+            cs[i] = {r + s.first * di, s.state->conv_tail_out(il, u, (K - 1) * di),
+                     c + s.first * di, s.n, s.state->conv_tail_in(il, u, (K - 1) * di)};
         }
         be.causal_conv(cs, di, L.conv[u], K, di, di, /*silu=*/true);
     }
@@ -255,8 +270,15 @@ void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, const float*
     for (size_t i = 0; i < b.segs.size(); ++i) {
         const auto& s = b.segs[i];
         const int64_t off = s.first * di;
-        ds[i] = {q + off, k + off, v + off, g + off, beta + s.first * H, s.state->delta(il),
-                 o + off, s.n};
+        ds[i] = {q + off,
+                 k + off,
+                 v + off,
+                 g + off,
+                 beta + s.first * H,
+                 s.state->delta_out(il),
+                 o + off,
+                 s.n,
+                 s.state->delta_in(il)};
     }
     be.gated_delta_rule(ds, H, D, 1.0f / std::sqrt(float(D)));
 
@@ -445,8 +467,10 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
         b.w[i] = be.scratch(size_t(T * (i < 2 ? width3 : width)));
     b.lowrank = be.scratch(size_t(T * lowrank));
 
-    // Embed and replicate every token into the S streams.
+    // Embed, put image rows in place of their placeholders (spec 12.5: after
+    // the lookup, before the streams), and replicate into the S streams.
     be.embed(tok_embd_, tokens, x);
+    for (const auto& e : flat.embeds) be.write(x + e.row * E, e.rows, size_t(e.n * E));
     for (int64_t s = 0; s < S; ++s) be.copy_rows(x, E, nullptr, T, E, X + s * E, SE);
 
     for (int64_t il = 0; il < h.n_layer; ++il) {

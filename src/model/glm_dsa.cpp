@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <span>
 
 #include "core/error.h"
@@ -16,29 +17,31 @@ namespace glm5::model {
 using backend::CacheRows;
 using backend::CacheType;
 
-namespace {
-
 // Per-sequence caches: for every trunk layer one MLA latent row
 // [kv_lora | k_rope] per token, and on full indexer layers one indexer key row.
 // Everything is indexed by position, so rewinding is just moving n_past.
-class DsaState final : public SequenceState {
+// With the NextN block loaded, the block's own latent rows come along (kept in
+// step by every trunk forward) with the trunk's last hidden rows, which seed
+// the next draft.
+class GlmDsaModel::DsaState final : public SequenceState {
   public:
-    DsaState(backend::Backend& be, const GlmDsaHParams& hp, CacheType type, int64_t n_ctx)
-        : be_(be), type_(type), n_ctx_(n_ctx) {
+    DsaState(backend::Backend& be, const GlmDsaHParams& hp, CacheType type, int64_t n_ctx, bool mtp)
+        : be_(be), type_(type), n_ctx_(n_ctx), n_embd_(hp.n_embd) {
         for (int64_t il = 0; il < hp.n_layer; ++il) {
             latent_.push_back(CacheRows{nullptr, hp.kv_lora + hp.n_rot, type});
             keys_.push_back(CacheRows{nullptr, hp.idx_full[size_t(il)] ? hp.idx_dim : 0, type});
         }
+        mtp_latent_ = CacheRows{nullptr, mtp ? hp.kv_lora + hp.n_rot : 0, type};
     }
     ~DsaState() override { release(); }
 
     int64_t n_past() const override { return n_past_; }
     int64_t n_ctx() const override { return n_ctx_; }
-    void reset() override { n_past_ = 0; }
+    void reset() override { set_past(0); }
     bool can_rewind(int64_t n) const override { return n >= 0 && n <= n_past_; }
     bool rewind(int64_t n) override {
         if (!can_rewind(n)) return false;
-        n_past_ = n;
+        set_past(n);
         return true;
     }
     // Every cache is positional, so a snapshot is just the position.
@@ -56,13 +59,14 @@ class DsaState final : public SequenceState {
         if (!snap || snap->owner != this) throw Error("restore: snapshot of another sequence");
         if (snap->n > n_past_)
             throw Error("restore: the sequence was reset or rewound past the snapshot");
-        n_past_ = snap->n;
+        set_past(snap->n);
     }
     size_t memory_bytes() const override {
         size_t per_row = 0;
         for (size_t i = 0; i < latent_.size(); ++i)
             per_row += latent_[i].row_bytes() + keys_[i].row_bytes();
-        return per_row * size_t(capacity_);
+        per_row += mtp_latent_.row_bytes();
+        return per_row * size_t(capacity_) + h_rows_.size() * sizeof(float);
     }
 
     // Grows every cache to hold at least n rows (doubling, capped at n_ctx).
@@ -75,13 +79,14 @@ class DsaState final : public SequenceState {
             if (c.width == 0) return;
             uint8_t* fresh = be_.alloc_cache(c.row_bytes() * size_t(cap));
             if (c.data) {
-                be_.copy_cache(fresh, c.data, c.row_bytes() * size_t(n_past_));
+                be_.copy_cache(fresh, c.data, c.row_bytes() * size_t(n_past_), "grow");
                 be_.free_cache(c.data);
             }
             c.data = fresh;
         };
         for (auto& c : latent_) grow(c);
         for (auto& c : keys_) grow(c);
+        grow(mtp_latent_);
         capacity_ = cap;
     }
 
@@ -89,170 +94,378 @@ class DsaState final : public SequenceState {
     const CacheRows& latent(int64_t il) const { return latent_[size_t(il)]; }
     const CacheRows& keys(int64_t il) const { return keys_[size_t(il)]; }
 
+    // ---- NextN/MTP
+    const CacheRows& mtp_latent() const { return mtp_latent_; }
+    // The block's rows below this position were computed from trunk hidden
+    // states (rows past it are drafts, overwritten later).
+    int64_t mtp_valid = 0;
+    // The trunk's hidden row (after output_norm) at `pos`, when the last
+    // forward computed it; null otherwise.
+    const float* hidden(int64_t pos) const {
+        if (pos < h_first_ || pos >= h_first_ + h_count_) return nullptr;
+        return h_rows_.data() + (pos - h_first_) * n_embd_;
+    }
+    void keep_hidden(const float* rows, int64_t first_pos, int64_t n) {
+        h_rows_.assign(rows, rows + n * n_embd_);
+        h_first_ = first_pos;
+        h_count_ = n;
+    }
+
   private:
     void release() {
         for (auto& c : latent_)
             if (c.data) be_.free_cache(c.data);
         for (auto& c : keys_)
             if (c.data) be_.free_cache(c.data);
+        if (mtp_latent_.data) be_.free_cache(mtp_latent_.data);
+    }
+
+    void set_past(int64_t n) {
+        n_past_ = n;
+        mtp_valid = std::min(mtp_valid, n);
     }
 
     backend::Backend& be_;
     CacheType type_;
     int64_t n_ctx_;
+    int64_t n_embd_;
     int64_t n_past_ = 0;
     int64_t capacity_ = 0;
     std::vector<CacheRows> latent_, keys_;
+    CacheRows mtp_latent_;
+    std::vector<float> h_rows_;
+    int64_t h_first_ = 0, h_count_ = 0;
 };
-
-}  // namespace
 
 std::unique_ptr<SequenceState> GlmDsaModel::new_state(int64_t n_ctx) {
     if (n_ctx <= 0) throw Error("context size must be positive");
-    return std::make_unique<DsaState>(*backend_, hp_, cache_type_, n_ctx);
+    return std::make_unique<DsaState>(*backend_, hp_, cache_type_, n_ctx, nextn_ != nullptr);
 }
 
-void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& logits) {
+// The activations one decoder block needs for T rows.
+struct GlmDsaModel::Buffers {
+    float *xn, *qr, *q, *kv, *qfull, *olat, *ov, *tmp, *iq, *ik, *iw, *fg, *fu;
+    std::vector<int32_t> sel;  // the indexer's selection, reused by shared layers
+    std::vector<backend::Visible> visible;
+    Buffers(backend::Backend& be, const GlmDsaHParams& h, int64_t T) {
+        const int64_t E = h.n_embd, H = h.n_head, W = h.kv_lora + h.n_rot;
+        const int64_t F = std::max(h.n_ff, h.n_ff_exp);
+        xn = be.scratch(size_t(T * E));
+        qr = be.scratch(size_t(T * h.q_lora));
+        q = be.scratch(size_t(T * H * h.k_mla));
+        kv = be.scratch(size_t(T * W));
+        qfull = be.scratch(size_t(T * H * W));
+        olat = be.scratch(size_t(T * H * h.kv_lora));
+        ov = be.scratch(size_t(T * H * h.v_mla));
+        tmp = be.scratch(size_t(T * E));
+        iq = be.scratch(size_t(T * h.idx_heads * h.idx_dim));
+        ik = be.scratch(size_t(T * h.idx_dim));
+        iw = be.scratch(size_t(T * h.idx_heads));
+        fg = be.scratch(size_t(T * F));
+        fu = be.scratch(size_t(T * F));
+        sel.resize(size_t(T * h.idx_top_k));
+        visible.resize(size_t(T));
+    }
+};
+
+// One decoder block over the rows of x: attention norm, q/kv projections,
+// the lightning indexer (full layers), absorbed MLA, then the dense or MoE FFN.
+void GlmDsaModel::block(const Layer& L, Buffers& b, float* x, int64_t T, const int32_t* pos,
+                        std::span<const BlockSegment> segs) {
     backend::Backend& be = *backend_;
     const GlmDsaHParams& h = hp_;
     const int64_t E = h.n_embd, H = h.n_head;
     const int64_t W = h.kv_lora + h.n_rot;  // latent cache row: [c | k_rope]
     const int64_t Di = h.idx_dim, Hi = h.idx_heads;
 
+    // ---- attention input: the projections of the normed row (one op),
+    // the query latent and what the query latent feeds.
+    be.rms_norm(x, E, L.attn_norm, T, E, h.eps, b.xn, E);
+    // (The indexer's projections, last in each list, only on full layers.)
+    const backend::Backend::MatmulOut from_xn[] = {{&L.q_a, b.qr, h.q_lora},
+                                                   {&L.kv_a, b.kv, W},
+                                                   {&L.idx_k, b.ik, Di},
+                                                   {&L.idx_proj, b.iw, Hi}};
+    be.matmuls(std::span(from_xn, L.full ? 4 : 2), b.xn, E, T);
+    be.rms_norm(b.qr, h.q_lora, L.q_a_norm, T, h.q_lora, h.eps, b.qr, h.q_lora);
+    const backend::Backend::MatmulOut from_qr[] = {{&L.q_b, b.q, H * h.k_mla},
+                                                   {&L.idx_q_b, b.iq, Hi * Di}};
+    be.matmuls(std::span(from_qr, L.full ? 2 : 1), b.qr, h.q_lora, T);
+
+    // ---- lightning indexer (full layers): which cached tokens each query sees
+    if (L.full) {
+        be.rope(b.iq, T, Hi * Di, Hi, Di, h.n_rot, pos, h.freq_base);
+        be.layer_norm(b.ik, L.idx_k_norm, L.idx_k_norm_b, T, Di, 0.0f, b.ik);
+        be.rope(b.ik, T, Di, 1, Di, h.n_rot, pos, h.freq_base);
+        be.hadamard(b.iq, T * Hi, Di);
+        be.hadamard(b.ik, T, Di);
+        for (const BlockSegment& s : segs)
+            be.cache_store(*s.keys, b.ik + s.first * Di, Di, s.n, pos + s.first);
+        be.scale(b.iw, 1.0f / std::sqrt(float(Di * Hi)), T * Hi);
+
+        // While a query sees no more than top_k tokens it keeps them all.
+        std::vector<backend::Backend::IndexerQuery> queries;
+        for (const BlockSegment& s : segs) {
+            for (int64_t i = 0; i < s.n; ++i) {
+                const int64_t t = s.first + i;
+                const int32_t n_vis = pos[t] + 1;
+                if (n_vis <= h.idx_top_k || dense_attention_) {
+                    b.visible[size_t(t)] = backend::Visible{n_vis, nullptr, 0};
+                    continue;
+                }
+                int32_t* rows = b.sel.data() + t * h.idx_top_k;
+                queries.push_back({b.iq + t * Hi * Di, b.iw + t * Hi, *s.keys, n_vis, rows});
+                b.visible[size_t(t)] = backend::Visible{0, rows, int32_t(h.idx_top_k)};
+            }
+        }
+        if (!queries.empty()) be.indexer_select(queries, Hi, Di, h.idx_top_k);
+    }
+
+    // ---- MLA, absorbed: queries in latent space against [c | k_rope] rows
+    be.rms_norm(b.kv, W, L.kv_a_norm, T, h.kv_lora, h.eps, b.kv, W);
+    be.rope(b.kv + h.kv_lora, T, W, 1, h.n_rot, h.n_rot, pos, h.freq_base);
+    for (const BlockSegment& s : segs)
+        be.cache_store(*s.latent, b.kv + s.first * W, W, s.n, pos + s.first);
+
+    be.rope(b.q + h.nope, T, H * h.k_mla, H, h.k_mla, h.n_rot, pos, h.freq_base);
+    // q_abs = K_b[h] . q_nope[h] fills the latent part; q_rope is appended.
+    be.matmul_slices(L.k_b, b.q, H * h.k_mla, h.k_mla, T, b.qfull, H * W, W);
+    be.copy_rows(b.q + h.nope, h.k_mla, nullptr, T * H, h.n_rot, b.qfull + h.kv_lora, W);
+
+    std::vector<backend::Backend::AttentionQuery> aq(static_cast<size_t>(T));
+    for (const BlockSegment& s : segs)
+        for (int64_t i = 0; i < s.n; ++i) {
+            const int64_t t = s.first + i;
+            aq[size_t(t)] = {b.qfull + t * H * W, *s.latent, b.visible[size_t(t)],
+                             b.olat + t * H * h.kv_lora};
+        }
+    be.mla_attention(aq, H, h.kv_lora, 1.0f / std::sqrt(float(h.k_mla)));
+
+    // Decompress each head's latent output with V_b[h], then project out.
+    be.matmul_slices(L.v_b, b.olat, H * h.kv_lora, h.kv_lora, T, b.ov, H * h.v_mla, h.v_mla);
+    be.matmul(L.wo, b.ov, H * h.v_mla, T, b.tmp, E);
+    be.add(x, b.tmp, T * E);
+
+    // ---- FFN
+    be.rms_norm(x, E, L.ffn_norm, T, E, h.eps, b.xn, E);
+    if (L.dense) {
+        const backend::Backend::MatmulOut gu[] = {{&L.ffn_gate, b.fg, h.n_ff},
+                                                  {&L.ffn_up, b.fu, h.n_ff}};
+        be.matmuls(gu, b.xn, E, T);
+        be.swiglu(b.fg, b.fu, T, h.n_ff, h.n_ff, 0.0f, b.fg);
+        be.matmul(L.ffn_down, b.fg, h.n_ff, T, b.tmp, E);
+    } else {
+        be.moe(L.moe, b.xn, T, b.tmp);
+    }
+    be.add(x, b.tmp, T * E);
+}
+
+void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& logits) {
+    backend::Backend& be = *backend_;
+    const GlmDsaHParams& h = hp_;
+    const int64_t E = h.n_embd;
+
     // Flatten the batch: tokens, positions, and per-sequence segments.
-    FlatBatch<DsaState> b = flatten_batch<DsaState>(inputs, h.n_vocab, "glm-dsa");
-    const std::vector<int32_t>& tokens = b.tokens;
-    const std::vector<int32_t>& pos = b.pos;
-    const std::vector<int32_t>& out_rows = b.out_rows;
-    const auto& segs = b.segs;
+    FlatBatch<DsaState> fb = flatten_batch<DsaState>(inputs, h.n_vocab, "glm-dsa");
+    if (!fb.embeds.empty()) throw Error("glm-dsa models are text only: no image rows");
+    const std::vector<int32_t>& out_rows = fb.out_rows;
     using Segment = FlatBatch<DsaState>::Segment;
     logits.clear();
-    const int64_t T = b.size();
+    const int64_t T = fb.size();
     if (T == 0) return;
-    for (const Segment& s : segs) s.state->reserve(s.n_past + s.n);
+    for (const Segment& s : fb.segs) s.state->reserve(s.n_past + s.n);
 
     be.reset_scratch();
     float* x = be.scratch(size_t(T * E));
-    float* xn = be.scratch(size_t(T * E));
-    float* qr = be.scratch(size_t(T * h.q_lora));
-    float* q = be.scratch(size_t(T * H * h.k_mla));
-    float* kv = be.scratch(size_t(T * W));
-    float* qfull = be.scratch(size_t(T * H * W));
-    float* olat = be.scratch(size_t(T * H * h.kv_lora));
-    float* ov = be.scratch(size_t(T * H * h.v_mla));
-    float* tmp = be.scratch(size_t(T * E));
-    float* iq = be.scratch(size_t(T * Hi * Di));
-    float* ik = be.scratch(size_t(T * Di));
-    float* iw = be.scratch(size_t(T * Hi));
-    const int64_t F = std::max(h.n_ff, h.n_ff_exp);
-    float* fg = be.scratch(size_t(T * F));
-    float* fu = be.scratch(size_t(T * F));
+    Buffers b(be, h, T);
+    be.embed(tok_embd_, fb.tokens, x);
 
-    // The indexer's selection (top_k rows per token), reused by shared layers.
-    std::vector<int32_t> sel(static_cast<size_t>(T * h.idx_top_k));
-    std::vector<backend::Visible> visible(static_cast<size_t>(T));
-
-    be.embed(tok_embd_, tokens, x);
-
+    std::vector<BlockSegment> segs(fb.segs.size());
     for (int64_t il = 0; il < h.n_layer; ++il) {
-        const Layer& L = layers_[size_t(il)];
+        for (size_t i = 0; i < fb.segs.size(); ++i) {
+            const Segment& s = fb.segs[i];
+            segs[i] = {&s.state->latent(il), &s.state->keys(il), s.first, s.n};
+        }
+        block(layers_[size_t(il)], b, x, T, fb.pos.data(), segs);
+    }
 
-        // ---- attention input: the projections of the normed row (one op),
-        // the query latent and what the query latent feeds.
-        be.rms_norm(x, E, L.attn_norm, T, E, h.eps, xn, E);
-        // (The indexer's projections, last in each list, only on full layers.)
-        const backend::Backend::MatmulOut from_xn[] = {
-            {&L.q_a, qr, h.q_lora}, {&L.kv_a, kv, W}, {&L.idx_k, ik, Di}, {&L.idx_proj, iw, Hi}};
-        be.matmuls(std::span(from_xn, L.full ? 4 : 2), xn, E, T);
-        be.rms_norm(qr, h.q_lora, L.q_a_norm, T, h.q_lora, h.eps, qr, h.q_lora);
-        const backend::Backend::MatmulOut from_qr[] = {{&L.q_b, q, H * h.k_mla},
-                                                       {&L.idx_q_b, iq, Hi * Di}};
-        be.matmuls(std::span(from_qr, L.full ? 2 : 1), qr, h.q_lora, T);
+    // ---- output norm (every row when the NextN block needs the hidden
+    // states) and the LM head, only for the rows that want logits
+    const int64_t R = int64_t(out_rows.size());
+    float* hn = nullptr;
+    if (nextn_) {
+        hn = be.scratch(size_t(T * E));
+        be.rms_norm(x, E, output_norm_, T, E, h.eps, hn, E);
+    }
+    if (R > 0) {
+        float* xo = be.scratch(size_t(R * E));
+        if (hn) {
+            be.copy_rows(hn, E, out_rows.data(), R, E, xo, E);
+        } else {
+            be.copy_rows(x, E, out_rows.data(), R, E, xo, E);
+            be.rms_norm(xo, E, output_norm_, R, E, h.eps, xo, E);
+        }
+        float* lg = be.scratch(size_t(R * h.n_vocab));
+        be.matmul(output_, xo, E, R, lg, h.n_vocab);
+        logits.resize(size_t(R * h.n_vocab));
+        be.read(lg, logits.data(), logits.size());
+    }
+    if (hn) mtp_catch_up(fb, hn);
+    for (const Segment& s : fb.segs) s.state->advance(s.n);
+}
 
-        // ---- lightning indexer (full layers): which cached tokens each query sees
-        if (L.full) {
-            be.rope(iq, T, Hi * Di, Hi, Di, h.n_rot, pos.data(), h.freq_base);
-            be.layer_norm(ik, L.idx_k_norm, L.idx_k_norm_b, T, Di, 0.0f, ik);
-            be.rope(ik, T, Di, 1, Di, h.n_rot, pos.data(), h.freq_base);
-            be.hadamard(iq, T * Hi, Di);
-            be.hadamard(ik, T, Di);
-            for (const Segment& s : segs)
-                be.cache_store(s.state->keys(il), ik + s.first * Di, Di, s.n, pos.data() + s.first);
-            be.scale(iw, 1.0f / std::sqrt(float(Di * Hi)), T * Hi);
+// Keeps the NextN block's cache in step with the trunk: the block's row at
+// position p mixes the token at p with the trunk's hidden state at p - 1 (a
+// zero row at position 0, or where that state is gone), as llama.cpp's MTP
+// drafter does. A row a draft step already computed from the trunk's hidden
+// state is not computed again.
+void GlmDsaModel::mtp_catch_up(const FlatBatch<DsaState>& fb, const float* hn) {
+    backend::Backend& be = *backend_;
+    const int64_t E = hp_.n_embd;
+    std::vector<int32_t> tokens, pos;
+    std::vector<float> hin;
+    std::vector<std::pair<DsaState*, std::pair<int64_t, int64_t>>> spans;  // state, first, n
+    for (const auto& s : fb.segs) {
+        DsaState& st = *s.state;
+        const int64_t first = int64_t(tokens.size());
+        for (int64_t i = 0; i < s.n; ++i) {
+            const int64_t p = s.n_past + i;
+            if (p < st.mtp_valid) continue;
+            tokens.push_back(fb.tokens[size_t(s.first + i)]);
+            pos.push_back(int32_t(p));
+            std::vector<float> row(size_t(E), 0.0f);
+            if (i > 0)
+                be.read(hn + (s.first + i - 1) * E, row.data(), size_t(E));
+            else if (const float* prev = st.hidden(p - 1))
+                row.assign(prev, prev + E);
+            hin.insert(hin.end(), row.begin(), row.end());
+        }
+        spans.push_back({&st, {first, int64_t(tokens.size()) - first}});
+    }
+    if (!tokens.empty()) {
+        std::vector<BlockSegment> segs;
+        for (auto& [st, fn] : spans)
+            if (fn.second > 0) segs.push_back({&st->mtp_latent(), nullptr, fn.first, fn.second});
+        mtp_block(tokens, pos, hin, segs);
+    }
+    // Only a completed pass changes the states. Every row's hidden state is
+    // kept as the seed of the next draft, so a rollback to any of them still
+    // finds it.
+    for (const auto& s : fb.segs) {
+        std::vector<float> rows(size_t(s.n * E));
+        be.read(hn + s.first * E, rows.data(), rows.size());
+        s.state->keep_hidden(rows.data(), s.n_past, s.n);
+        s.state->mtp_valid = s.n_past + s.n;
+    }
+}
 
-            // While a query sees no more than top_k tokens it keeps them all.
-            std::vector<backend::Backend::IndexerQuery> queries;
-            for (const Segment& s : segs) {
-                for (int64_t i = 0; i < s.n; ++i) {
-                    const int64_t t = s.first + i;
-                    const int32_t n_vis = pos[size_t(t)] + 1;
-                    if (n_vis <= h.idx_top_k || dense_attention_) {
-                        visible[size_t(t)] = backend::Visible{n_vis, nullptr, 0};
-                        continue;
-                    }
-                    int32_t* rows = sel.data() + t * h.idx_top_k;
-                    queries.push_back(
-                        {iq + t * Hi * Di, iw + t * Hi, s.state->keys(il), n_vis, rows});
-                    visible[size_t(t)] = backend::Visible{0, rows, int32_t(h.idx_top_k)};
+// The NextN block over M rows: [enorm(embed(token)); hnorm(h)] through
+// eh_proj, one decoder block attending densely over the block's own cache,
+// and the shared head norm. Returns the normed rows (scratch, M x E).
+float* GlmDsaModel::mtp_block(std::span<const int32_t> tokens, std::span<const int32_t> pos,
+                              std::span<const float> hin, std::span<const BlockSegment> segs) {
+    backend::Backend& be = *backend_;
+    const GlmDsaHParams& h = hp_;
+    const NextN& nx = *nextn_;
+    const int64_t E = h.n_embd, M = int64_t(tokens.size());
+    float* e = be.scratch(size_t(M * E));
+    be.embed(nx.embed ? nx.embed : tok_embd_, tokens, e);
+    float* hh = be.scratch(size_t(M * E));
+    be.write(hh, hin.data(), size_t(M * E));
+    float* cat = be.scratch(size_t(M * 2 * E));
+    be.rms_norm(e, E, nx.enorm, M, E, h.eps, cat, 2 * E);
+    be.rms_norm(hh, E, nx.hnorm, M, E, h.eps, cat + E, 2 * E);
+    float* x = be.scratch(size_t(M * E));
+    be.matmul(nx.eh_proj, cat, 2 * E, M, x, E);
+    Buffers b(be, h, M);
+    for (int64_t t = 0; t < M; ++t)
+        b.visible[size_t(t)] = backend::Visible{pos[size_t(t)] + 1, nullptr, 0};
+    block(nx.block, b, x, M, pos.data(), segs);
+    be.rms_norm(x, E, nx.shared_head_norm, M, E, h.eps, x, E);
+    return x;
+}
+
+void GlmDsaModel::draft(std::span<DraftRequest> reqs) {
+    if (!nextn_) return Model::draft(reqs);
+    backend::Backend& be = *backend_;
+    const GlmDsaHParams& h = hp_;
+    const int64_t E = h.n_embd, V = h.n_vocab;
+    struct Chain {
+        DraftRequest* r;
+        DsaState* st;
+        int32_t token;
+        int32_t pos;
+        std::vector<float> h;
+    };
+    std::vector<Chain> live;
+    for (DraftRequest& r : reqs) {
+        r.out.clear();
+        auto* st = dynamic_cast<DsaState*>(r.state);
+        if (!st) throw Error("glm-dsa: sequence state of another model");
+        if (r.max_tokens <= 0) continue;
+        if (r.token < 0 || r.token >= V) throw Error("draft: token id outside the vocabulary");
+        const int64_t p = st->n_past();
+        if (p + r.max_tokens > st->n_ctx()) throw Error("draft: the window passes the context");
+        st->reserve(p + r.max_tokens);
+        const float* hp = st->hidden(p - 1);
+        Chain c{&r, st, r.token, int32_t(p), std::vector<float>(size_t(E), 0.0f)};
+        if (hp) c.h.assign(hp, hp + E);
+        live.push_back(std::move(c));
+    }
+    for (int step = 0; !live.empty(); ++step) {
+        be.reset_scratch();
+        const int64_t M = int64_t(live.size());
+        std::vector<int32_t> tokens, pos;
+        std::vector<float> hin;
+        std::vector<BlockSegment> segs;
+        for (int64_t i = 0; i < M; ++i) {
+            tokens.push_back(live[size_t(i)].token);
+            pos.push_back(live[size_t(i)].pos);
+            hin.insert(hin.end(), live[size_t(i)].h.begin(), live[size_t(i)].h.end());
+            segs.push_back({&live[size_t(i)].st->mtp_latent(), nullptr, i, 1});
+        }
+        float* hm = mtp_block(tokens, pos, hin, segs);
+        float* lg = be.scratch(size_t(M * V));
+        be.matmul(nextn_->head ? nextn_->head : output_, hm, E, M, lg, V);
+        std::vector<float> host(size_t(M * V)), hrows(size_t(M * E));
+        be.read(lg, host.data(), host.size());
+        be.read(hm, hrows.data(), hrows.size());
+        std::vector<Chain> next;
+        for (int64_t i = 0; i < M; ++i) {
+            Chain& c = live[size_t(i)];
+            // The first step's row mixes the trunk's own hidden state: it is
+            // the row the next trunk forward would compute.
+            if (step == 0) c.st->mtp_valid = std::max<int64_t>(c.st->mtp_valid, c.pos + 1);
+            const float* l = host.data() + i * V;
+            // Greedy; the probability is the softmax over the ten most likely
+            // tokens (llama.cpp's draft sampler is top-k 10).
+            std::vector<std::pair<float, int32_t>> top;
+            for (int32_t v = 0; v < V; ++v) {
+                if (top.size() < 10) {
+                    top.push_back({l[v], v});
+                    std::push_heap(top.begin(), top.end(), std::greater<>());
+                } else if (l[v] > top.front().first) {
+                    std::pop_heap(top.begin(), top.end(), std::greater<>());
+                    top.back() = {l[v], v};
+                    std::push_heap(top.begin(), top.end(), std::greater<>());
                 }
             }
-            if (!queries.empty()) be.indexer_select(queries, Hi, Di, h.idx_top_k);
+            int32_t best = top[0].second;
+            float lmax = top[0].first;
+            for (const auto& [val, id] : top)
+                if (val > lmax || (val == lmax && id < best)) lmax = val, best = id;
+            double z = 0;
+            for (const auto& t : top) z += std::exp(double(t.first) - double(lmax));
+            if (1.0 / z < double(c.r->p_min)) continue;
+            c.r->out.push_back(best);
+            if (int(c.r->out.size()) >= c.r->max_tokens) continue;
+            c.token = best;
+            c.pos += 1;
+            c.h.assign(hrows.begin() + i * E, hrows.begin() + (i + 1) * E);
+            next.push_back(std::move(c));
         }
-
-        // ---- MLA, absorbed: queries in latent space against [c | k_rope] rows
-        be.rms_norm(kv, W, L.kv_a_norm, T, h.kv_lora, h.eps, kv, W);
-        be.rope(kv + h.kv_lora, T, W, 1, h.n_rot, h.n_rot, pos.data(), h.freq_base);
-        for (const Segment& s : segs)
-            be.cache_store(s.state->latent(il), kv + s.first * W, W, s.n, pos.data() + s.first);
-
-        be.rope(q + h.nope, T, H * h.k_mla, H, h.k_mla, h.n_rot, pos.data(), h.freq_base);
-        // q_abs = K_b[h] . q_nope[h] fills the latent part; q_rope is appended.
-        be.matmul_slices(L.k_b, q, H * h.k_mla, h.k_mla, T, qfull, H * W, W);
-        be.copy_rows(q + h.nope, h.k_mla, nullptr, T * H, h.n_rot, qfull + h.kv_lora, W);
-
-        std::vector<backend::Backend::AttentionQuery> aq(static_cast<size_t>(T));
-        for (const Segment& s : segs)
-            for (int64_t i = 0; i < s.n; ++i) {
-                const int64_t t = s.first + i;
-                aq[size_t(t)] = {qfull + t * H * W, s.state->latent(il), visible[size_t(t)],
-                                 olat + t * H * h.kv_lora};
-            }
-        be.mla_attention(aq, H, h.kv_lora, 1.0f / std::sqrt(float(h.k_mla)));
-
-        // Decompress each head's latent output with V_b[h], then project out.
-        be.matmul_slices(L.v_b, olat, H * h.kv_lora, h.kv_lora, T, ov, H * h.v_mla, h.v_mla);
-        be.matmul(L.wo, ov, H * h.v_mla, T, tmp, E);
-        be.add(x, tmp, T * E);
-
-        // ---- FFN
-        be.rms_norm(x, E, L.ffn_norm, T, E, h.eps, xn, E);
-        if (L.dense) {
-            const backend::Backend::MatmulOut gu[] = {{&L.ffn_gate, fg, h.n_ff},
-                                                      {&L.ffn_up, fu, h.n_ff}};
-            be.matmuls(gu, xn, E, T);
-            be.swiglu(fg, fu, T, h.n_ff, h.n_ff, 0.0f, fg);
-            be.matmul(L.ffn_down, fg, h.n_ff, T, tmp, E);
-        } else {
-            be.moe(L.moe, xn, T, tmp);
-        }
-        be.add(x, tmp, T * E);
+        live = std::move(next);
     }
-
-    // ---- output norm and LM head, only for the rows that want logits
-    const int64_t R = int64_t(out_rows.size());
-    if (R == 0) {
-        for (const Segment& s : segs) s.state->advance(s.n);
-        return;
-    }
-    float* xo = be.scratch(size_t(R * E));
-    be.copy_rows(x, E, out_rows.data(), R, E, xo, E);
-    be.rms_norm(xo, E, output_norm_, R, E, h.eps, xo, E);
-    float* lg = be.scratch(size_t(R * h.n_vocab));
-    be.matmul(output_, xo, E, R, lg, h.n_vocab);
-    logits.resize(size_t(R * h.n_vocab));
-    be.read(lg, logits.data(), logits.size());
-
-    for (const Segment& s : segs) s.state->advance(s.n);
 }
 
 }  // namespace glm5::model

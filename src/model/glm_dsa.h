@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "model/batch.h"
 #include "model/model.h"
 #include "model/weights.h"
 
@@ -51,6 +52,8 @@ class GlmDsaModel final : public Model {
 
     std::unique_ptr<SequenceState> new_state(int64_t n_ctx) override;
     void forward(std::span<const SeqInput> inputs, std::vector<float>& logits) override;
+    bool can_draft() const override { return nextn_ != nullptr; }
+    void draft(std::span<DraftRequest> reqs) override;
 
     const GlmDsaHParams& hparams() const { return hp_; }
     backend::CacheType cache_type() const { return cache_type_; }
@@ -74,9 +77,24 @@ class GlmDsaModel final : public Model {
     };
     struct NextN : NextNMix {
         Layer block;
+        // Its own embedding / LM head when the file carries them (else the trunk's).
+        backend::Weight embed, head;
+    };
+    class DsaState;
+    struct Buffers;
+    // One sequence's rows of a block: where its caches are, and its rows.
+    struct BlockSegment {
+        const backend::CacheRows* latent;
+        const backend::CacheRows* keys;  // indexer keys (full layers only)
+        int64_t first, n;
     };
 
     void load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_indexer);
+    void block(const Layer& L, Buffers& b, float* x, int64_t T, const int32_t* pos,
+               std::span<const BlockSegment> segs);
+    void mtp_catch_up(const FlatBatch<DsaState>& fb, const float* hn);
+    float* mtp_block(std::span<const int32_t> tokens, std::span<const int32_t> pos,
+                     std::span<const float> hin, std::span<const BlockSegment> segs);
 
     GlmDsaHParams hp_;
     backend::CacheType cache_type_;

@@ -164,6 +164,12 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
         nextn_ = std::make_unique<NextN>();
         load_layer(tensors_, il, nextn_->block, false);
         static_cast<NextNMix&>(*nextn_) = load_nextn_mix(tensors_, il, E, output_norm_);
+        const std::string p = "blk." + std::to_string(il) + ".nextn.";
+        if (tensors_.has(p + "embed_tokens.weight"))
+            nextn_->embed =
+                tensors_.matrix(p + "embed_tokens.weight", {E, V}, TensorSource::Layout::Plain);
+        if (tensors_.has(p + "shared_head_head.weight"))
+            nextn_->head = tensors_.matrix(p + "shared_head_head.weight", {E, V});
         info_.nextn_loaded = true;
     }
 }

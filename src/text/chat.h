@@ -72,7 +72,15 @@ struct ChatMessage {
     std::optional<std::string> reasoning_content;
     std::vector<ToolCall> tool_calls;  // assistant only
     std::string tool_call_id;          // tool only; not part of the prompt
+    // User only: images, each rendered as <|begin_of_image|><|image|><|end_of_image|>
+    // at byte offset image_at[i] of `content` (non-decreasing), and where the
+    // image comes from (an OpenAI image_url, a file path): not part of the prompt.
+    std::vector<size_t> image_at;
+    std::vector<std::string> image_urls;
 };
+
+// The text an image is rendered as (docs/glm5next-format.md 11, 12.5).
+inline constexpr const char* kImageMarker = "<|begin_of_image|><|image|><|end_of_image|>";
 
 struct ChatOptions {
     bool add_generation_prompt = true;
@@ -140,9 +148,11 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tok, const RenderedPrompt& p
 std::string check_chat_template(std::string_view chat_template);
 
 // OpenAI chat messages (JSON array) -> ChatMessage list. Content may be a string, null, or
-// an array of {"type":"text","text":...} parts (concatenated); tool_calls[i].function
-// .arguments may be a JSON string or an object; "reasoning_content" (or "reasoning") is
-// read for assistant turns. Throws glm5::Error naming the offending message.
+// an array of {"type":"text","text":...} parts (concatenated) and, in user messages,
+// {"type":"image_url","image_url":{"url":...}} parts (ChatMessage::image_at / image_urls;
+// other roles' images and parts of other types are dropped);
+// tool_calls[i].function .arguments may be a JSON string or an object; "reasoning_content" (or
+// "reasoning") is read for assistant turns. Throws glm5::Error naming the offending message.
 std::vector<ChatMessage> messages_from_openai(const nlohmann::ordered_json& messages);
 
 // A parsed tool call in OpenAI form: {"id","type":"function","function":{"name",

@@ -1,0 +1,101 @@
+// Which storage type each tensor of a generated model gets: llama-quantize's
+// per-tensor rules (its "mixes" such as Q4_K_M), restated for the tensors of
+// the architectures this engine writes, plus the converter's convention for
+// float files. Architecture-neutral: it sees only names, shapes and a few
+// model-wide numbers.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "quant/types.h"
+
+namespace glm5::gen {
+
+// general.file_type values (llama.cpp's llama_ftype).
+enum class FileType : uint32_t {
+    ALL_F32 = 0,
+    MOSTLY_F16 = 1,
+    MOSTLY_Q4_0 = 2,
+    MOSTLY_Q4_1 = 3,
+    MOSTLY_Q8_0 = 7,
+    MOSTLY_Q5_0 = 8,
+    MOSTLY_Q5_1 = 9,
+    MOSTLY_Q2_K = 10,
+    MOSTLY_Q3_K_S = 11,
+    MOSTLY_Q3_K_M = 12,
+    MOSTLY_Q3_K_L = 13,
+    MOSTLY_Q4_K_S = 14,
+    MOSTLY_Q4_K_M = 15,
+    MOSTLY_Q5_K_S = 16,
+    MOSTLY_Q5_K_M = 17,
+    MOSTLY_Q6_K = 18,
+    MOSTLY_IQ2_XXS = 19,
+    MOSTLY_IQ2_XS = 20,
+    MOSTLY_Q2_K_S = 21,
+    MOSTLY_IQ3_XS = 22,
+    MOSTLY_IQ3_XXS = 23,
+    MOSTLY_IQ1_S = 24,
+    MOSTLY_IQ4_NL = 25,
+    MOSTLY_IQ3_S = 26,
+    MOSTLY_IQ3_M = 27,
+    MOSTLY_IQ2_S = 28,
+    MOSTLY_IQ2_M = 29,
+    MOSTLY_IQ4_XS = 30,
+    MOSTLY_IQ1_M = 31,
+    MOSTLY_BF16 = 32,
+};
+
+// What --type names: a mix (per-tensor rules) or one type for every matrix.
+struct QuantScheme {
+    std::string name;  // as the user wrote it, upper-cased
+    FileType ftype;
+    quant::Type base;  // the mix's default matrix type
+    bool pure;         // every quantizable matrix gets `base` (block-size fallbacks still apply)
+};
+
+// Resolves a name. A llama-quantize mix name wins ("Q2_K" is the Q2_K mix);
+// a type that is no mix name (Q4_K, Q5_K, Q3_K) is pure. force_pure makes any
+// quantized name pure. nullopt for an unknown name.
+std::optional<QuantScheme> parse_scheme(std::string_view name, bool force_pure = false);
+
+// Names accepted by parse_scheme, for --help.
+std::vector<std::string> scheme_names();
+
+// The model-wide facts the rules consult.
+struct MixModel {
+    int n_layer_all = 0;  // block_count, NextN blocks included
+    int n_expert = 0;
+    int n_head = 1;
+    int n_head_kv = 1;
+    bool has_imatrix = false;
+};
+
+struct MixTensor {
+    std::string name;
+    std::vector<int64_t> ne;
+    // Kept F32 even in F16/BF16 files, as the HF converter keeps it (norms,
+    // biases, router weights, ...).
+    bool f32_in_float_files = false;
+    // A --tensor-type style override (applied instead of the mix rules).
+    std::optional<quant::Type> override_type;
+};
+
+// One type per tensor, in the order given. Decisions that depend on the order
+// of tensors (llama-quantize's running counters) are taken in llama.cpp's
+// loader order (by block number, then by name), whatever order `tensors` has.
+std::vector<quant::Type> assign_types(const QuantScheme& scheme, const MixModel& model,
+                                      const std::vector<MixTensor>& tensors);
+
+// Whether llama-quantize would quantize the tensor at all (2-D or more, a
+// ".weight", not a norm, not the router).
+bool is_quantizable(const std::string& name, const std::vector<int64_t>& ne);
+
+// Whether a tensor stored as `t` needs importance data under this scheme
+// (llama-quantize refuses to write it without).
+bool type_requires_imatrix(const std::string& name, quant::Type t, FileType ftype);
+
+}  // namespace glm5::gen
