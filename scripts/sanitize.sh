@@ -2,23 +2,28 @@
 # Sanitizer builds over a reduced test set that covers every component (CI runs
 # it from scripts/test.sh):
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer: the unit tests of each
-#         layer, the glm-dsa and glm5next parity tests, the engine and the server
-#         (the server tests start the instrumented glm5 binary).
+#         layer (thread pool, GGUF reader on its malformed corpus, quant and its
+#         multi-row kernels, the attention kernels, tokenizer, reply parser,
+#         image decoding), the glm-dsa and glm5next parity tests, the engine
+#         (faults and the submit/cancel stress included), the server's in-process
+#         tests and the load-path fuzz corpus. No test here starts the glm5
+#         binary, so it is not built (GLM5_TESTS_WITHOUT_APP).
 #   tsan  ThreadSanitizer: the engine and server tests, the thread pool. cpp-httplib
 #         is compiled in from its header (Debian's source package, which
 #         scripts/deps.sh fetches), since Debian's compiled library is not
-#         instrumented.
+#         instrumented; the server tests start the instrumented glm5 binary.
 # Usage: scripts/sanitize.sh [asan|tsan|all]   (build folders build-asan, build-tsan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
 jobs=$(nproc)
 
-asan_tests=(test_thread_pool test_gguf test_gguf_malformed test_quant_basic test_quant_multi
-            test_backend_attention test_text_tokenizer test_text_chat test_text_reply
-            test_json_constraint test_glm_dsa_parity test_glm5next test_glm5next_state
-            test_engine test_engine_stress test_server_unit test_server_http
-            test_server_backpressure test_fuzz_load_corpus test_cpu_level)
+# An entry is BINARY or BINARY:ARGS. (Glm5NextCli runs the glm5 binary.)
+asan_tests=(test_thread_pool test_gguf_malformed test_quant_basic test_quant_multi
+            test_backend_attention test_text_tokenizer test_text_reply test_image
+            test_glm_dsa_parity "test_glm5next:--gtest_filter=-Glm5NextCli.*"
+            test_engine test_engine_faults test_engine_stress test_server_unit
+            test_fuzz_load_corpus)
 # (The SIGTERM test waits for a 2500-token stream to finish within the 30 s drain
 # timeout, which an instrumented server on a busy machine may not make; the other
 # shutdown tests cover the same code.)
@@ -54,8 +59,11 @@ run_set() {
   # An entry is BINARY or BINARY:ARGS.
   printf '%s\n' "$@" | xargs -P "$jobs" -I{} bash -c \
     'e="{}"; b=${e%%:*}; a=""; [[ $e == *:* ]] && a=${e#*:}
-     if '"$build"'/tests/$b $a > '"$logs"'/$b.log 2>&1; then echo ok > '"$logs"'/$b.rc
-     else echo fail > '"$logs"'/$b.rc; fi'
+     t0=$(date +%s)
+     if '"$build"'/tests/$b $a > '"$logs"'/$b.log 2>&1; then r=ok; else r=fail; fi
+     echo $r > '"$logs"'/$b.rc; echo "$(( $(date +%s) - t0 )) s  $b  $r" >> '"$logs"'/times'
+  # Wall time of each binary (they run side by side), slowest first.
+  sort -rn "$logs/times" | sed "s/^/  $(basename "$build"): /"
   local bad=0
   for e in "$@"; do
     local t=${e%%:*}
@@ -74,8 +82,9 @@ run_set() {
 status=0
 if [[ $what == asan || $what == all ]]; then
   start=$SECONDS
-  cmake -S . -B build-asan "${build_type[@]}" -DGLM5_SANITIZE=ON -DGLM5_BUILD_BENCH=OFF > /dev/null
-  cmake --build build-asan -j"$jobs" --target "${asan_tests[@]}"
+  cmake -S . -B build-asan "${build_type[@]}" -DGLM5_SANITIZE=ON -DGLM5_BUILD_BENCH=OFF \
+    -DGLM5_TESTS_WITHOUT_APP=ON > /dev/null
+  cmake --build build-asan -j"$jobs" --target "${asan_tests[@]%%:*}"
   built=$SECONDS
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
