@@ -5,18 +5,22 @@
 // the tensor data, which the load path does not read, is supplied as zeros after
 // it. The whole load path runs: GGUF reader, tokenizer and chat format, the
 // architecture's hyperparameter and tensor checks, and a sequence state sized by
-// the hyperparameters. Every input must load or be refused with glm5::Error;
-// anything else escaping (another exception, a sanitizer report) is a finding.
+// the hyperparameters. An mmproj input (general.architecture "clip") is loaded
+// as a vision tower for the glm5next fixture model, the one kind of text model
+// it serves. Every input must load or be refused with glm5::Error; anything
+// else escaping (another exception, a sanitizer report) is a finding.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "core/error.h"
 #include "gguf/gguf.h"
+#include "model/glm5next_vision.h"
 #include "model/model.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
@@ -25,6 +29,22 @@ namespace glm5::fuzz {
 
 constexpr size_t kMaxLoadInput = size_t(1) << 20;   // header bytes (libFuzzer -max_len)
 constexpr size_t kTensorDataPad = size_t(6) << 20;  // zeros standing for the tensor data
+
+// The text model an mmproj input is loaded for: the glm5next fixture, whole
+// (GLM5_SOURCE_DIR is the repository root, set by the fuzz and test builds).
+struct VisionHost {
+    std::unique_ptr<gguf::File> file;
+    std::unique_ptr<model::Model> model;
+};
+inline const model::Model& vision_host(backend::Backend& be) {
+    static const VisionHost h = [&] {
+        VisionHost v;
+        v.file = gguf::File::open(std::string(GLM5_SOURCE_DIR) + "/tests/data/glm5next/tiny.gguf");
+        v.model = model::load_model(*v.file, be, {});
+        return v;
+    }();
+    return *h.model;
+}
 
 // 0: loaded; 1: refused with glm5::Error.
 inline int load_one(const uint8_t* data, size_t size) {
@@ -42,6 +62,11 @@ inline int load_one(const uint8_t* data, size_t size) {
     }();
     try {
         const auto f = gguf::File::parse_memory(buf.data(), size + kTensorDataPad, "fuzz.gguf");
+        if (f->get_string("general.architecture", "") == "clip") {
+            const auto tower = model::load_vision_tower(*f, *be, vision_host(*be), {});
+            (void)tower->scratch_bytes(64);
+            return 0;
+        }
         if (f->find("tokenizer.ggml.model")) {
             const auto tok = text::Tokenizer::from_gguf(*f);
             const auto fmt = text::ChatFormat::from_gguf(*f);

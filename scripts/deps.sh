@@ -26,3 +26,23 @@ if [[ ! -f $server_tests/node_modules/.package-lock.json ||
   echo "installing the server tests' npm packages (npm ci in tests/server)" >&2
   (cd "$server_tests" && npm ci --no-audit --no-fund --loglevel=error)
 fi
+
+# The ThreadSanitizer build (scripts/sanitize.sh) compiles cpp-httplib from the
+# single header in Debian's source package, since the compiled library is not
+# instrumented; it is fetched with apt-get source (adding Debian's deb-src index
+# when the machine has none) into .cache/cpp-httplib.
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if ! ls "$repo"/.cache/cpp-httplib/*/httplib.h >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  if ! grep -rqs "^Types:.*deb-src" /etc/apt/sources.list.d/ && ! grep -qs "^deb-src" /etc/apt/sources.list; then
+    echo "adding Debian's source index (deb-src) to fetch cpp-httplib's header" >&2
+    sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources |
+      $SUDO tee /etc/apt/sources.list.d/glm5-deb-src.sources >/dev/null
+    $SUDO apt-get update -qq
+  fi
+  mkdir -p "$repo/.cache/cpp-httplib"
+  (cd "$repo/.cache/cpp-httplib" && apt-get source --download-only -qq cpp-httplib >/dev/null 2>&1 &&
+    tar xf cpp-httplib_*.orig.tar.* && rm -f ./*.dsc ./*.tar.*)
+  ls "$repo"/.cache/cpp-httplib/*/httplib.h >/dev/null
+fi

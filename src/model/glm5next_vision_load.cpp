@@ -36,7 +36,9 @@ VisionHParams VisionHParams::from_gguf(const gguf::File& f) {
         throw bad("clip.has_vision_encoder is not true: the file has no vision tower");
 
     VisionHParams h;
-    auto req = [&](const char* k) { return int64_t(f.get_uint(vkey(k))); };
+    // Bounded as the text models' sizes are (hparam: below 2^31), so products
+    // of two cannot overflow before the tensor shapes are checked.
+    auto req = [&](const char* k) { return hparam(f, vkey(k)); };
     h.width = req("embedding_length");
     h.n_ff = req("feed_forward_length");
     h.n_block = req("block_count");
@@ -46,6 +48,8 @@ VisionHParams VisionHParams::from_gguf(const gguf::File& f) {
     h.merge = req("spatial_merge_size");
     h.out = req("projection_dim");
     h.limit = float(f.get_float(vkey("swiglu_limit")));
+    // Every block has tensors: the count may not size anything beyond the file.
+    check_layer_count(f, vkey("block_count"), h.n_block);
     if (h.width <= 0 || h.n_ff <= 0 || h.n_block <= 0 || h.n_head <= 0 || h.out <= 0)
         throw bad(
             "clip.vision sizes (embedding_length, feed_forward_length, block_count, "
