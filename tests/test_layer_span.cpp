@@ -10,16 +10,6 @@ using namespace glm5::test;
 
 namespace {
 
-std::vector<int32_t> tokens_of(uint32_t seed, int64_t n, int64_t vocab) {
-    std::vector<int32_t> p;
-    uint32_t x = seed * 2654435761u + 11u;
-    for (int64_t i = 0; i < n; ++i) {
-        x = x * 1664525u + 1013904223u;
-        p.push_back(int32_t((x >> 8) % uint32_t(vocab)));
-    }
-    return p;
-}
-
 // One step for two sequences at once: their inputs, logits for every row.
 std::vector<model::SeqInput> step(std::vector<std::unique_ptr<model::SequenceState>>& st,
                                   const std::vector<std::vector<int32_t>>& toks) {
@@ -71,8 +61,8 @@ TEST(LayerSpan, SplitForwardsAreBitwiseTheWholeForward) {
                 }
                 // A prefill of two prompts (one past the indexer's dense
                 // limit of the tiny models), then decode steps.
-                std::vector<std::vector<int32_t>> toks = {tokens_of(1, 150, V),
-                                                          tokens_of(2, 37, V)};
+                std::vector<std::vector<int32_t>> toks = {random_ids(1, 150, V),
+                                                          random_ids(2, 37, V)};
                 for (int t = 0; t < 4; ++t) {
                     std::vector<float> a, b;
                     const auto ia = step(whole, toks);
@@ -100,7 +90,7 @@ TEST(LayerSpan, BadSpansAreRefusedWithoutTouchingTheStates) {
         TestModel m(data_path(path), backend::CacheType::F32, 2);
         const int64_t L = m.model->info().n_layer, W = m.model->hidden_width();
         auto st = m.model->new_state(64);
-        const auto toks = tokens_of(3, 5, m.n_vocab());
+        const auto toks = random_ids(3, 5, m.n_vocab());
         model::SeqInput in{st.get(), toks, false, true};
         std::vector<float> lg, out, wrong(size_t(4 * W));
         const model::LayerSpan bad[] = {

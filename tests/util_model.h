@@ -29,6 +29,17 @@ inline nlohmann::json load_json(const std::string& path) {
     return nlohmann::json::parse(f);
 }
 
+// n pseudo-random token ids below `vocab`, the same for the same seed.
+inline std::vector<int32_t> random_ids(uint32_t seed, int64_t n, int64_t vocab) {
+    std::vector<int32_t> p;
+    uint32_t x = seed * 2654435761u + 7u;
+    for (int64_t i = 0; i < n; ++i) {
+        x = x * 1664525u + 1013904223u;
+        p.push_back(int32_t((x >> 8) % uint32_t(vocab)));
+    }
+    return p;
+}
+
 struct TestModel {
     std::unique_ptr<gguf::File> file;
     std::unique_ptr<backend::Backend> be;
