@@ -284,10 +284,9 @@ size_t Glm5NextModel::scratch_bytes(int64_t T, int64_t R, int64_t D) const {
     if (depth / B > n_sel) b += rows * (depth / B) * 4;   // pool scores
     const size_t n_vis = std::min(depth, n_sel * B + B);
     b += (size_t(backend_->n_threads()) + 1) * size_t(heads) * n_vis * 4;
-    const size_t K = size_t(h.n_expert_used), F = size_t(h.n_ff_exp);
-    const size_t Sh = F * size_t(h.n_expert_shared);
     if (h.n_expert > 0)
-        b += rows * ((K * F + Sh) * 2 + (K + 1) * E + 2 * E + 2 * K * E + K * F) * 4;
+        b += moe_scratch_bytes(T, h.n_embd, h.n_ff_exp, h.n_expert_used,
+                               h.n_ff_exp * h.n_expert_shared);
     b += rows * size_t(std::max<int64_t>(width3, int64_t(E))) * 4;
     return b;
 }

@@ -167,7 +167,7 @@ StateCost GlmDsaModel::state_cost() const {
 size_t GlmDsaModel::scratch_bytes(int64_t T, int64_t R, int64_t D) const {
     const GlmDsaHParams& h = hp_;
     const size_t E = size_t(h.n_embd), H = size_t(h.n_head), W = size_t(h.kv_lora + h.n_rot);
-    const size_t Fd = size_t(h.n_ff), Fe = size_t(h.n_ff_exp), K = size_t(h.n_expert_used);
+    const size_t Fd = size_t(h.n_ff), Fe = size_t(h.n_ff_exp);
     const size_t F = std::max(Fd, Fe), S = Fe * size_t(h.n_expert_shared);
     const size_t Hi = size_t(h.idx_heads), Di = size_t(h.idx_dim), V = size_t(h.n_vocab);
     const size_t rows = size_t(T), top_k = size_t(h.idx_top_k), depth = size_t(D);
@@ -180,7 +180,8 @@ size_t GlmDsaModel::scratch_bytes(int64_t T, int64_t R, int64_t D) const {
     if (depth > top_k) b += rows * depth * 4;  // indexer scores
     const size_t n_vis = std::min(depth, top_k);
     b += (size_t(backend_->n_threads()) + 1) * H * n_vis * 4;
-    if (h.n_expert > 0) b += rows * ((K * F + S) * 2 + (K + 1) * E + 2 * E + 2 * K * E + K * F) * 4;
+    if (h.n_expert > 0)
+        b += moe_scratch_bytes(T, h.n_embd, int64_t(F), h.n_expert_used, int64_t(S));
     b += rows * std::max({E, size_t(h.q_lora), F, H * size_t(h.v_mla), size_t(h.kv_lora)}) * 4;
     return b;
 }

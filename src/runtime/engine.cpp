@@ -15,6 +15,12 @@ double seconds(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
 }
 constexpr size_t kMaxRetained = 64;
+// Caches are sized in whole blocks of positions: an entry adopted by a
+// slightly longer request often holds enough already.
+constexpr int64_t kCacheBlock = 64;
+int64_t whole_blocks(int64_t n) {
+    return (n + kCacheBlock - 1) / kCacheBlock * kCacheBlock;
+}
 }  // namespace
 
 struct Engine::Job {
@@ -333,12 +339,9 @@ void Engine::admit(std::unique_lock<std::mutex>& lk) {
 
 int64_t Engine::reach(const RequestParams& p) const {
     if (!opt_.request_sized_states) return opt_.n_ctx;
-    int64_t n =
+    const int64_t n =
         int64_t(p.prompt.size()) + (p.prefill_only ? 0 : std::max<int64_t>(p.max_tokens, 1));
-    // Whole blocks of 64 positions: an entry adopted by a slightly longer
-    // request often holds enough already.
-    n = (n + 63) / 64 * 64;
-    return std::min(n, opt_.n_ctx);
+    return std::min(whole_blocks(n), opt_.n_ctx);
 }
 
 size_t Engine::retained_total() const {
@@ -348,16 +351,20 @@ size_t Engine::retained_total() const {
 }
 
 bool Engine::make_room(size_t more, const Retained* keep) {
-    if (opt_.cache_pool_bytes == 0) return true;
-    size_t total = active_bytes_ + retained_total();
+    // With a pool, running requests' states and retained entries share it;
+    // without one, retained entries alone keep within cache_budget_bytes.
+    const bool pool = opt_.cache_pool_bytes > 0;
+    const size_t limit = pool ? opt_.cache_pool_bytes : opt_.cache_budget_bytes;
+    if (!pool) more = 0;
+    size_t used = (pool ? active_bytes_ : 0) + retained_total();
     for (auto it = retained_.end();
-         total + more > opt_.cache_pool_bytes && it != retained_.begin();) {
+         (used + more > limit || retained_.size() > kMaxRetained) && it != retained_.begin();) {
         --it;
         if (&*it == keep) continue;
-        total -= it->bytes;
+        used -= it->bytes;
         it = retained_.erase(it);
     }
-    return total + more <= opt_.cache_pool_bytes;
+    return used + more <= limit;
 }
 
 bool Engine::step() {
@@ -750,7 +757,7 @@ void Engine::retain(Slot& s) {
     // Kept at what it holds (whole blocks of 64 positions), not at what its
     // request could have reached: a retained entry never pins a full context.
     if (opt_.request_sized_states) {
-        const int64_t hold = std::min(opt_.n_ctx, (s.state->n_past() + 63) / 64 * 64);
+        const int64_t hold = std::min(opt_.n_ctx, whole_blocks(s.state->n_past()));
         if (hold < s.state->capacity()) {
             try {
                 s.state->resize(hold);
@@ -767,18 +774,7 @@ void Engine::retain(Slot& s) {
     r.content = s.job->expanded.content;
     std::lock_guard<std::mutex> lk(mu_);
     retained_.push_front(std::move(r));
-    evict_to_budget();
-}
-
-void Engine::evict_to_budget() {
-    size_t total = retained_total();
-    const size_t budget = opt_.cache_pool_bytes ? opt_.cache_pool_bytes -
-                                                      std::min(opt_.cache_pool_bytes, active_bytes_)
-                                                : opt_.cache_budget_bytes;
-    while (!retained_.empty() && (total > budget || retained_.size() > kMaxRetained)) {
-        total -= retained_.back().bytes;
-        retained_.pop_back();
-    }
+    make_room(0, nullptr);
 }
 
 }  // namespace glm5::runtime

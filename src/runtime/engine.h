@@ -212,9 +212,10 @@ class Engine {
     void finish(Slot& s, const std::string& reason, const std::string& error = "");
     bool image_rows(Slot& s, size_t n, std::deque<std::vector<model::EmbedRows>>& out);
     void retain(Slot& s);
-    void evict_to_budget();
-    // Evicts retained entries (never `keep`) until `more` bytes fit in the
-    // pool; false when they cannot.
+    // Evicts retained entries, least recently used first and never `keep`,
+    // until `more` bytes fit in the pool (without a pool: until retained
+    // entries fit cache_budget_bytes) and at most kMaxRetained remain; false
+    // when `more` cannot fit.
     bool make_room(size_t more, const Retained* keep);
     size_t retained_total() const;
     int64_t reach(const RequestParams& p) const;  // positions a request can fill
