@@ -118,3 +118,76 @@ TEST(LayerSpan, BadSpansAreRefusedWithoutTouchingTheStates) {
         EXPECT_EQ(out.size(), size_t(5 * W));
     }
 }
+
+// Processes that each load only their layers (LoadOptions::layers), chained
+// the way a layer split across ranks runs them: every part but the last runs
+// uncommitted and commits once the last has produced the logits. Bitwise the
+// whole model; each part's caches are its own layers' only.
+TEST(LayerSpan, PartialModelsChainedAreTheWholeModel) {
+    for (const char* path : {"glm-dsa/tiny.gguf", "glm5next/tiny.gguf"})
+        for (bool spec : {false, true}) {
+            TestModel whole(data_path(path), backend::CacheType::F16, 2, spec);
+            const int64_t L = whole.model->info().n_layer, V = whole.n_vocab();
+            std::vector<int64_t> cuts;
+            for (int64_t c = 1; c < L && cuts.size() < 2; ++c)
+                if (whole.model->can_split_before(c)) cuts.push_back(c);
+            ASSERT_EQ(cuts.size(), 2u) << path;
+            std::vector<std::unique_ptr<TestModel>> parts;
+            const int64_t bounds[] = {0, cuts[0], cuts[1], -1};
+            for (int p = 0; p < 3; ++p)
+                parts.push_back(
+                    std::make_unique<TestModel>(data_path(path), backend::CacheType::F16, 2, spec,
+                                                model::LayerRange{bounds[p], bounds[p + 1]}));
+            size_t per_token = 0;
+            for (const auto& p : parts) per_token += p->model->state_cost().per_token;
+            EXPECT_EQ(per_token, whole.model->state_cost().per_token) << path;
+            EXPECT_FALSE(parts[0]->model->info().holds_head);
+            EXPECT_TRUE(parts[2]->model->info().holds_head);
+            EXPECT_EQ(parts[1]->model->info().layer_first, cuts[0]);
+            EXPECT_EQ(parts[1]->model->info().layer_end, cuts[1]);
+            EXPECT_GT(parts[1]->model->info().skipped_bytes, 0u);
+            EXPECT_EQ(parts[2]->model->can_draft(), whole.model->can_draft()) << path;
+            EXPECT_FALSE(parts[0]->model->can_draft());
+
+            std::vector<std::unique_ptr<model::SequenceState>> ws;
+            std::vector<std::vector<std::unique_ptr<model::SequenceState>>> ps(3);
+            for (int i = 0; i < 2; ++i) {
+                ws.push_back(whole.model->new_state(256));
+                for (int p = 0; p < 3; ++p)
+                    ps[size_t(p)].push_back(parts[size_t(p)]->model->new_state(256));
+            }
+            std::vector<std::vector<int32_t>> toks = {random_ids(5, 150, V), random_ids(6, 37, V)};
+            for (int t = 0; t < 4; ++t) {
+                std::vector<float> a, b, h, next;
+                whole.model->forward(step(ws, toks), a);
+                for (int p = 0; p < 3; ++p) {
+                    model::LayerSpan s{bounds[p], bounds[p + 1], h, &next, p == 2};
+                    const auto in = step(ps[size_t(p)], toks);
+                    parts[size_t(p)]->model->forward(in, b, s);
+                    if (p < 2) {  // uncommitted until the last part succeeds
+                        EXPECT_EQ(ps[size_t(p)][0]->n_past(),
+                                  ws[0]->n_past() - int64_t(toks[0].size()));
+                    }
+                    h.swap(next);
+                }
+                for (int p = 0; p < 2; ++p)
+                    parts[size_t(p)]->model->commit(step(ps[size_t(p)], toks));
+                ASSERT_EQ(a.size(), b.size());
+                for (size_t k = 0; k < a.size(); ++k)
+                    ASSERT_EQ(a[k], b[k]) << path << " step " << t;
+                for (int p = 0; p < 3; ++p) EXPECT_EQ(ps[size_t(p)][1]->n_past(), ws[1]->n_past());
+                for (size_t i = 0; i < 2; ++i) {
+                    const size_t rows_before = i == 0 ? 0 : toks[0].size();
+                    const float* row = a.data() + (rows_before + toks[i].size() - 1) * size_t(V);
+                    toks[i] = {int32_t(std::max_element(row, row + V) - row)};
+                }
+            }
+            // A part refuses the layers it does not hold.
+            std::vector<float> lg, out;
+            model::SeqInput in{ps[1][0].get(), toks[0], false, true};
+            EXPECT_THROW(parts[1]->model->forward({&in, 1}, lg), Error) << path;
+            EXPECT_THROW(parts[0]->model->forward({&in, 1}, lg,
+                                                  model::LayerSpan{0, cuts[1], {}, &out, false}),
+                         Error);
+        }
+}

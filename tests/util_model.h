@@ -46,7 +46,7 @@ struct TestModel {
     std::unique_ptr<model::Model> model;
 
     TestModel(const std::string& path, backend::CacheType ct = backend::CacheType::F32,
-              int threads = 2, bool spec = false) {
+              int threads = 2, bool spec = false, model::LayerRange layers = {}) {
         file = gguf::File::open(path);
         backend::BackendOptions bo;
         bo.n_threads = threads;
@@ -54,6 +54,7 @@ struct TestModel {
         model::LoadOptions lo;
         lo.cache_type = ct;
         lo.load_nextn = spec;
+        lo.layers = layers;
         model = model::load_model(*file, *be, lo);
     }
     int64_t n_vocab() const { return model->info().n_vocab; }

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "model/weights.h"
 
 namespace glm5::model {
 
@@ -83,18 +84,38 @@ struct SpanRange {
     int64_t first = 0, end = 0;
     bool head = true;
 };
-inline SpanRange check_span(const LayerSpan& s, int64_t n_layer, int64_t rows, int64_t width,
+inline SpanRange check_span(const LayerSpan& s, const HeldLayers& held, int64_t rows, int64_t width,
                             const char* arch) {
+    const int64_t n_layer = held.n_layer;
     SpanRange r{s.first, s.end < 0 ? n_layer : s.end, s.end < 0 || s.end == n_layer};
     const std::string what = std::string(arch) + ": layer span [" + std::to_string(r.first) + ", " +
                              std::to_string(r.end) + ")";
     if (r.first < 0 || r.first >= n_layer || r.end <= r.first || r.end > n_layer)
         throw Error(what + " is outside the trunk's " + std::to_string(n_layer) + " layers");
+    if (r.first < held.first || r.end > held.end || (r.head && !held.head))
+        throw Error(what + " runs layers this process does not hold (it holds [" +
+                    std::to_string(held.first) + ", " + std::to_string(held.end) + ")" +
+                    (held.head ? " and the head)" : ")"));
     if (r.first > 0 && s.hidden_in.size() != size_t(rows * width))
         throw Error(what + ": " + std::to_string(s.hidden_in.size()) +
                     " hidden values in, the batch needs " + std::to_string(rows * width));
     if (!r.head && !s.hidden_out) throw Error(what + " ends before the head and has no hidden_out");
     return r;
+}
+
+// Model::commit for an architecture whose states advance(n) on completion:
+// every state is checked before any advances.
+template <class State>
+void commit_inputs(std::span<const SeqInput> inputs, const char* arch) {
+    std::vector<std::pair<State*, int64_t>> todo;
+    for (const SeqInput& in : inputs) {
+        if (in.tokens.empty()) continue;
+        auto* st = dynamic_cast<State*>(in.state);
+        if (!st) throw Error(std::string(arch) + ": sequence state of another model");
+        st->reserve(st->n_past() + int64_t(in.tokens.size()));
+        todo.emplace_back(st, int64_t(in.tokens.size()));
+    }
+    for (auto& [st, n] : todo) st->advance(n);
 }
 
 }  // namespace glm5::model

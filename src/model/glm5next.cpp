@@ -38,11 +38,12 @@ class NextState final : public SequenceState {
   public:
     // cell_width[il]: the indexer's cell row [key | gate] on layers with an
     // indexer, 0 elsewhere.
-    NextState(Backend& be, const Glm5NextHParams& hp, CacheType type, int64_t n_ctx,
-              int64_t capacity, const std::vector<int64_t>& cell_width)
+    // Caches and recurrent state for the layers this process holds only.
+    NextState(Backend& be, const Glm5NextHParams& hp, const HeldLayers& held, CacheType type,
+              int64_t n_ctx, int64_t capacity, const std::vector<int64_t>& cell_width)
         : be_(be), n_ctx_(n_ctx), pool_(hp.idx_pool) {
         layers_.resize(size_t(hp.n_layer));
-        for (int64_t il = 0; il < hp.n_layer; ++il) {
+        for (int64_t il = held.first; il < held.end; ++il) {
             LayerState& ls = layers_[size_t(il)];
             if (hp.is_mla[size_t(il)]) {
                 const int64_t cw = cell_width[size_t(il)];
@@ -215,7 +216,7 @@ std::unique_ptr<SequenceState> Glm5NextModel::new_state(int64_t n_ctx, int64_t c
     for (int64_t il = 0; il < hp_.n_layer; ++il)
         if (layers_[size_t(il)].indexer)
             cells[size_t(il)] = hp_.idx_dim + layers_[size_t(il)].idx_gate_width;
-    return std::make_unique<NextState>(*backend_, hp_, cache_type_, n_ctx,
+    return std::make_unique<NextState>(*backend_, hp_, held_, cache_type_, n_ctx,
                                        capacity > 0 ? capacity : n_ctx, cells);
 }
 
@@ -246,7 +247,7 @@ StateCost Glm5NextModel::state_cost() const {
     StateCost c;
     c.pool = std::max<int64_t>(1, h.idx_pool);
     size_t kda = 0;
-    for (int64_t il = 0; il < h.n_layer; ++il) {
+    for (int64_t il = held_.first; il < held_.end; ++il) {
         const Layer& L = layers_[size_t(il)];
         if (h.is_mla[size_t(il)]) {
             c.per_token += size_t(h.kv_lora) * es;
@@ -499,6 +500,10 @@ void Glm5NextModel::ffn(const Batch& b, const Layer& L, const float* x, float* o
     be.matmul(L.ffn_down, fg, F, T, out, E);
 }
 
+void Glm5NextModel::commit(std::span<const SeqInput> inputs) {
+    commit_inputs<NextState>(inputs, "glm5next");
+}
+
 int64_t Glm5NextModel::hidden_width() const {
     return hp_.hc_streams * hp_.n_embd;
 }
@@ -519,7 +524,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     logits.clear();
     const int64_t T = b.T = int64_t(tokens.size());
     if (T == 0) return;
-    const SpanRange sr = check_span(span, h.n_layer, T, SE, "glm5next");
+    const SpanRange sr = check_span(span, held_, T, SE, "glm5next");
     for (const auto& s : b.segs) s.state->reserve(s.n_past + s.n);
 
     // Scratch: the streams (twice, for hc_expand), the sublayer input/output,

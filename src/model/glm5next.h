@@ -75,6 +75,7 @@ class Glm5NextModel final : public Model {
     using Model::forward;
     void forward(std::span<const SeqInput> inputs, std::vector<float>& logits,
                  const LayerSpan& span) override;
+    void commit(std::span<const SeqInput> inputs) override;
     int64_t hidden_width() const override;
 
     const Glm5NextHParams& hparams() const { return hp_; }
@@ -146,6 +147,7 @@ class Glm5NextModel final : public Model {
     backend::CacheType cache_type_;
     bool dense_attention_ = false;
     const gguf::File& file_;
+    HeldLayers held_;  // the layers this process holds (a layer split)
     TensorSource tensors_;
     backend::Weight tok_embd_, output_;
     const float* output_norm_ = nullptr;

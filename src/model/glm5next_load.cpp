@@ -195,7 +195,8 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
       cache_type_(opt.cache_type),
       dense_attention_(opt.dense_attention),
       file_(f),
-      tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits) {
+      held_(resolve_layers(opt.layers, hp_.n_layer, f.path())),
+      tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);
     output_norm_ = tensors_.vector("output_norm.weight", E);
@@ -216,7 +217,7 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
     const int64_t il_nextn = hp_.n_layer;
     const std::string pn = "blk." + std::to_string(il_nextn) + ".";
     info_.has_nextn = hp_.n_nextn > 0 && tensors_.has(pn + "nextn.eh_proj.weight");
-    if (opt.load_nextn && info_.has_nextn) {
+    if (opt.load_nextn && info_.has_nextn && held_.head) {
         // Loaded and validated for drafting (spec 6.9): an MLA block that
         // attends densely (its indexer tensors are never read) with a MoE FFN.
         if (!hp_.is_mla[size_t(il_nextn)])
@@ -232,11 +233,14 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
     info_.copied_bytes = tensors_.bytes_copied();
     info_.mapped_bytes = tensors_.bytes_mapped();
     info_.repack_skipped = tensors_.repack_skipped();
+    info_.skipped_bytes = tensors_.bytes_skipped();
+    describe_layers(info_, held_);
 }
 
 const float* Glm5NextModel::load_floats(const std::string& name,
                                         std::initializer_list<int64_t> ne) {
     const backend::Weight w = tensors_.matrix(name, ne, TensorSource::Layout::Plain);
+    if (!tensors_.holds(name)) return nullptr;  // another process's layer: never read
     if (w.type == quant::Type::F32) return reinterpret_cast<const float*>(w.data);
     std::vector<float>& out = converted_.emplace_back(size_t(w.cols * w.rows * w.slices));
     for (int64_t s = 0; s < w.slices; ++s)
@@ -281,7 +285,7 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
         L.dt_bias = ts.vector(p + "ssm_dt.bias", di);
         const float* a = ts.vector_any_shape(p + "ssm_a", H);
         L.decay_rate.resize(size_t(H));
-        for (int64_t i = 0; i < H; ++i) L.decay_rate[size_t(i)] = -a[i];
+        for (int64_t i = 0; a && i < H; ++i) L.decay_rate[size_t(i)] = -a[i];
         L.beta = ts.matrix(p + "ssm_beta.weight", {E, H});
         if (ts.has(p + "ssm_g.weight")) {
             L.g_full = ts.matrix(p + "ssm_g.weight", {E, di});

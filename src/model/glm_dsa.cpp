@@ -26,12 +26,15 @@ using backend::CacheType;
 // the next draft.
 class GlmDsaModel::DsaState final : public SequenceState {
   public:
-    DsaState(backend::Backend& be, const GlmDsaHParams& hp, CacheType type, int64_t n_ctx,
-             int64_t capacity, bool mtp)
+    // Caches for the layers this process holds only (the others are empty).
+    DsaState(backend::Backend& be, const GlmDsaHParams& hp, const HeldLayers& held, CacheType type,
+             int64_t n_ctx, int64_t capacity, bool mtp)
         : be_(be), type_(type), n_ctx_(n_ctx), n_embd_(hp.n_embd) {
         for (int64_t il = 0; il < hp.n_layer; ++il) {
-            latent_.push_back(CacheRows{nullptr, hp.kv_lora + hp.n_rot, type});
-            keys_.push_back(CacheRows{nullptr, hp.idx_full[size_t(il)] ? hp.idx_dim : 0, type});
+            const bool mine = held.holds_layer(il);
+            latent_.push_back(CacheRows{nullptr, mine ? hp.kv_lora + hp.n_rot : 0, type});
+            keys_.push_back(
+                CacheRows{nullptr, mine && hp.idx_full[size_t(il)] ? hp.idx_dim : 0, type});
         }
         mtp_latent_ = CacheRows{nullptr, mtp ? hp.kv_lora + hp.n_rot : 0, type};
         try {
@@ -142,7 +145,7 @@ class GlmDsaModel::DsaState final : public SequenceState {
 
 std::unique_ptr<SequenceState> GlmDsaModel::new_state(int64_t n_ctx, int64_t capacity) {
     if (n_ctx <= 0) throw Error("context size must be positive");
-    return std::make_unique<DsaState>(*backend_, hp_, cache_type_, n_ctx,
+    return std::make_unique<DsaState>(*backend_, hp_, held_, cache_type_, n_ctx,
                                       capacity > 0 ? capacity : n_ctx, nextn_ != nullptr);
 }
 
@@ -150,7 +153,7 @@ StateCost GlmDsaModel::state_cost() const {
     const GlmDsaHParams& h = hp_;
     const size_t es = backend::cache_elem_size(cache_type_);
     StateCost c;
-    for (int64_t il = 0; il < h.n_layer; ++il)
+    for (int64_t il = held_.first; il < held_.end; ++il)
         c.per_token += size_t(h.kv_lora + h.n_rot + (h.idx_full[size_t(il)] ? h.idx_dim : 0)) * es;
     if (nextn_) {
         c.per_token += size_t(h.kv_lora + h.n_rot) * es;
@@ -304,6 +307,10 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, float* x, int64_t T, const i
     be.add(x, b.tmp, T * E);
 }
 
+void GlmDsaModel::commit(std::span<const SeqInput> inputs) {
+    commit_inputs<DsaState>(inputs, "glm-dsa");
+}
+
 int64_t GlmDsaModel::hidden_width() const {
     return hp_.n_embd;
 }
@@ -326,7 +333,7 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     logits.clear();
     const int64_t T = fb.size();
     if (T == 0) return;
-    const SpanRange sr = check_span(span, h.n_layer, T, E, "glm-dsa");
+    const SpanRange sr = check_span(span, held_, T, E, "glm-dsa");
     if (!can_split_before(sr.first))
         throw Error("glm-dsa: a layer span cannot start at layer " + std::to_string(sr.first) +
                     ", which reuses the indexer selection of the layer before it");

@@ -56,6 +56,7 @@ class GlmDsaModel final : public Model {
     using Model::forward;
     void forward(std::span<const SeqInput> inputs, std::vector<float>& logits,
                  const LayerSpan& span) override;
+    void commit(std::span<const SeqInput> inputs) override;
     int64_t hidden_width() const override;
     bool can_split_before(int64_t layer) const override;
     bool can_draft() const override { return nextn_ != nullptr; }
@@ -105,6 +106,7 @@ class GlmDsaModel final : public Model {
     GlmDsaHParams hp_;
     backend::CacheType cache_type_;
     bool dense_attention_ = false;
+    HeldLayers held_;  // the layers this process holds (a layer split)
     TensorSource tensors_;
     backend::Weight tok_embd_, output_;
     const float* output_norm_ = nullptr;

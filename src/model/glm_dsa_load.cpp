@@ -136,7 +136,8 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
       hp_(GlmDsaHParams::from_gguf(f)),
       cache_type_(opt.cache_type),
       dense_attention_(opt.dense_attention),
-      tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits) {
+      held_(resolve_layers(opt.layers, hp_.n_layer, f.path())),
+      tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);
     output_norm_ = tensors_.vector("output_norm.weight", E);
@@ -159,7 +160,7 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
     info_.mapped_bytes = tensors_.bytes_mapped();
     info_.repack_skipped = tensors_.repack_skipped();
 
-    if (opt.load_nextn && hp_.n_nextn > 0) {
+    if (opt.load_nextn && hp_.n_nextn > 0 && held_.head) {
         // The NextN/MTP block: a full decoder block (its indexer tensors are
         // present but the draft attends densely) plus the embedding/hidden mix.
         const int64_t il = hp_.n_layer;
@@ -176,6 +177,8 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
         info_.copied_bytes = tensors_.bytes_copied();
         info_.mapped_bytes = tensors_.bytes_mapped();
     }
+    info_.skipped_bytes = tensors_.bytes_skipped();
+    describe_layers(info_, held_);
 }
 
 void GlmDsaModel::load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_indexer) {

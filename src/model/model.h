@@ -33,6 +33,13 @@ struct ModelInfo {
     // Why nothing was repacked although asked for (repack_if_fits and the
     // copies would not fit in memory); empty otherwise.
     std::string repack_skipped;
+    // The trunk layers this process holds, [layer_first, layer_end), and
+    // whether it holds the head (output norm, LM head, NextN): all of them
+    // unless loaded with LoadOptions::layers (a layer split across processes).
+    int64_t layer_first = 0;
+    int64_t layer_end = 0;
+    bool holds_head = true;
+    uint64_t skipped_bytes = 0;  // weights of the layers other processes hold (never read)
 };
 
 // An opaque copy of the part of a sequence's state that a rewind cannot
@@ -143,8 +150,19 @@ struct LayerSpan {
     bool commit = true;
 };
 
+// The part of a model one process holds: trunk layers [first, end), and the
+// head (output norm, LM head, NextN block) when end is -1 (through the last
+// layer). The other layers' tensors are checked but never read, and states
+// hold caches for these layers only.
+struct LayerRange {
+    int64_t first = 0;
+    int64_t end = -1;
+    bool whole() const { return first == 0 && end < 0; }
+};
+
 struct LoadOptions {
     backend::CacheType cache_type = backend::CacheType::F16;
+    LayerRange layers;        // everything unless a layer split says otherwise
     bool load_nextn = false;  // --spec
     // --no-mmap: copy the weights into anonymous memory instead of serving
     // them from the read-only file mapping (the default).
@@ -191,6 +209,11 @@ class Model {
     // outside the trunk or hidden rows of the wrong size.
     virtual void forward(std::span<const SeqInput> inputs, std::vector<float>& logits,
                          const LayerSpan& span) = 0;
+    // Commits what spans run with commit = false on these inputs wrote: each
+    // input's state advances by its tokens (recurrent state becomes current).
+    // A process that holds only some of a sequence's layers runs its span
+    // uncommitted and commits once every other part has succeeded.
+    virtual void commit(std::span<const SeqInput> inputs) = 0;
     // Floats per token between two layers (the residual stream).
     virtual int64_t hidden_width() const = 0;
     // Whether a span may start at `layer`: glm-dsa's shared-indexer layers

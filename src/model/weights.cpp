@@ -31,12 +31,49 @@ std::string shape_str(std::initializer_list<int64_t> ne) {
 
 }  // namespace
 
-TensorSource::TensorSource(const gguf::File& f, bool in_memory, bool repack, bool repack_if_fits)
-    : file_(f), in_memory_(in_memory), repack_(repack) {
+bool HeldLayers::holds(const std::string& tensor) const {
+    if (tensor.rfind("blk.", 0) == 0) {
+        int64_t il = 0;
+        size_t i = 4;
+        for (; i < tensor.size() && tensor[i] >= '0' && tensor[i] <= '9' && il < n_layer + 1000;
+             ++i)
+            il = il * 10 + (tensor[i] - '0');
+        if (i > 4 && i < tensor.size() && tensor[i] == '.') return holds_layer(il);
+    }
+    if (tensor == "token_embd.weight") return first == 0 || head;
+    return head;
+}
+
+HeldLayers resolve_layers(const LayerRange& r, int64_t n_layer, const std::string& path) {
+    HeldLayers h;
+    h.n_layer = n_layer;
+    h.first = r.first;
+    h.end = r.end < 0 ? n_layer : r.end;
+    h.head = r.end < 0 || r.end == n_layer;
+    if (h.first < 0 || h.first >= n_layer || h.end <= h.first || h.end > n_layer)
+        throw Error(path + ": layers [" + std::to_string(r.first) + ", " + std::to_string(h.end) +
+                    ") are outside the trunk's " + std::to_string(n_layer) + " layers");
+    return h;
+}
+
+void describe_layers(ModelInfo& info, const HeldLayers& h) {
+    info.layer_first = h.first;
+    info.layer_end = h.end;
+    info.holds_head = h.head;
+}
+
+TensorSource::TensorSource(const gguf::File& f, bool in_memory, bool repack, bool repack_if_fits,
+                           HeldLayers held)
+    : file_(f),
+      held_(held),
+      whole_(held.n_layer == 0 || held.whole()),
+      in_memory_(in_memory),
+      repack_(repack) {
     if (!in_memory_ && !repack_) return;
     uint64_t total = 0;
     for (const auto& t : f.tensors())
-        if (in_memory_ || quant::repack_supported(t.type, t.ne[0])) total += t.nbytes;
+        if (holds(t.name) && (in_memory_ || quant::repack_supported(t.type, t.ne[0])))
+            total += t.nbytes;
     const uint64_t avail = available_memory().bytes;
     // Reading the file fills the page cache too, but the kernel can drop
     // that; the copies themselves must fit.
@@ -117,6 +154,11 @@ backend::Weight TensorSource::matrix(const std::string& name, std::initializer_l
     w.slices = t.ne[2];
     w.row_bytes = quant::row_size(t.type, t.ne[0]);
     w.slice_bytes = w.row_bytes * size_t(t.ne[1]);
+    if (!holds(name)) {
+        w.data = t.data;  // never read here: another process holds it
+        bytes_skipped_ += t.nbytes;
+        return w;
+    }
     bytes_used_ += t.nbytes;
     if (repack_ && layout == Layout::Products && quant::repack_supported(w.type, w.cols) &&
         w.rows >= quant::repack_rows(w.type)) {
@@ -140,11 +182,15 @@ const float* TensorSource::vector_any_shape(const std::string& name, int64_t n) 
     if (t.nelements() != n)
         throw Error(where() + ": tensor " + name + " has shape " + t.shape_string() +
                     ", expected " + std::to_string(n) + " values");
-    bytes_used_ += t.nbytes;
-    if (t.type == quant::Type::F32) return reinterpret_cast<const float*>(place(t));
-    if (t.type != quant::Type::F16 && t.type != quant::Type::BF16)
+    if (t.type != quant::Type::F32 && t.type != quant::Type::F16 && t.type != quant::Type::BF16)
         throw Error(where() + ": tensor " + name + " has type " + quant::name(t.type) +
                     ", expected F32, F16 or BF16");
+    if (!holds(name)) {
+        bytes_skipped_ += t.nbytes;
+        return nullptr;
+    }
+    bytes_used_ += t.nbytes;
+    if (t.type == quant::Type::F32) return reinterpret_cast<const float*>(place(t));
     converted_.emplace_back(size_t(n));
     quant::dequantize_row(t.type, t.data, converted_.back().data(), n);
     return converted_.back().data();

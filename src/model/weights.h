@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "core/thread_pool.h"
+#include "model/model.h"
 
 namespace glm5::gguf {
 class File;
@@ -21,6 +22,23 @@ struct TensorInfo;
 }  // namespace glm5::gguf
 
 namespace glm5::model {
+
+// A LayerRange resolved against a trunk of n_layer layers: which tensors this
+// process holds. Layers at or past n_layer (the NextN block) go with the head.
+struct HeldLayers {
+    int64_t first = 0, end = 0;
+    bool head = true;
+    int64_t n_layer = 0;
+    bool holds_layer(int64_t il) const { return il >= n_layer ? head : il >= first && il < end; }
+    // "blk.N.*" by its layer; the token embedding for the first layer's holder
+    // and the head's (tied output, NextN); every other tensor with the head.
+    bool holds(const std::string& tensor) const;
+    bool whole() const { return first == 0 && end == n_layer && head; }
+};
+// Throws, naming the file, on a range outside the trunk.
+HeldLayers resolve_layers(const LayerRange& r, int64_t n_layer, const std::string& path);
+// Fills ModelInfo's layer_first / layer_end / holds_head.
+void describe_layers(ModelInfo& info, const HeldLayers& h);
 
 class TensorSource {
   public:
@@ -31,8 +49,11 @@ class TensorSource {
     // are repacked into anonymous memory unless asked for as Layout::Plain;
     // refused like in_memory when they cannot fit, unless repack_if_fits,
     // which then repacks nothing and says why in repack_skipped().
+    // held: the tensors this process reads (a layer split); the others are
+    // checked like any (presence, shape, type) but never read, copied or
+    // repacked: their matrices point into the mapping and vectors are null.
     explicit TensorSource(const gguf::File& f, bool in_memory = false, bool repack = false,
-                          bool repack_if_fits = false);
+                          bool repack_if_fits = false, HeldLayers held = {});
     ~TensorSource();
     TensorSource(const TensorSource&) = delete;
     TensorSource& operator=(const TensorSource&) = delete;
@@ -60,6 +81,9 @@ class TensorSource {
     uint64_t bytes_copied() const { return bytes_copied_; }
     // Bytes served from the file mapping as they are (file-backed pages).
     uint64_t bytes_mapped() const { return bytes_mapped_; }
+    // Bytes of the tensors checked but not held (other processes' layers).
+    uint64_t bytes_skipped() const { return bytes_skipped_; }
+    bool holds(const std::string& name) const { return whole_ || held_.holds(name); }
     const std::string& repack_skipped() const { return repack_skipped_; }
 
   private:
@@ -77,6 +101,9 @@ class TensorSource {
     uint64_t bytes_repacked_ = 0;
     uint64_t bytes_copied_ = 0;
     uint64_t bytes_mapped_ = 0;
+    uint64_t bytes_skipped_ = 0;
+    HeldLayers held_;
+    bool whole_ = true;
     bool in_memory_ = false;
     bool repack_ = false;
     std::string repack_skipped_;
