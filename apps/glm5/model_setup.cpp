@@ -1,5 +1,7 @@
 #include "model_setup.h"
 
+#include "split_setup.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -21,15 +23,18 @@ namespace {
 // Reads every tensor's pages into memory once, with a progress bar on a
 // terminal: the weights stay file-backed, but the first token does not pay
 // for the disk, and a big model's load is visible.
-void load_pages(const gguf::File& f) {
+void load_pages(const gguf::File& f, const model::HeldLayers& held) {
     uint64_t total = 0;
-    for (const auto& t : f.tensors()) total += t.nbytes;
+    for (const auto& t : f.tensors())
+        if (held.n_layer == 0 || held.holds(t.name)) total += t.nbytes;
     const bool bar = isatty(2) && total > (uint64_t(64) << 20);
     const long page = sysconf(_SC_PAGESIZE);
     uint64_t done = 0;
     int shown = -1;
     volatile uint8_t sink = 0;
     for (const auto& t : f.tensors()) {
+        // A layer split: other processes' layers are never touched here.
+        if (held.n_layer != 0 && !held.holds(t.name)) continue;
         const uintptr_t b = uintptr_t(t.data) & ~uintptr_t(page - 1);
         ::madvise(reinterpret_cast<void*>(b), size_t(uintptr_t(t.data) + t.nbytes - b),
                   MADV_WILLNEED);
@@ -46,6 +51,10 @@ void load_pages(const gguf::File& f) {
 }
 
 }  // namespace
+
+void load_weight_pages(const gguf::File& f, const model::HeldLayers& held) {
+    load_pages(f, held);
+}
 
 void add_model_flags(Args& a, bool model_required) {
     a.option("model", "FILE", model_required ? "" : "(embedded tiny model)",
@@ -73,6 +82,12 @@ void add_model_flags(Args& a, bool model_required) {
            "AVX-512 VNNI GEMM (same results, faster; needs RAM for those weights, and is skipped "
            "when they would not fit)",
            true);
+    a.option("layer-split", "N", "1",
+             "run the model as N processes of whole layers each (start them with mpirun -np N; "
+             "rank 0 does all input and output)");
+    a.option("rank-timeout", "S", "120",
+             "with --layer-split: seconds a rank may take for its part of one step before the "
+             "job is ended, naming it");
 }
 
 backend::CacheType cache_type_from(const Args& a) {
@@ -107,10 +122,15 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     bo.n_threads = int(a.get_int("threads", 1, 1024));
 
     LoadedModel m;
-    m.file = gguf::File::open(path);
-    load_pages(*m.file);
-    m.backend = backend::make_cpu_backend(bo);
-    m.model = model::load_model(*m.file, *m.backend, lo);
+    const int parts = int(a.get_int("layer-split", 1, 4096));
+    if (parts > 1 || (dist_launch() && launched_ranks() > 1)) {
+        m = open_split_model(a, path, lo, bo, parts);
+    } else {
+        m.file = gguf::File::open(path);
+        load_pages(*m.file, {});
+        m.backend = backend::make_cpu_backend(bo);
+        m.model = model::load_model(*m.file, *m.backend, lo);
+    }
     const model::ModelInfo& info = m.model->info();
     if (sp.type == runtime::DraftType::Mtp && !m.model->can_draft())
         throw Error("--spec-type mtp: " +
@@ -213,11 +233,12 @@ int64_t requested_context(const Args& a) {
 }  // namespace
 
 ContextChoice plan_context(const Args& a, const model::Model& m, const ContextRequest& r) {
-    const MemoryAvailable avail = available_memory();
+    MemoryAvailable avail = available_memory();
+    uint64_t process = rss_anon_bytes();
+    split_memory(m, avail, process);  // a layer split: the tightest rank's
     const std::string rf = a.get("mem-reserve");
     const uint64_t reserve =
         runtime::default_reserve(avail, rf == "auto" ? -1 : int64_t(parse_size(rf, "mem-reserve")));
-    const uint64_t process = rss_anon_bytes();
     const int64_t trained = m.info().n_ctx_train;
     const int64_t limit = std::min<int64_t>(trained > 0 ? trained : 4096, int64_t(1) << 24);
     runtime::PlanRequest pr;

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/memory_plan.h"
 
@@ -36,6 +37,10 @@ backend::CacheType cache_type_from(const Args& a);
 // Opens the model named by the flags (or `path` when given), printing the
 // load banner to stderr.
 LoadedModel open_model(const Args& a, const std::string& path = "");
+
+// Touches the pages of the tensors `held` names (all with a default
+// HeldLayers) once, with a progress bar on a terminal.
+void load_weight_pages(const gguf::File& f, const model::HeldLayers& held);
 
 // "512", "64K", "512M", "2G" (powers of 1024) -> bytes; UsageError naming --flag.
 size_t parse_size(const std::string& s, const std::string& flag);

@@ -241,27 +241,36 @@ Glm5NextModel::WorkWidths Glm5NextModel::work_widths() const {
     return w;
 }
 
-StateCost Glm5NextModel::state_cost() const {
+StateCost Glm5NextModel::layer_cost(int64_t il) const {
     const Glm5NextHParams& h = hp_;
     const size_t es = backend::cache_elem_size(cache_type_);
+    const Layer& L = layers_[size_t(il)];
     StateCost c;
     c.pool = std::max<int64_t>(1, h.idx_pool);
-    size_t kda = 0;
-    for (int64_t il = held_.first; il < held_.end; ++il) {
-        const Layer& L = layers_[size_t(il)];
-        if (h.is_mla[size_t(il)]) {
-            c.per_token += size_t(h.kv_lora) * es;
-            if (L.indexer) {
-                c.per_token += size_t(h.idx_dim + L.idx_gate_width) * es;
-                c.per_pool += size_t(h.idx_dim) * es;
-            }
-        } else {
-            const size_t di = size_t(h.n_head[size_t(il)] * h.kda_dim);
-            kda += (3 * size_t(h.conv_k - 1) * di + di * size_t(h.kda_dim)) * sizeof(float);
+    if (h.is_mla[size_t(il)]) {
+        c.per_token = size_t(h.kv_lora) * es;
+        if (L.indexer) {
+            c.per_token += size_t(h.idx_dim + L.idx_gate_width) * es;
+            c.per_pool = size_t(h.idx_dim) * es;
         }
+    } else {
+        const size_t di = size_t(h.n_head[size_t(il)] * h.kda_dim);
+        c.snapshot = (3 * size_t(h.conv_k - 1) * di + di * size_t(h.kda_dim)) * sizeof(float);
+        c.fixed = 2 * c.snapshot;  // current and next (double-buffered)
     }
-    c.fixed = 2 * kda;  // current and next (double-buffered)
-    c.snapshot = kda;
+    return c;
+}
+
+StateCost Glm5NextModel::state_cost() const {
+    StateCost c;
+    c.pool = std::max<int64_t>(1, hp_.idx_pool);
+    for (int64_t il = held_.first; il < held_.end; ++il) {
+        const StateCost l = layer_cost(il);
+        c.per_token += l.per_token;
+        c.per_pool += l.per_pool;
+        c.fixed += l.fixed;
+        c.snapshot += l.snapshot;
+    }
     return c;
 }
 

@@ -195,7 +195,7 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
       cache_type_(opt.cache_type),
       dense_attention_(opt.dense_attention),
       file_(f),
-      held_(resolve_layers(opt.layers, hp_.n_layer, f.path())),
+      held_(resolve_layers(opt, hp_.n_layer, f.path())),
       tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);

@@ -149,12 +149,19 @@ std::unique_ptr<SequenceState> GlmDsaModel::new_state(int64_t n_ctx, int64_t cap
                                       capacity > 0 ? capacity : n_ctx, nextn_ != nullptr);
 }
 
+StateCost GlmDsaModel::layer_cost(int64_t il) const {
+    const GlmDsaHParams& h = hp_;
+    StateCost c;
+    c.per_token = size_t(h.kv_lora + h.n_rot + (h.idx_full[size_t(il)] ? h.idx_dim : 0)) *
+                  backend::cache_elem_size(cache_type_);
+    return c;
+}
+
 StateCost GlmDsaModel::state_cost() const {
     const GlmDsaHParams& h = hp_;
     const size_t es = backend::cache_elem_size(cache_type_);
     StateCost c;
-    for (int64_t il = held_.first; il < held_.end; ++il)
-        c.per_token += size_t(h.kv_lora + h.n_rot + (h.idx_full[size_t(il)] ? h.idx_dim : 0)) * es;
+    for (int64_t il = held_.first; il < held_.end; ++il) c.per_token += layer_cost(il).per_token;
     if (nextn_) {
         c.per_token += size_t(h.kv_lora + h.n_rot) * es;
         c.per_kept_row = size_t(h.n_embd) * sizeof(float);

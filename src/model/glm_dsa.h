@@ -52,6 +52,7 @@ class GlmDsaModel final : public Model {
 
     std::unique_ptr<SequenceState> new_state(int64_t n_ctx, int64_t capacity = 0) override;
     StateCost state_cost() const override;
+    StateCost layer_cost(int64_t il) const override;
     size_t scratch_bytes(int64_t rows, int64_t logit_rows, int64_t depth) const override;
     using Model::forward;
     void forward(std::span<const SeqInput> inputs, std::vector<float>& logits,

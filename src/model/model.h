@@ -175,6 +175,9 @@ struct LoadOptions {
     // the weights from the file as they are (ModelInfo::repack_skipped says
     // why) instead of refusing. The CLI's default.
     bool repack_if_fits = false;
+    // Check every tensor but hold none (no weight is read): a model to plan
+    // with (layer costs), which cannot run.
+    bool plan_only = false;
     // Diagnostic: attend to every cached token, ignoring the sparse selection
     // (used to show that the selection really drops tokens).
     bool dense_attention = false;
@@ -193,6 +196,10 @@ class Model {
     // scratch and host buffers) of the largest forward: `rows` tokens in one
     // pass of which `logit_rows` want logits, attending `depth` cached tokens.
     virtual StateCost state_cost() const = 0;
+    // What trunk layer `il`'s caches cost a state (its share of state_cost()
+    // when held; the head's NextN rows are not in it): how a layer split
+    // balances memory.
+    virtual StateCost layer_cost(int64_t il) const = 0;
     virtual size_t scratch_bytes(int64_t rows, int64_t logit_rows, int64_t depth) const = 0;
 
     // Evaluates every sequence's tokens in one pass (weights are read once for

@@ -31,22 +31,31 @@ std::string shape_str(std::initializer_list<int64_t> ne) {
 
 }  // namespace
 
+int64_t tensor_layer(const std::string& name) {
+    if (name.rfind("blk.", 0) != 0) return -1;
+    int64_t il = 0;
+    size_t i = 4;
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && i < 4 + 9; ++i)
+        il = il * 10 + (name[i] - '0');
+    return i > 4 && i < name.size() && name[i] == '.' ? il : -1;
+}
+
 bool HeldLayers::holds(const std::string& tensor) const {
-    if (tensor.rfind("blk.", 0) == 0) {
-        int64_t il = 0;
-        size_t i = 4;
-        for (; i < tensor.size() && tensor[i] >= '0' && tensor[i] <= '9' && il < n_layer + 1000;
-             ++i)
-            il = il * 10 + (tensor[i] - '0');
-        if (i > 4 && i < tensor.size() && tensor[i] == '.') return holds_layer(il);
-    }
-    if (tensor == "token_embd.weight") return first == 0 || head;
+    const int64_t il = tensor_layer(tensor);
+    if (il >= 0) return holds_layer(il);
+    if (tensor == "token_embd.weight") return (first == 0 && end > 0) || head;
     return head;
 }
 
-HeldLayers resolve_layers(const LayerRange& r, int64_t n_layer, const std::string& path) {
+HeldLayers resolve_layers(const LoadOptions& opt, int64_t n_layer, const std::string& path) {
+    const LayerRange& r = opt.layers;
     HeldLayers h;
     h.n_layer = n_layer;
+    if (opt.plan_only) {
+        h.first = h.end = 0;
+        h.head = false;
+        return h;
+    }
     h.first = r.first;
     h.end = r.end < 0 ? n_layer : r.end;
     h.head = r.end < 0 || r.end == n_layer;

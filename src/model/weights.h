@@ -23,6 +23,9 @@ struct TensorInfo;
 
 namespace glm5::model {
 
+// N of a "blk.N.*" tensor name; -1 for any other name.
+int64_t tensor_layer(const std::string& name);
+
 // A LayerRange resolved against a trunk of n_layer layers: which tensors this
 // process holds. Layers at or past n_layer (the NextN block) go with the head.
 struct HeldLayers {
@@ -35,8 +38,9 @@ struct HeldLayers {
     bool holds(const std::string& tensor) const;
     bool whole() const { return first == 0 && end == n_layer && head; }
 };
-// Throws, naming the file, on a range outside the trunk.
-HeldLayers resolve_layers(const LayerRange& r, int64_t n_layer, const std::string& path);
+// opt.layers against the trunk (nothing at all with opt.plan_only). Throws,
+// naming the file, on a range outside the trunk.
+HeldLayers resolve_layers(const LoadOptions& opt, int64_t n_layer, const std::string& path);
 // Fills ModelInfo's layer_first / layer_end / holds_head.
 void describe_layers(ModelInfo& info, const HeldLayers& h);
 

@@ -1,0 +1,127 @@
+#include "split_setup.h"
+
+#include <cstdlib>
+
+#include "core/format.h"
+#include "core/log.h"
+#include "core/sha256.h"
+#include "model/layer_split.h"
+#include "model_setup.h"
+#ifdef GLM5_HAVE_MPI
+#include "dist/comm.h"
+#include "dist/split_model.h"
+#endif
+
+namespace glm5::app {
+
+bool dist_launch() {
+    return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+}
+
+int launched_ranks() {
+    const char* v = std::getenv("OMPI_COMM_WORLD_SIZE");
+    return v ? std::atoi(v) : 0;
+}
+
+#ifdef GLM5_HAVE_MPI
+
+namespace {
+
+// What must be the same on every rank: the file's size and its header (every
+// metadata value and tensor record), hashed.
+std::string file_identity(const gguf::File& f) {
+    std::string h = std::to_string(f.total_file_bytes()) + "/" + std::to_string(f.n_shards());
+    for (const auto& [k, v] : f.metadata()) h += "\n" + k + "=" + v.to_display(size_t(-1));
+    for (const auto& t : f.tensors())
+        h += "\n" + t.name + ":" + std::to_string(int(t.type)) + ":" + t.shape_string() + "@" +
+             std::to_string(t.offset);
+    return std::to_string(f.total_file_bytes()) + " bytes, header " +
+           to_hex(sha256(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(h.data()),
+                                                  h.size())))
+               .substr(0, 16);
+}
+
+}  // namespace
+
+LoadedModel open_split_model(const Args& a, const std::string& path, model::LoadOptions lo,
+                             const backend::BackendOptions& bo, int parts) {
+    const int world = launched_ranks();
+    if (!dist_launch())
+        throw UsageError("--layer-split " + std::to_string(parts) +
+                         " runs one process per part: start it with mpirun -np " +
+                         std::to_string(parts) + " glm5 ...");
+    if (world != parts)
+        throw UsageError("mpirun started " + std::to_string(world) +
+                         " processes but --layer-split is " + std::to_string(parts) +
+                         ": they must be equal (mpirun -np N glm5 ... --layer-split N)");
+    dist::Comm& comm = dist::Comm::init(a.get_double("rank-timeout", 1, 86400));
+    const int rank = comm.rank();
+
+    LoadedModel m;
+    std::string err;
+    try {
+        m.file = gguf::File::open(path);
+    } catch (const Error& e) {
+        err = e.what();
+    }
+    dist::agree(comm, err, "opening the model");
+    dist::agree_identity(comm, file_identity(*m.file), "model file (size and header)");
+
+    m.backend = backend::make_cpu_backend(bo);
+    model::SplitPlan plan;
+    try {
+        const int64_t ctx = a.is_set("ctx-size") ? a.get_int("ctx-size", 0, int64_t(1) << 24) : 0;
+        plan = model::split_layers(*m.file, *m.backend, lo, parts, ctx > 0 ? ctx : 4096);
+    } catch (const Error& e) {
+        err = e.what();
+    }
+    dist::agree(comm, err, "splitting the layers");
+    lo.layers = plan.parts[size_t(rank)].range;
+    try {
+        model::LoadOptions probe = lo;
+        probe.plan_only = false;
+        load_weight_pages(*m.file, model::resolve_layers(probe, plan.n_layer, path));
+        m.model = model::load_model(*m.file, *m.backend, lo);
+    } catch (const Error& e) {
+        err = e.what();
+    }
+    dist::agree(comm, err, "loading");
+
+    const model::ModelInfo& info = m.model->info();
+    const MemoryAvailable avail = available_memory();
+    const uint64_t process = rss_anon_bytes();
+    log_info(
+        "glm5: rank %d/%d: %s; caches %s per token; %s of weights read by other ranks; "
+        "%s available here\n",
+        rank, parts, plan.describe(size_t(rank)).c_str(),
+        human_bytes(double(m.model->state_cost().per_token)).c_str(),
+        human_bytes(double(info.skipped_bytes)).c_str(),
+        avail.bytes ? human_bytes(double(avail.bytes)).c_str() : "unknown");
+    const auto ranks =
+        dist::exchange_rank_info(comm, dist::describe_rank(*m.model, avail.bytes, process));
+    if (rank != 0) std::exit(dist::serve_rank(comm, *m.model));
+    m.model = std::make_unique<dist::SplitModel>(comm, std::move(m.model), ranks);
+    return m;
+}
+
+void split_memory(const model::Model& m, MemoryAvailable& avail, uint64_t& process) {
+    if (auto* s = dynamic_cast<const dist::SplitModel*>(&m)) {
+        avail = {};
+        process = 0;
+        s->worst_memory(avail, process);
+    }
+}
+
+#else
+
+LoadedModel open_split_model(const Args&, const std::string&, model::LoadOptions,
+                             const backend::BackendOptions&, int parts) {
+    throw UsageError("--layer-split " + std::to_string(parts) +
+                     ": this glm5 was built without MPI (install libopenmpi-dev and rebuild)");
+}
+
+void split_memory(const model::Model&, MemoryAvailable&, uint64_t&) {}
+
+#endif
+
+}  // namespace glm5::app

@@ -1,0 +1,31 @@
+// A layer split across MPI ranks (--layer-split N under mpirun): opening the
+// part of the model this rank holds, and the memory the plan must meet.
+#pragma once
+
+#include <string>
+
+#include "args.h"
+#include "backend/backend.h"
+#include "core/memory.h"
+#include "model/model.h"
+
+namespace glm5::app {
+
+struct LoadedModel;
+
+// Whether mpirun started this process, and with how many ranks.
+bool dist_launch();
+int launched_ranks();
+
+// Every rank: checks the launch (ranks = parts, the same file everywhere),
+// cuts the layers, loads this rank's and agrees with the others on each step
+// (a refusal on any rank is reported on every rank: exit code 2). Ranks other
+// than 0 then serve rank 0 and exit; rank 0 gets a model that drives them.
+LoadedModel open_split_model(const Args& a, const std::string& path, model::LoadOptions lo,
+                             const backend::BackendOptions& bo, int parts);
+
+// With a split model: the smallest available memory and the largest process
+// size of any rank (the plan is made for the tightest rank).
+void split_memory(const model::Model& m, MemoryAvailable& avail, uint64_t& process);
+
+}  // namespace glm5::app

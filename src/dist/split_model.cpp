@@ -1,0 +1,606 @@
+#include "dist/split_model.h"
+
+#include <algorithm>
+
+#include "core/log.h"
+
+namespace glm5::dist {
+
+namespace {
+
+// Message tags.
+constexpr int kCmd = 11;     // rank 0 -> every other rank: the next command
+constexpr int kHidden = 12;  // rank r -> r + 1: the residual rows leaving r's layers
+constexpr int kDone = 13;    // rank r -> 0: how r's part of a command went
+constexpr int kSetup = 14;   // before the model exists: verdicts, identities, RankInfo
+
+// Commands.
+enum Op : uint8_t {
+    kNewState = 1,
+    kDropState,
+    kReset,
+    kRewind,
+    kResize,
+    kSnapshot,
+    kRestore,
+    kDropSnap,
+    kForward,
+    kCommit,
+    kDraft,
+    kStats,
+    kShutdown,
+};
+
+void put_info(Wire& w, const RankInfo& r) {
+    w.put(r.layer_first).put(r.layer_end).put(uint8_t(r.head)).put(uint8_t(r.can_draft));
+    w.put(r.weight_bytes).put(r.mapped_bytes).put(r.copied_bytes).put(r.skipped_bytes);
+    w.put(r.cost).put(r.available).put(r.process);
+}
+
+RankInfo get_info(Wire& w) {
+    RankInfo r;
+    r.layer_first = w.get<int64_t>();
+    r.layer_end = w.get<int64_t>();
+    r.head = w.get<uint8_t>() != 0;
+    r.can_draft = w.get<uint8_t>() != 0;
+    r.weight_bytes = w.get<uint64_t>();
+    r.mapped_bytes = w.get<uint64_t>();
+    r.copied_bytes = w.get<uint64_t>();
+    r.skipped_bytes = w.get<uint64_t>();
+    r.cost = w.get<model::StateCost>();
+    r.available = w.get<uint64_t>();
+    r.process = w.get<uint64_t>();
+    return r;
+}
+
+void put_stats(Wire& w, const CommStats& s) {
+    w.put(s);
+}
+
+// A rank's reply: ok, or the reason it failed.
+Wire reply(const std::string& error) {
+    Wire w;
+    w.put(uint8_t(error.empty() ? 1 : 0));
+    if (!error.empty()) w.put_string(error);
+    return w;
+}
+
+// Reads a reply's status; returns the error ("" when ok).
+std::string status_of(Wire& w) {
+    return w.get<uint8_t>() ? std::string() : w.get_string();
+}
+
+// A deadline that ends the job: the rank that missed it is named and every
+// rank stops, since a layer split cannot go on without one of its parts.
+[[noreturn]] void lost_rank(Comm& comm, const RankError& e) {
+    log_info("glm5: rank %d: %s; ending the job\n", e.rank(), e.what());
+    comm.abort(3);
+}
+
+class SplitSnapshot;
+
+class SplitState final : public model::SequenceState {
+  public:
+    SplitState(SplitModel& m, uint64_t id, std::unique_ptr<model::SequenceState> local)
+        : m_(m), id_(id), local_(std::move(local)) {}
+    ~SplitState() override { m_.state_op(kDropState, id_, 0, 0, false); }
+
+    int64_t n_past() const override { return local_->n_past(); }
+    int64_t n_ctx() const override { return local_->n_ctx(); }
+    void reset() override {
+        local_->reset();
+        m_.state_op(kReset, id_, 0, 0, false);
+    }
+    bool rewind(int64_t n) override {
+        if (!local_->rewind(n)) return false;
+        m_.state_op(kRewind, id_, n, 0, false);
+        return true;
+    }
+    std::unique_ptr<model::StateSnapshot> snapshot() const override;
+    void restore(const model::StateSnapshot& s) override;
+    bool can_rewind(int64_t n) const override { return local_->can_rewind(n); }
+    size_t memory_bytes() const override { return local_->memory_bytes(); }
+    int64_t capacity() const override { return local_->capacity(); }
+    void resize(int64_t rows) override {
+        local_->resize(rows);
+        m_.state_op(kResize, id_, rows, 0, true);
+    }
+
+    uint64_t id() const { return id_; }
+    model::SequenceState& local() const { return *local_; }
+
+  private:
+    SplitModel& m_;
+    uint64_t id_;
+    std::unique_ptr<model::SequenceState> local_;
+    friend class SplitSnapshot;
+};
+
+class SplitSnapshot final : public model::StateSnapshot {
+  public:
+    SplitSnapshot(SplitModel& m, uint64_t id, const SplitState* owner,
+                  std::unique_ptr<model::StateSnapshot> local)
+        : m_(m), id_(id), owner_(owner), local_(std::move(local)) {}
+    ~SplitSnapshot() override { m_.state_op(kDropSnap, id_, 0, 0, false); }
+    int64_t n_past() const override { return local_->n_past(); }
+
+    SplitModel& m_;
+    uint64_t id_;
+    const SplitState* owner_;
+    std::unique_ptr<model::StateSnapshot> local_;
+};
+
+uint64_t g_next_snapshot = uint64_t(1) << 62;  // ids apart from the states'
+
+std::unique_ptr<model::StateSnapshot> SplitState::snapshot() const {
+    auto local = local_->snapshot();
+    const uint64_t sid = g_next_snapshot++;
+    m_.state_op(kSnapshot, id_, int64_t(sid), 0, true);
+    return std::make_unique<SplitSnapshot>(m_, sid, this, std::move(local));
+}
+
+void SplitState::restore(const model::StateSnapshot& s) {
+    auto* snap = dynamic_cast<const SplitSnapshot*>(&s);
+    if (!snap || snap->owner_ != this) throw Error("restore: snapshot of another sequence");
+    local_->restore(*snap->local_);
+    m_.state_op(kRestore, id_, int64_t(snap->id_), 0, false);
+}
+
+}  // namespace
+
+RankInfo describe_rank(const model::Model& m, uint64_t available, uint64_t process) {
+    const model::ModelInfo& i = m.info();
+    RankInfo r;
+    r.layer_first = i.layer_first;
+    r.layer_end = i.layer_end;
+    r.head = i.holds_head;
+    r.can_draft = m.can_draft();
+    r.weight_bytes = i.weight_bytes;
+    r.mapped_bytes = i.mapped_bytes;
+    r.copied_bytes = i.copied_bytes;
+    r.skipped_bytes = i.skipped_bytes;
+    r.cost = m.state_cost();
+    r.available = available;
+    r.process = process;
+    return r;
+}
+
+// ---- rank 0
+
+SplitModel::SplitModel(Comm& comm, std::unique_ptr<model::Model> local, std::vector<RankInfo> ranks)
+    : Model(&local->backend()), comm_(comm), local_(std::move(local)), ranks_(std::move(ranks)) {
+    info_ = local_->info();
+    info_.layer_first = 0;
+    info_.layer_end = info_.n_layer;
+    info_.holds_head = true;
+    info_.nextn_loaded = ranks_.back().can_draft;
+    info_.weight_bytes = info_.mapped_bytes = info_.copied_bytes = 0;
+    info_.skipped_bytes = 0;
+    for (const RankInfo& r : ranks_) {
+        info_.weight_bytes += r.weight_bytes;
+        // The plan is per rank: the largest any rank maps or copies.
+        info_.mapped_bytes = std::max(info_.mapped_bytes, r.mapped_bytes);
+        info_.copied_bytes = std::max(info_.copied_bytes, r.copied_bytes);
+    }
+}
+
+SplitModel::~SplitModel() {
+    try {
+        Wire w;
+        w.put(uint8_t(kShutdown));
+        comm_.send_all(workers(), kCmd, w.bytes());
+    } catch (const RankError& e) {
+        log_info("glm5: could not end rank %d cleanly: %s\n", e.rank(), e.what());
+    }
+}
+
+std::vector<int> SplitModel::workers() const {
+    std::vector<int> w;
+    for (int r = 1; r < comm_.size(); ++r) w.push_back(r);
+    return w;
+}
+
+model::StateCost SplitModel::state_cost() const {
+    model::StateCost c;
+    for (const RankInfo& r : ranks_) {
+        c.per_token = std::max(c.per_token, r.cost.per_token);
+        c.per_pool = std::max(c.per_pool, r.cost.per_pool);
+        c.pool = std::max(c.pool, r.cost.pool);
+        c.fixed = std::max(c.fixed, r.cost.fixed);
+        c.snapshot = std::max(c.snapshot, r.cost.snapshot);
+        c.per_kept_row = std::max(c.per_kept_row, r.cost.per_kept_row);
+    }
+    return c;
+}
+
+void SplitModel::worst_memory(MemoryAvailable& avail, uint64_t& process) const {
+    for (const RankInfo& r : ranks_) {
+        if (r.available && (avail.bytes == 0 || r.available < avail.bytes)) {
+            avail.bytes = r.available;
+            avail.source = "the smallest of the ranks'";
+        }
+        process = std::max(process, r.process);
+    }
+}
+
+void SplitModel::wait_acks(const char* what) {
+    std::string first;
+    for (int r = 1; r < comm_.size(); ++r) {
+        Wire w(comm_.recv(r, kDone, comm_.timeout()));
+        const std::string e = status_of(w);
+        if (!e.empty() && first.empty()) first = "rank " + std::to_string(r) + ": " + e;
+    }
+    if (!first.empty()) throw Error(std::string(what) + " failed on " + first);
+}
+
+void SplitModel::state_op(uint8_t op, uint64_t id, int64_t a, int64_t b, bool ack) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    Wire w;
+    w.put(op).put(id).put(a).put(b);
+    try {
+        comm_.send_all(workers(), kCmd, w.bytes());
+        if (ack)
+            wait_acks(op == kNewState ? "a new sequence"
+                      : op == kResize ? "resizing a sequence"
+                                      : "a snapshot");
+    } catch (const RankError& e) {
+        lost_rank(comm_, e);
+    }
+}
+
+std::unique_ptr<model::SequenceState> SplitModel::new_state(int64_t n_ctx, int64_t capacity) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    auto local = local_->new_state(n_ctx, capacity);
+    const uint64_t id = next_id_++;
+    state_op(kNewState, id, n_ctx, capacity, true);
+    return std::make_unique<SplitState>(*this, id, std::move(local));
+}
+
+void SplitModel::forward(std::span<const model::SeqInput> inputs, std::vector<float>& logits,
+                         const model::LayerSpan& span) {
+    if (span.first != 0 || span.end >= 0 || !span.commit)
+        throw Error("a model split across ranks runs whole forwards only");
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    std::vector<model::SeqInput> local(inputs.begin(), inputs.end());
+    Wire cmd;
+    cmd.put(uint8_t(kForward)).put(uint32_t(inputs.size()));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        const auto* st = dynamic_cast<const SplitState*>(inputs[i].state);
+        if (!st) throw Error("layer split: sequence state of another model");
+        local[i].state = &st->local();
+        const model::SeqInput& in = inputs[i];
+        cmd.put(st->id())
+            .put(uint8_t((in.all_logits ? 1 : 0) | (in.logits ? 2 : 0)))
+            .put(in.logits_from)
+            .put_span(in.tokens);
+    }
+    try {
+        comm_.send_all(workers(), kCmd, cmd.bytes());
+        // This rank's layers, uncommitted until every rank has succeeded.
+        std::vector<float> hidden, unused;
+        std::string error;
+        try {
+            model::LayerSpan mine{0, ranks_[0].layer_end, {}, &hidden, false};
+            local_->forward(local, unused, mine);
+        } catch (const Error& e) {
+            error = e.what();
+        }
+        Wire h = reply(error);
+        if (error.empty()) h.put_span(std::span<const float>(hidden));
+        comm_.send(1, kHidden, h.bytes());
+        // Every rank reports in order (each within the deadline of the one
+        // before it); the last brings the logits.
+        const int N = comm_.size();
+        for (int r = 1; r < N; ++r) {
+            Wire w(comm_.recv(r, kDone, comm_.timeout()));
+            const std::string e = status_of(w);
+            if (!e.empty() && error.empty()) error = "rank " + std::to_string(r) + ": " + e;
+            if (e.empty() && r == N - 1) logits = w.get_vector<float>();
+        }
+        if (!error.empty()) {
+            logits.clear();
+            throw Error(error);
+        }
+        local_->commit(local);
+        std::vector<int> middle;
+        for (int r = 1; r < N - 1; ++r) middle.push_back(r);
+        if (!middle.empty()) {
+            Wire c;
+            c.put(uint8_t(kCommit));
+            comm_.send_all(middle, kCmd, c.bytes());
+        }
+    } catch (const RankError& e) {
+        lost_rank(comm_, e);
+    }
+}
+
+void SplitModel::commit(std::span<const model::SeqInput>) {
+    throw Error("a model split across ranks commits its own forwards");
+}
+
+void SplitModel::draft(std::span<model::DraftRequest> reqs) {
+    if (!can_draft()) Model::draft(reqs);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    Wire cmd;
+    cmd.put(uint8_t(kDraft)).put(uint32_t(reqs.size()));
+    for (const model::DraftRequest& r : reqs) {
+        const auto* st = dynamic_cast<const SplitState*>(r.state);
+        if (!st) throw Error("layer split: sequence state of another model");
+        cmd.put(st->id()).put(r.token).put(int32_t(r.max_tokens)).put(r.p_min);
+    }
+    try {
+        comm_.send_all(workers(), kCmd, cmd.bytes());
+        Wire w(comm_.recv(comm_.size() - 1, kDone, comm_.timeout()));
+        const std::string e = status_of(w);
+        if (!e.empty())
+            throw Error("drafting on rank " + std::to_string(comm_.size() - 1) + ": " + e);
+        for (model::DraftRequest& r : reqs) r.out = w.get_vector<int32_t>();
+    } catch (const RankError& e) {
+        lost_rank(comm_, e);
+    }
+}
+
+std::vector<CommStats> SplitModel::gather_stats() {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    std::vector<CommStats> all = {comm_.stats()};
+    Wire cmd;
+    cmd.put(uint8_t(kStats));
+    try {
+        comm_.send_all(workers(), kCmd, cmd.bytes());
+        for (int r = 1; r < comm_.size(); ++r) {
+            Wire w(comm_.recv(r, kDone, comm_.timeout()));
+            (void)status_of(w);
+            all.push_back(w.get<CommStats>());
+        }
+    } catch (const RankError& e) {
+        lost_rank(comm_, e);
+    }
+    return all;
+}
+
+// ---- every other rank
+
+int serve_rank(Comm& comm, model::Model& local) {
+    const int r = comm.rank(), N = comm.size();
+    const bool last = r == N - 1;
+    const model::ModelInfo& info = local.info();
+    std::map<uint64_t, std::unique_ptr<model::SequenceState>> states;
+    std::map<uint64_t, std::unique_ptr<model::StateSnapshot>> snaps;
+    // The last forward's inputs, for its commit (ranks before the last).
+    std::vector<std::vector<int32_t>> pending_tokens;
+    std::vector<model::SeqInput> pending;
+    // A mirrored operation that failed here: later forwards report it.
+    std::string broken;
+
+    auto state = [&](uint64_t id) -> model::SequenceState& {
+        auto it = states.find(id);
+        if (it == states.end()) throw Error("no sequence " + std::to_string(id) + " on this rank");
+        return *it->second;
+    };
+    auto ack = [&](const std::string& error) { comm.send(0, kDone, reply(error).bytes()); };
+
+    try {
+        while (true) {
+            Wire w(comm.recv(0, kCmd, 0));
+            const uint8_t op = w.get<uint8_t>();
+            if (op == kShutdown) return 0;
+            if (op == kForward) {
+                const uint32_t n = w.get<uint32_t>();
+                std::vector<std::vector<int32_t>> toks(n);
+                std::vector<model::SeqInput> in(n);
+                std::string error = broken;
+                for (uint32_t i = 0; i < n; ++i) {
+                    const uint64_t id = w.get<uint64_t>();
+                    const uint8_t flags = w.get<uint8_t>();
+                    in[i].logits_from = w.get<int64_t>();
+                    toks[i] = w.get_vector<int32_t>();
+                    in[i].all_logits = flags & 1;
+                    in[i].logits = flags & 2;
+                    in[i].tokens = toks[i];
+                    try {
+                        in[i].state = &state(id);
+                    } catch (const Error& e) {
+                        if (error.empty()) error = e.what();
+                    }
+                }
+                // The rows entering this rank's first layer.
+                Wire h(comm.recv(r - 1, kHidden, comm.timeout() * double(r + 1)));
+                const std::string before = status_of(h);
+                std::vector<float> hidden_in, hidden_out, logits;
+                if (!before.empty() && error.empty())
+                    error = "rank " + std::to_string(r - 1) + " failed";
+                if (before.empty()) hidden_in = h.get_vector<float>();
+                if (error.empty()) {
+                    try {
+                        model::LayerSpan span{info.layer_first, last ? -1 : info.layer_end,
+                                              hidden_in, &hidden_out, last};
+                        local.forward(in, logits, span);
+                    } catch (const Error& e) {
+                        error = e.what();
+                    }
+                }
+                if (!last) {
+                    Wire out = reply(error);
+                    if (error.empty()) out.put_span(std::span<const float>(hidden_out));
+                    comm.send(r + 1, kHidden, out.bytes());
+                    pending_tokens = std::move(toks);
+                    pending = error.empty() ? in : std::vector<model::SeqInput>{};
+                    for (size_t i = 0; i < pending.size(); ++i)
+                        pending[i].tokens = pending_tokens[i];
+                    ack(error);
+                } else {
+                    Wire out = reply(error);
+                    if (error.empty()) out.put_span(std::span<const float>(logits));
+                    comm.send(0, kDone, out.bytes());
+                }
+                continue;
+            }
+            if (op == kCommit) {
+                try {
+                    local.commit(pending);
+                } catch (const Error& e) {
+                    broken = std::string("commit failed: ") + e.what();
+                }
+                pending.clear();
+                continue;
+            }
+            if (op == kDraft) {
+                const uint32_t n = w.get<uint32_t>();
+                std::vector<model::DraftRequest> reqs(n);
+                std::string error;
+                for (uint32_t i = 0; i < n; ++i) {
+                    const uint64_t id = w.get<uint64_t>();
+                    reqs[i].token = w.get<int32_t>();
+                    reqs[i].max_tokens = w.get<int32_t>();
+                    reqs[i].p_min = w.get<float>();
+                    if (!last) continue;
+                    try {
+                        reqs[i].state = &state(id);
+                    } catch (const Error& e) {
+                        error = e.what();
+                    }
+                }
+                if (!last) continue;  // the head (and the NextN block) is the last rank's
+                if (error.empty()) {
+                    try {
+                        local.draft(reqs);
+                    } catch (const Error& e) {
+                        error = e.what();
+                    }
+                }
+                Wire out = reply(error);
+                if (error.empty())
+                    for (const auto& q : reqs) out.put_span(std::span<const int32_t>(q.out));
+                comm.send(0, kDone, out.bytes());
+                continue;
+            }
+            if (op == kStats) {
+                Wire out = reply("");
+                put_stats(out, comm.stats());
+                comm.send(0, kDone, out.bytes());
+                continue;
+            }
+            const uint64_t id = w.get<uint64_t>();
+            const int64_t a = w.get<int64_t>();
+            const int64_t b = w.get<int64_t>();
+            std::string error;
+            try {
+                switch (op) {
+                    case kNewState:
+                        states[id] = local.new_state(a, b);
+                        break;
+                    case kDropState:
+                        states.erase(id);
+                        break;
+                    case kReset:
+                        state(id).reset();
+                        break;
+                    case kRewind:
+                        if (!state(id).rewind(a))
+                            throw Error("cannot rewind to " + std::to_string(a));
+                        break;
+                    case kResize:
+                        state(id).resize(a);
+                        break;
+                    case kSnapshot:
+                        snaps[uint64_t(a)] = state(id).snapshot();
+                        break;
+                    case kRestore: {
+                        auto it = snaps.find(uint64_t(a));
+                        if (it == snaps.end()) throw Error("no such snapshot");
+                        state(id).restore(*it->second);
+                        break;
+                    }
+                    case kDropSnap:
+                        snaps.erase(id);
+                        break;
+                    default:
+                        throw Error("unknown command " + std::to_string(op));
+                }
+            } catch (const Error& e) {
+                error = e.what();
+            } catch (const std::bad_alloc&) {
+                error = "out of memory";
+            }
+            if (op == kNewState || op == kResize || op == kSnapshot) {
+                ack(error);
+            } else if (!error.empty() && broken.empty()) {
+                broken = error;
+                log_info("glm5: rank %d: %s\n", r, error.c_str());
+            }
+        }
+    } catch (const RankError& e) {
+        lost_rank(comm, e);
+    }
+}
+
+// ---- setup
+
+void agree(Comm& comm, const std::string& mine, const char* step) {
+    const double t = comm.timeout() * 30;  // a rank may still be loading a big file
+    try {
+        if (comm.rank() != 0) {
+            comm.send(0, kSetup, reply(mine).bytes());
+            Wire w(comm.recv(0, kSetup, t));
+            const std::string verdict = status_of(w);
+            if (!verdict.empty()) throw Error(verdict);
+            return;
+        }
+        std::string first =
+            mine.empty() ? std::string() : std::string(step) + " failed on rank 0: " + mine;
+        for (int r = 1; r < comm.size(); ++r) {
+            Wire w(comm.recv(r, kSetup, t));
+            const std::string e = status_of(w);
+            if (!e.empty() && first.empty())
+                first = std::string(step) + " failed on rank " + std::to_string(r) + ": " + e;
+        }
+        std::vector<int> all;
+        for (int r = 1; r < comm.size(); ++r) all.push_back(r);
+        comm.send_all(all, kSetup, reply(first).bytes());
+        if (!first.empty()) throw Error(first);
+    } catch (const RankError& e) {
+        lost_rank(comm, e);
+    }
+}
+
+void agree_identity(Comm& comm, const std::string& identity, const std::string& what) {
+    std::string verdict;
+    try {
+        if (comm.rank() != 0) {
+            Wire w;
+            w.put_string(identity);
+            comm.send(0, kSetup, w.bytes());
+        } else {
+            for (int r = 1; r < comm.size(); ++r) {
+                Wire w(comm.recv(r, kSetup, comm.timeout()));
+                if (w.get_string() != identity && verdict.empty())
+                    verdict = "rank " + std::to_string(r) + "'s " + what +
+                              " differs from rank 0's (every rank must open the same file)";
+            }
+        }
+    } catch (const RankError& e) {
+        lost_rank(comm, e);
+    }
+    agree(comm, verdict, "the file check");
+}
+
+std::vector<RankInfo> exchange_rank_info(Comm& comm, const RankInfo& mine) {
+    std::vector<RankInfo> all = {mine};
+    try {
+        if (comm.rank() != 0) {
+            Wire w;
+            put_info(w, mine);
+            comm.send(0, kSetup, w.bytes());
+            return all;
+        }
+        for (int r = 1; r < comm.size(); ++r) {
+            Wire w(comm.recv(r, kSetup, comm.timeout()));
+            all.push_back(get_info(w));
+        }
+    } catch (const RankError& e) {
+        lost_rank(comm, e);
+    }
+    return all;
+}
+
+}  // namespace glm5::dist
