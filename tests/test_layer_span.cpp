@@ -3,6 +3,14 @@
 // residual rows between them, gives bitwise the logits of the whole forward,
 // for both architectures, in prefill and decode, and keeps doing so on the
 // states it leaves; a bad span is refused without touching the states.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <bit>
+#include <set>
+
+#include "model/layer_split.h"
+#include "model/weights.h"
 #include "util_model.h"
 
 using namespace glm5;
@@ -190,4 +198,143 @@ TEST(LayerSpan, PartialModelsChainedAreTheWholeModel) {
                                                   model::LayerSpan{0, cuts[1], {}, &out, false}),
                          Error);
         }
+}
+
+namespace {
+
+// Whether this process has the page at `p` mapped (/proc/self/pagemap's
+// "present" bit: a page this process touched, or one the kernel mapped around
+// such a touch).
+bool page_present(const void* p) {
+    static const int fd = ::open("/proc/self/pagemap", O_RDONLY);
+    uint64_t e = 0;
+    const off_t at = off_t(uintptr_t(p) / 4096 * 8);
+    if (fd < 0 || ::pread(fd, &e, 8, at) != 8) throw std::runtime_error("cannot read pagemap");
+    return (e >> 63) & 1;
+}
+
+}  // namespace
+
+// A part reads its own layers' pages only: after loading (copying what it
+// holds) and forwards, no
+// page of another part's tensors is mapped in this process, except within
+// the 64 KiB windows the kernel maps around a touched page (fault-around).
+TEST(LayerSplit, APartNeverTouchesOtherLayersPages) {
+    for (const char* path : {"glm-dsa/tiny.gguf", "glm5next/tiny.gguf"}) {
+        TestModel whole(data_path(path), backend::CacheType::F16, 1);
+        std::vector<int64_t> cuts;
+        const int64_t L = whole.model->info().n_layer;
+        for (int64_t c = 1; c < L && cuts.size() < 2; ++c)
+            if (whole.model->can_split_before(c)) cuts.push_back(c);
+        ASSERT_EQ(cuts.size(), 2u);
+        // --no-mmap: the part copies every tensor it holds (and only those).
+        TestModel part(data_path(path), backend::CacheType::F16, 1, false,
+                       model::LayerRange{cuts[0], cuts[1]}, /*in_memory=*/true);
+        const int64_t W = part.model->hidden_width();
+        auto st = part.model->new_state(64);
+        const auto toks = random_ids(7, 9, part.n_vocab());
+        std::vector<float> h(size_t(9 * W)), out, lg;
+        for (size_t i = 0; i < h.size(); ++i) h[i] = float(int(i % 13) - 6) * 0.1f;
+        model::SeqInput in{st.get(), toks, false, true};
+        part.model->forward({&in, 1}, lg, model::LayerSpan{cuts[0], cuts[1], h, &out, true});
+        ASSERT_EQ(st->n_past(), 9);
+
+        // The 64 KiB windows holding any byte of a held tensor.
+        const model::HeldLayers held =
+            model::resolve_layers(model::LoadOptions{.layers = {cuts[0], cuts[1]}}, L, path);
+        std::set<uintptr_t> windows;
+        size_t held_present = 0, others = 0;
+        // ... and the one holding the end of the header, which every load parses.
+        uintptr_t first_data = UINTPTR_MAX;
+        for (const auto& t : part.file->tensors())
+            first_data = std::min(first_data, uintptr_t(t.data));
+        windows.insert((first_data - 1) & ~uintptr_t(65535));
+        for (const auto& t : part.file->tensors())
+            if (held.holds(t.name))
+                for (uintptr_t a = uintptr_t(t.data) & ~uintptr_t(65535);
+                     a < uintptr_t(t.data) + t.nbytes; a += 65536)
+                    windows.insert(a);
+        for (const auto& t : part.file->tensors()) {
+            const uintptr_t b = (uintptr_t(t.data) + 4095) & ~uintptr_t(4095);
+            for (uintptr_t a = b; a + 4096 <= uintptr_t(t.data) + t.nbytes; a += 4096) {
+                if (held.holds(t.name)) {
+                    held_present += page_present(reinterpret_cast<const void*>(a));
+                    continue;
+                }
+                if (windows.count(a & ~uintptr_t(65535))) continue;
+                ++others;
+                ASSERT_FALSE(page_present(reinterpret_cast<const void*>(a)))
+                    << path << ": a page of " << t.name << " was touched, at byte "
+                    << (a - uintptr_t(t.data)) << " of " << t.nbytes;
+            }
+        }
+        EXPECT_GT(others, 50u) << path;        // the check saw other layers' pages
+        EXPECT_GT(held_present, 20u) << path;  // and can tell a touched page
+    }
+}
+
+// The cut: contiguous parts that start where a span may start, the last with
+// the head, and the largest part (weights + caches) as small as any cut makes
+// it (against every cut, tried exhaustively); more parts than the model has
+// starts are refused.
+TEST(LayerSplit, CutsAreContiguousAllowedAndBalanced) {
+    for (const char* path : {"glm-dsa/tiny.gguf", "glm5next/tiny.gguf"}) {
+        TestModel m(data_path(path), backend::CacheType::F16, 1);
+        const int64_t L = m.model->info().n_layer, tokens = 4096;
+        std::vector<uint64_t> cost(size_t(L), 0);
+        uint64_t head = 0;
+        for (const auto& t : m.file->tensors()) {
+            const int64_t il = model::tensor_layer(t.name);
+            if (il >= 0 && il < L)
+                cost[size_t(il)] += t.nbytes;
+            else if (il < 0 && t.name != "token_embd.weight")
+                head += t.nbytes;
+        }
+        for (int64_t l = 0; l < L; ++l) {
+            const model::StateCost c = m.model->layer_cost(l);
+            cost[size_t(l)] += c.fixed + c.per_token * tokens +
+                               c.per_pool * uint64_t((tokens + c.pool - 1) / c.pool);
+        }
+        std::vector<int64_t> starts;
+        for (int64_t l = 1; l < L; ++l)
+            if (m.model->can_split_before(l)) starts.push_back(l);
+        auto largest = [&](const std::vector<int64_t>& b) {  // b: 0, cuts..., L
+            uint64_t worst = 0;
+            for (size_t i = 0; i + 1 < b.size(); ++i) {
+                uint64_t s = i + 2 == b.size() ? head : 0;
+                for (int64_t l = b[i]; l < b[i + 1]; ++l) s += cost[size_t(l)];
+                worst = std::max(worst, s);
+            }
+            return worst;
+        };
+        for (int n = 1; n <= int(starts.size()) + 1; ++n) {
+            const model::SplitPlan p =
+                model::split_layers(*m.file, *m.be, model::LoadOptions{}, n, tokens);
+            ASSERT_EQ(int(p.parts.size()), n);
+            std::vector<int64_t> b = {0};
+            for (int i = 0; i < n; ++i) {
+                const model::LayerRange& r = p.parts[size_t(i)].range;
+                EXPECT_EQ(r.first, b.back()) << path;
+                if (i > 0) {
+                    EXPECT_TRUE(m.model->can_split_before(r.first)) << path;
+                }
+                EXPECT_EQ(r.end < 0, i == n - 1) << path;
+                b.push_back(r.end < 0 ? L : r.end);
+            }
+            // Every choice of n - 1 starts, by bitmask.
+            uint64_t best = UINT64_MAX;
+            for (uint32_t mask = 0; mask < (1u << starts.size()); ++mask) {
+                if (std::popcount(mask) != n - 1) continue;
+                std::vector<int64_t> c = {0};
+                for (size_t i = 0; i < starts.size(); ++i)
+                    if (mask >> i & 1) c.push_back(starts[i]);
+                c.push_back(L);
+                best = std::min(best, largest(c));
+            }
+            EXPECT_EQ(largest(b), best) << path << " in " << n << " parts";
+        }
+        EXPECT_THROW(model::split_layers(*m.file, *m.be, model::LoadOptions{},
+                                         int(starts.size()) + 2, tokens),
+                     Error);
+    }
 }

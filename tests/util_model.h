@@ -46,7 +46,8 @@ struct TestModel {
     std::unique_ptr<model::Model> model;
 
     TestModel(const std::string& path, backend::CacheType ct = backend::CacheType::F32,
-              int threads = 2, bool spec = false, model::LayerRange layers = {}) {
+              int threads = 2, bool spec = false, model::LayerRange layers = {},
+              bool in_memory = false) {
         file = gguf::File::open(path);
         backend::BackendOptions bo;
         bo.n_threads = threads;
@@ -55,6 +56,7 @@ struct TestModel {
         lo.cache_type = ct;
         lo.load_nextn = spec;
         lo.layers = layers;
+        lo.in_memory = in_memory;
         model = model::load_model(*file, *be, lo);
     }
     int64_t n_vocab() const { return model->info().n_vocab; }

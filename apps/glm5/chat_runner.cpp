@@ -1,5 +1,7 @@
 #include "chat_runner.h"
 
+#include "split_setup.h"
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -29,7 +31,8 @@ runtime::SamplerParams sampling_from_args(const Args& a) {
     const int64_t seed = a.get_int("seed", -1, INT64_MAX);
     if (seed < 0) {
         sp.seed = std::random_device{}();
-        if (sp.temperature > 0) log_info("glm5: seed %llu\n", (unsigned long long)sp.seed);
+        if (sp.temperature > 0 && launched_rank() == 0)
+            log_info("glm5: seed %llu\n", (unsigned long long)sp.seed);
     } else {
         sp.seed = uint64_t(seed);
     }

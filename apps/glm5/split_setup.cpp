@@ -23,6 +23,11 @@ int launched_ranks() {
     return v ? std::atoi(v) : 0;
 }
 
+int launched_rank() {
+    const char* v = std::getenv("OMPI_COMM_WORLD_RANK");
+    return v ? std::atoi(v) : 0;
+}
+
 #ifdef GLM5_HAVE_MPI
 
 namespace {

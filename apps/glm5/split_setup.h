@@ -16,6 +16,7 @@ struct LoadedModel;
 // Whether mpirun started this process, and with how many ranks.
 bool dist_launch();
 int launched_ranks();
+int launched_rank();  // 0 when not under mpirun: only rank 0 talks to the user
 
 // Every rank: checks the launch (ranks = parts, the same file everywhere),
 // cuts the layers, loads this rank's and agrees with the others on each step

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -149,7 +150,9 @@ std::vector<uint8_t> Comm::recv(int from, int tag, double timeout_s) {
 }
 
 void Comm::abort(int code) {
-    MPI_Abort(MPI_COMM_WORLD, code);
+    // Exiting with a non-zero code makes mpirun end every other rank (a
+    // stopped one included); MPI_Abort would try to reach the lost rank first.
+    std::fflush(stderr);
     std::_Exit(code);
 }
 

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# glm5 --layer-split under mpirun, end to end (ctest runs one case per test):
+#   layer_split.sh CASE GLM5 SOURCE_DIR
+# logits   logits of 2 and 3 ranks are bitwise those of one process (both architectures)
+# run      greedy output (plain, n-gram and NextN speculation) equals one process's
+# serve    a split server answers concurrent requests exactly as a one-process server,
+#          and a bad request gets its 4xx without harming the others
+# faults   a stopped rank ends the job, named by rank 0, within the deadline; a killed
+#          rank ends it too (mpirun names it)
+# refusals ranks that do not match --layer-split, no mpirun, an impossible split and
+#          files that differ between ranks: exit 2 with the reason on every rank
+set -uo pipefail
+case_=$1
+glm5=$2
+src=$3
+mpi="$src/scripts/mpirun-local.sh"
+data="$src/tests/data"
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  pkill -9 -f "$work" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+
+same() {  # same FILE_A FILE_B WHAT
+  cmp -s "$1" "$2" || fail "$3: outputs differ"
+  [[ -s $1 ]] || fail "$3: empty output"
+}
+
+case $case_ in
+logits)
+  for m in glm-dsa/tiny.gguf glm5next/tiny.gguf; do
+    "$glm5" logits --model "$data/$m" -t 1 --tokens 5,9,17,33,65,129,257,3,7,11 --all \
+      >"$work/one.json" 2>/dev/null || fail "$m: one process"
+    for np in 2 3; do
+      "$mpi" "$np" "$glm5" logits --model "$data/$m" --layer-split "$np" -t 1 \
+        --tokens 5,9,17,33,65,129,257,3,7,11 --all >"$work/split.json" 2>"$work/err" ||
+        { cat "$work/err"; fail "$m: $np ranks"; }
+      same "$work/one.json" "$work/split.json" "$m logits, $np ranks"
+      [[ $(grep -c "^glm5: rank [0-9]/$np: layers" "$work/err") == "$np" ]] ||
+        fail "$m: every rank's banner"
+      echo "$m: logits of $np ranks are bitwise one process's"
+    done
+  done
+  ;;
+run)
+  # (The trained default's 4 layers can be cut in 2 parts only: its layers 1
+  # and 3 reuse the indexer selection of the layer before them.)
+  for spec in "" "--spec --spec-type ngram" "--spec --spec-type mtp"; do
+    for m in "$src/models/kjv-mini.gguf" "$data/glm5next/tiny.gguf" "$data/glm-dsa/tiny.gguf"; do
+      [[ $m == *glm5next* && $spec == *mtp* ]] && continue
+      args=(run --model "$m" -t 1 --tokens 1,2,3,4,5,6 --print-ids -n 48 --temp 0 --ignore-eos $spec)
+      "$glm5" "${args[@]}" >"$work/one.txt" 2>/dev/null || fail "$m $spec: one process"
+      nps="2 3"
+      [[ $m == *kjv* ]] && nps=2
+      for np in $nps; do
+        "$mpi" "$np" "$glm5" "${args[@]}" --layer-split "$np" >"$work/split.txt" 2>"$work/err" ||
+          { cat "$work/err"; fail "$m $spec: $np ranks"; }
+        same "$work/one.txt" "$work/split.txt" "$(basename "$m") ${spec:-plain}, $np ranks"
+        [[ $m == *kjv* && $spec == *mtp* ]] && cp "$work/err" "$work/kjv-mtp.err"
+      done
+      echo "$m ${spec:-plain}: greedy output of $nps ranks equals one process's"
+    done
+  done
+  grep -q "accepted [1-9]" "$work/kjv-mtp.err" ||
+    fail "the NextN drafts were never accepted under the split"
+  ;;
+serve)
+  start() {  # start NAME CMD... : waits for the listening line, sets $port
+    "${@:2}" --port 0 >"$work/$1.out" 2>"$work/$1.err" &
+    pids+=($!)
+    for _ in $(seq 1 300); do
+      port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/$1.err" | head -1)
+      [[ -n $port ]] && return 0
+      sleep 0.1
+    done
+    cat "$work/$1.err"
+    fail "$1 did not start"
+  }
+  m="$src/models/kjv-mini.gguf"
+  start one "$glm5" serve --model "$m" -t 1 --parallel 3 --ctx-size 512
+  p1=$port
+  start split "$mpi" 2 "$glm5" serve --model "$m" -t 1 --parallel 3 --ctx-size 512 --layer-split 2
+  p2=$port
+  ask() {  # ask PORT PROMPT OUT
+    curl -s -m 60 "http://127.0.0.1:$1/v1/completions" -H 'content-type: application/json' \
+      -d "{\"prompt\": \"$2\", \"max_tokens\": 32, \"temperature\": 0}" |
+      sed -n 's/.*"text":"\([^"]*\)".*/\1/p' >"$3"
+  }
+  prompts=("In the beginning" "And the LORD said" "Blessed are the" "And it came to pass")
+  for port in $p1 $p2; do
+    i=0
+    for p in "${prompts[@]}"; do
+      ask "$port" "$p" "$work/reply.$port.$i" &
+      i=$((i + 1))
+    done
+    # A malformed request in the middle of them.
+    code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/completions" \
+      -H 'content-type: application/json' -d '{"prompt": 5, "max_tokens": "x"}')
+    [[ $code == 400 ]] || fail "a malformed request got $code on port $port"
+    wait $(jobs -p | grep -v -e "${pids[0]}" -e "${pids[1]}") 2>/dev/null
+  done
+  for i in 0 1 2 3; do
+    same "$work/reply.$p1.$i" "$work/reply.$p2.$i" "reply to '${prompts[$i]}'"
+  done
+  echo "4 concurrent completions from a 2-rank server equal the one-process server's"
+  ;;
+faults)
+  victim_pid() {  # victim_pid RANK: the pid of that rank of our job
+    for p in $(pgrep -f -- "--model $work/m.gguf"); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo "$p"
+    done
+  }
+  cp "$data/glm-dsa/tiny.gguf" "$work/m.gguf"
+  for sig in STOP KILL; do
+    victim=$([[ $sig == STOP ]] && echo 1 || echo 2)
+    "$mpi" 3 "$glm5" run --model "$work/m.gguf" --layer-split 3 -t 1 --tokens 1,2,3 \
+      --print-ids -n 200000 --ctx-size 262144 --ignore-eos --rank-timeout 3 \
+      >"$work/f.out" 2>"$work/f.err" &
+    job=$!
+    pid=""
+    for _ in $(seq 1 100); do
+      pid=$(victim_pid "$victim")
+      [[ -n $pid ]] && grep -q "^glm5: context" "$work/f.err" && break
+      sleep 0.1
+    done
+    [[ -n $pid ]] || fail "rank $victim of the job not found"
+    sleep 1  # decoding by now
+    kill -"$sig" "$pid"
+    t0=$(date +%s%N)
+    for _ in $(seq 1 200); do
+      kill -0 "$job" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -0 "$job" 2>/dev/null && { kill -9 "$pid"; fail "SIG$sig: the job still runs 20 s later"; }
+    wait "$job"
+    rc=$?
+    took=$((($(date +%s%N) - t0) / 1000000))
+    [[ $rc != 0 ]] || fail "SIG$sig: the job exited 0"
+    if [[ $sig == STOP ]]; then
+      grep -q "rank $victim: .*within 3 s (--rank-timeout)" "$work/f.err" ||
+        { cat "$work/f.err"; fail "rank 0 did not name the stopped rank"; }
+      kill -9 "$pid" 2>/dev/null
+    else
+      grep -q "rank $victim .*exited on signal 9" "$work/f.err" ||
+        { cat "$work/f.err"; fail "the killed rank was not named"; }
+    fi
+    echo "SIG$sig to rank $victim: the job ended with exit code $rc $took ms later, naming the rank"
+  done
+  ;;
+refusals)
+  m="$data/glm-dsa/tiny.gguf"
+  "$mpi" 2 "$glm5" logits --model "$m" --layer-split 3 --tokens 1 >/dev/null 2>"$work/err"
+  [[ $? != 0 ]] || fail "2 ranks with --layer-split 3 ran"
+  [[ $(grep -c "mpirun started 2 processes but --layer-split is 3" "$work/err") == 2 ]] ||
+    { cat "$work/err"; fail "the rank count mismatch was not reported by both ranks"; }
+  "$mpi" 2 "$glm5" logits --model "$m" --tokens 1 >/dev/null 2>"$work/err"
+  [[ $? != 0 ]] || fail "2 ranks without --layer-split ran"
+  "$glm5" logits --model "$m" --layer-split 2 --tokens 1 >/dev/null 2>"$work/err"
+  [[ $? == 2 ]] && grep -q "mpirun -np 2" "$work/err" || fail "--layer-split 2 without mpirun"
+  "$mpi" 3 "$glm5" logits --model "$data/glm-dsa/small.gguf" --layer-split 3 --tokens 1 \
+    >/dev/null 2>"$work/err"
+  [[ $? != 0 ]] || fail "an impossible split ran"
+  [[ $(grep -c "can be cut in at most 2 parts" "$work/err") == 3 ]] ||
+    { cat "$work/err"; fail "the impossible split was not reported by every rank"; }
+  # The same file but for one metadata byte (the model's name) on rank 1.
+  cp "$m" "$work/a.gguf"
+  sed 's/random test fixture (tiny)/random test fixture (tinY)/' "$m" >"$work/b.gguf"
+  cmp -s "$work/a.gguf" "$work/b.gguf" && fail "the second file is not different"
+  mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,tcp \
+    --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+    -np 1 "$glm5" logits --model "$work/a.gguf" --layer-split 2 --tokens 1 : \
+    -np 1 "$glm5" logits --model "$work/b.gguf" --layer-split 2 --tokens 1 >/dev/null 2>"$work/err"
+  [[ $? != 0 ]] || fail "different files ran"
+  [[ $(grep -c "rank 1's model file (size and header) differs from rank 0's" "$work/err") == 2 ]] ||
+    { cat "$work/err"; fail "different files were not reported by both ranks"; }
+  echo "every refusal reported on every rank"
+  ;;
+*)
+  fail "unknown case $case_"
+  ;;
+esac
+echo PASS
