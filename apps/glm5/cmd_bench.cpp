@@ -21,6 +21,7 @@
 #include "core/thread_pool.h"
 #include "model_setup.h"
 #include "runtime/engine.h"
+#include "split_setup.h"
 
 namespace glm5::app {
 
@@ -180,6 +181,7 @@ int cmd_bench(int argc, char** argv) {
     };
     // n_seq sequences decoding a forced random continuation together, one
     // token each per forward; returns aggregate tokens/s.
+    double last_tg_tokens = 0;  // of the last decode measured (the layer split's table)
     auto run_tg = [&](int64_t n_seq, uint64_t seed, double* bytes_per_token) {
         engine.drop_retained();
         std::vector<uint64_t> seeds;
@@ -195,12 +197,14 @@ int cmd_bench(int argc, char** argv) {
             p.max_tokens = n_gen;
             ps.push_back(std::move(p));
         }
+        split_reset_counters(model);
         be.reset_counters();
         const auto t0 = std::chrono::steady_clock::now();
         wait_all(engine.submit_group(std::move(ps)));
         const double tps = double(n_gen * n_seq) / seconds_since(t0);
         if (bytes_per_token)
             *bytes_per_token = double(be.counters().weight_bytes) / double(n_gen * n_seq);
+        last_tg_tokens = double(n_gen * n_seq);
         return tps;
     };
     // With --spec: greedy decoding from one fixed prompt, plainly and with
@@ -245,7 +249,9 @@ int cmd_bench(int argc, char** argv) {
     // tens of percent from minute to minute.
     std::unique_ptr<ThreadPool> bw_pool;
     std::unique_ptr<ReadBandwidth> bw;
-    if (n_gen > 0 && a.get_flag("roofline")) {
+    // (A split model's roofline is per rank: the rank table below gives each
+    // rank's bytes.)
+    if (n_gen > 0 && a.get_flag("roofline") && !is_split(model)) {
         bw_pool = std::make_unique<ThreadPool>(be.n_threads());
         bw = std::make_unique<ReadBandwidth>(*bw_pool, size_t(bw_bytes));
     }
@@ -301,7 +307,7 @@ int cmd_bench(int argc, char** argv) {
         const auto [lo, hi] = std::minmax_element(gbs.begin(), gbs.end());
         std::snprintf(
             buf, sizeof(buf),
-            "\ndecode roofline: %.1f MB of weights read per token (counted by the kernels); "
+            "\ndecode roofline: %.2f MB of weights read per token (counted by the kernels); "
             "read bandwidth %.1f GB/s (median; %.1f-%.1f over %zu measurements, one after each "
             "repetition; %s buffer, %d threads)\n"
             "roofline %.2f t/s; reached %.2f t/s = %.1f GB/s; %.1f%% of the roofline (median of "
@@ -338,6 +344,7 @@ int cmd_bench(int argc, char** argv) {
             out += buf;
         }
     }
+    if (!tg.empty()) out += split_rank_table(model, last_tg_tokens);
     if (!greedy.empty()) {
         std::snprintf(buf, sizeof(buf),
                       "\nspeculative: %.2fx the greedy tokens/s (medians); %s; the output is %s "

@@ -1,5 +1,6 @@
 #include "split_setup.h"
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "core/format.h"
@@ -117,7 +118,46 @@ void split_memory(const model::Model& m, MemoryAvailable& avail, uint64_t& proce
     }
 }
 
+bool is_split(const model::Model& m) {
+    return dynamic_cast<const dist::SplitModel*>(&m) != nullptr;
+}
+
+void split_reset_counters(model::Model& m) {
+    if (auto* s = dynamic_cast<dist::SplitModel*>(&m)) s->counters(true);
+}
+
+std::string split_rank_table(model::Model& m, double tokens) {
+    auto* s = dynamic_cast<dist::SplitModel*>(&m);
+    if (!s || tokens <= 0) return "";
+    const auto all = s->counters(false);
+    std::string out =
+        "\nlayer split, per rank and decoded token (exchanges: messages sent and received; rank 0 waits for the others' work too):\n"
+        "| rank | layers | weights read | exchanged | messages | waiting on exchanges |\n"
+        "| ---: | --- | ---: | ---: | ---: | ---: |\n";
+    for (size_t r = 0; r < all.size(); ++r) {
+        const dist::RankInfo& ri = s->ranks()[r];
+        const dist::CommStats& c = all[r].comm;
+        char buf[512];
+        std::snprintf(
+            buf, sizeof(buf), "| %zu | %lld-%lld%s | %s | %s | %.1f | %.3f ms |\n", r,
+            (long long)ri.layer_first, (long long)ri.layer_end - 1, ri.head ? " + head" : "",
+            human_bytes(double(all[r].weight_bytes) / tokens).c_str(),
+            human_bytes(double(c.bytes_sent + c.bytes_received) / tokens).c_str(),
+            double(c.messages_sent + c.messages_received) / tokens, 1e3 * c.seconds / tokens);
+        out += buf;
+    }
+    return out;
+}
+
 #else
+
+void split_reset_counters(model::Model&) {}
+bool is_split(const model::Model&) {
+    return false;
+}
+std::string split_rank_table(model::Model&, double) {
+    return "";
+}
 
 LoadedModel open_split_model(const Args&, const std::string&, model::LoadOptions,
                              const backend::BackendOptions&, int parts) {

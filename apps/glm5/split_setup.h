@@ -29,4 +29,11 @@ LoadedModel open_split_model(const Args& a, const std::string& path, model::Load
 // size of any rank (the plan is made for the tightest rank).
 void split_memory(const model::Model& m, MemoryAvailable& avail, uint64_t& process);
 
+// With a split model: zeroes every rank's counters, and after a measured run
+// of `tokens` tokens, the table of what each rank read and exchanged per
+// token (bench). Nothing for a model in one process.
+void split_reset_counters(model::Model& m);
+bool is_split(const model::Model& m);
+std::string split_rank_table(model::Model& m, double tokens);
+
 }  // namespace glm5::app

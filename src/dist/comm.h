@@ -59,6 +59,7 @@ class Comm {
     [[noreturn]] void abort(int code);
 
     const CommStats& stats() const { return stats_; }
+    void reset_stats() { stats_ = {}; }
 
   private:
     Comm() = default;

@@ -340,20 +340,29 @@ void SplitModel::draft(std::span<model::DraftRequest> reqs) {
     }
 }
 
-std::vector<CommStats> SplitModel::gather_stats() {
+std::vector<SplitModel::RankCounters> SplitModel::counters(bool reset) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    std::vector<CommStats> all = {comm_.stats()};
+    std::vector<RankCounters> all(1);
+    all[0].comm = comm_.stats();
+    all[0].weight_bytes = local_->backend().counters().weight_bytes;
     Wire cmd;
-    cmd.put(uint8_t(kStats));
+    cmd.put(uint8_t(kStats)).put(uint8_t(reset));
     try {
         comm_.send_all(workers(), kCmd, cmd.bytes());
         for (int r = 1; r < comm_.size(); ++r) {
             Wire w(comm_.recv(r, kDone, comm_.timeout()));
             (void)status_of(w);
-            all.push_back(w.get<CommStats>());
+            RankCounters c;
+            c.comm = w.get<CommStats>();
+            c.weight_bytes = w.get<uint64_t>();
+            all.push_back(c);
         }
     } catch (const RankError& e) {
         lost_rank(comm_, e);
+    }
+    if (reset) {
+        comm_.reset_stats();
+        local_->backend().reset_counters();
     }
     return all;
 }
@@ -475,9 +484,15 @@ int serve_rank(Comm& comm, model::Model& local) {
                 continue;
             }
             if (op == kStats) {
+                const bool reset = w.get<uint8_t>() != 0;
                 Wire out = reply("");
                 put_stats(out, comm.stats());
+                out.put(uint64_t(local.backend().counters().weight_bytes));
                 comm.send(0, kDone, out.bytes());
+                if (reset) {
+                    comm.reset_stats();
+                    local.backend().reset_counters();
+                }
                 continue;
             }
             const uint64_t id = w.get<uint64_t>();

@@ -62,8 +62,13 @@ class SplitModel final : public model::Model {
     // The smallest available memory and the largest process size of any rank.
     void worst_memory(MemoryAvailable& avail, uint64_t& process) const;
     const std::vector<RankInfo>& ranks() const { return ranks_; }
-    // Every rank's exchange counters (rank 0's own first).
-    std::vector<CommStats> gather_stats();
+    // Every rank's counters since the last reset (rank 0's own first): its
+    // exchanges and the weight bytes its kernels read.
+    struct RankCounters {
+        CommStats comm;
+        uint64_t weight_bytes = 0;
+    };
+    std::vector<RankCounters> counters(bool reset);
 
     // (SplitState and SplitSnapshot call these.)
     void state_op(uint8_t op, uint64_t id, int64_t a, int64_t b, bool ack);

@@ -7,6 +7,8 @@
 #          and a bad request gets its 4xx without harming the others
 # faults   a stopped rank ends the job, named by rank 0, within the deadline; a killed
 #          rank ends it too (mpirun names it)
+# bench    each rank reports the weight bytes it reads per token; together they are the
+#          bytes one process reads (the cut shares the layers, nobody reads another's)
 # refusals ranks that do not match --layer-split, no mpirun, an impossible split and
 #          files that differ between ranks: exit 2 with the reason on every rank
 set -uo pipefail
@@ -153,6 +155,23 @@ faults)
     fi
     echo "SIG$sig to rank $victim: the job ended with exit code $rc $took ms later, naming the rank"
   done
+  ;;
+bench)
+  m="$data/glm-dsa/tiny.gguf"
+  "$glm5" bench --model "$m" -t 1 -p 0 -n 16 -r 1 >"$work/one.txt" 2>/dev/null || fail "bench"
+  one=$(sed -n 's/^decode roofline: \([0-9.]*\) MB of weights.*/\1/p' "$work/one.txt")
+  [[ -n $one ]] || { cat "$work/one.txt"; fail "no bytes per token from one process"; }
+  "$mpi" 3 "$glm5" bench --model "$m" --layer-split 3 -t 1 -p 0 -n 16 -r 1 >"$work/split.txt" \
+    2>"$work/err" || { cat "$work/err"; fail "bench on 3 ranks"; }
+  # "| 1 | 1-2 | 560.00 KiB | ..." -> bytes read per token, per rank.
+  sum=$(awk -F'|' '/^\| [0-9] \| [0-9]/ {
+      split($4, v, " "); m = v[2] == "MiB" ? 1048576 : v[2] == "KiB" ? 1024 : 1;
+      if (v[1] * m <= 0) bad = 1; s += v[1] * m; n++ }
+      END { if (n != 3 || bad) print "bad"; else printf "%.4f", s / 1e6 }' "$work/split.txt")
+  [[ $sum != bad && -n $sum ]] || { cat "$work/split.txt"; fail "the rank table"; }
+  awk -v a="$one" -v b="$sum" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02 * a) }' ||
+    fail "the ranks read $sum MB per token together, one process $one MB"
+  echo "3 ranks read $sum MB of weights per token together; one process reads $one MB"
   ;;
 refusals)
   m="$data/glm-dsa/tiny.gguf"
