@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake clang libclang-rt-14-dev googletest libgtest-dev libbenchmark-dev
       nlohmann-json3-dev libcpp-httplib-dev libpng-dev libjpeg62-turbo-dev nodejs npm curl
-      tmux expect wamerican openmpi-bin libopenmpi-dev procps)
+      tmux expect wamerican openmpi-bin libopenmpi-dev procps iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   # NodeSource's nodejs package bundles npm and conflicts with Debian's npm.

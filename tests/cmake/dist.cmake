@@ -4,7 +4,7 @@ if(NOT GLM5_DIST_LIB)
   message(FATAL_ERROR "Open MPI is required for the layer-split tests (scripts/deps.sh installs "
                       "openmpi-bin and libopenmpi-dev)")
 endif()
-foreach(case logits run serve faults bench refusals)
+foreach(case logits run serve faults bench hosts refusals)
   add_test(NAME dist_layer_split_${case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/dist/layer_split.sh ${case}
                    $<TARGET_FILE:glm5> ${PROJECT_SOURCE_DIR})

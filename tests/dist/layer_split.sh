@@ -9,6 +9,10 @@
 #          rank ends it too (mpirun names it)
 # bench    each rank reports the weight bytes it reads per token; together they are the
 #          bytes one process reads (the cut shares the layers, nobody reads another's)
+# hosts    two ranks as two hosts: network namespaces joined by a veth pair (198.18.0.1
+#          and .2, the benchmarking range), `ip netns exec` as mpirun's launch agent, MPI's
+#          TCP transport on those addresses only; logits and greedy output equal one
+#          process's (needs root: CI runs as root)
 # refusals ranks that do not match --layer-split, no mpirun, an impossible split and
 #          files that differ between ranks: exit 2 with the reason on every rank
 set -uo pipefail
@@ -172,6 +176,51 @@ bench)
   awk -v a="$one" -v b="$sum" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02 * a) }' ||
     fail "the ranks read $sum MB per token together, one process $one MB"
   echo "3 ranks read $sum MB of weights per token together; one process reads $one MB"
+  ;;
+hosts)
+  [[ $(id -u) == 0 ]] || fail "the two-host test makes network namespaces: run it as root"
+  ns_a="glm5a$$" ns_b="glm5b$$"
+  teardown() { ip netns del "$ns_a" 2>/dev/null; ip netns del "$ns_b" 2>/dev/null; cleanup; }
+  trap teardown EXIT
+  ip netns add "$ns_a" && ip netns add "$ns_b" &&
+    ip link add "va$$" type veth peer name "vb$$" &&
+    ip link set "va$$" netns "$ns_a" && ip link set "vb$$" netns "$ns_b" &&
+    ip -n "$ns_a" addr add 198.18.0.1/30 dev "va$$" &&
+    ip -n "$ns_b" addr add 198.18.0.2/30 dev "vb$$" &&
+    ip -n "$ns_a" link set lo up && ip -n "$ns_b" link set lo up &&
+    ip -n "$ns_a" link set "va$$" up && ip -n "$ns_b" link set "vb$$" up ||
+    fail "cannot make the network namespaces"
+  # mpirun runs in host A and starts host B's daemon through this agent.
+  cat >"$work/agent.sh" <<AGENT
+#!/bin/bash
+echo "\$*" >>"$work/agent.log"
+[[ \$1 == 198.18.0.2 ]] || { echo "unknown host \$1" >&2; exit 1; }
+shift
+exec ip netns exec "$ns_b" sh -c "\$*"
+AGENT
+  chmod +x "$work/agent.sh"
+  two_hosts() {
+    ip netns exec "$ns_a" mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+      --host 198.18.0.1,198.18.0.2 --mca plm_rsh_agent "$work/agent.sh" \
+      --mca btl self,tcp --mca btl_tcp_if_include 198.18.0.0/15 \
+      --mca oob_tcp_if_include 198.18.0.0/15 --mca mpi_yield_when_idle 1 "$glm5" "$@"
+  }
+  m="$src/models/kjv-mini.gguf"
+  "$glm5" logits --model "$m" -t 1 --tokens 5,9,17,33,65 --all >"$work/one.json" 2>/dev/null
+  two_hosts logits --model "$m" --layer-split 2 -t 1 --tokens 5,9,17,33,65 --all \
+    >"$work/split.json" 2>"$work/err" || { cat "$work/err"; fail "logits on two hosts"; }
+  same "$work/one.json" "$work/split.json" "logits on two hosts"
+  args=(run --model "$m" -t 1 --tokens 1,2,3 --print-ids -n 32 --temp 0 --ignore-eos --spec)
+  "$glm5" "${args[@]}" >"$work/one.txt" 2>/dev/null
+  two_hosts "${args[@]}" --layer-split 2 >"$work/split.txt" 2>"$work/err" ||
+    { cat "$work/err"; fail "run on two hosts"; }
+  same "$work/one.txt" "$work/split.txt" "greedy NextN decoding on two hosts"
+  grep -q "^glm5: rank 1/2: layers" "$work/err" || fail "rank 1 did not run"
+  grep -q "orted" "$work/agent.log" || fail "host B's daemon was not started by the agent"
+  # The daemons' contact addresses: the namespaces' only.
+  uris=$(grep -o 'tcp://[0-9.]*' "$work/agent.log" | sort -u | tr '\n' ' ')
+  [[ -n $uris && $uris =~ ^(tcp://198\.18\.0\.[12] )+$ ]] || fail "contact addresses: $uris"
+  echo "two ranks on two namespace hosts ($uris) give one process's logits and output"
   ;;
 refusals)
   m="$data/glm-dsa/tiny.gguf"
