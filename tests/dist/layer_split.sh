@@ -116,6 +116,18 @@ serve)
     same "$work/reply.$p1.$i" "$work/reply.$p2.$i" "reply to '${prompts[$i]}'"
   done
   echo "4 concurrent completions from a 2-rank server equal the one-process server's"
+  # Prefix reuse: an earlier prompt and its reply, continued, adopt the
+  # retained sequence (rewound on every rank) and still answer the same.
+  long="${prompts[1]}$(cat "$work/reply.$p1.1")"
+  for port in $p1 $p2; do
+    curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'content-type: application/json' \
+      -d "{\"prompt\": \"$long\", \"max_tokens\": 24, \"temperature\": 0}" >"$work/long.$port"
+  done
+  grep -q '"cached_tokens":[1-9]' "$work/long.$p2" || { cat "$work/long.$p2"; fail "no prefix reuse"; }
+  t1=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$work/long.$p1")
+  t2=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$work/long.$p2")
+  [[ -n $t1 && $t1 == "$t2" ]] || fail "a reply after prefix reuse differs: '$t1' / '$t2'"
+  echo "a prompt extending an earlier one reuses its prefix on every rank and answers the same"
   ;;
 faults)
   victim_pid() {  # victim_pid RANK: the pid of that rank of our job
