@@ -1,6 +1,7 @@
 #include "dist/split_model.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/log.h"
 
@@ -130,7 +131,7 @@ class SplitSnapshot final : public model::StateSnapshot {
     std::unique_ptr<model::StateSnapshot> local_;
 };
 
-uint64_t g_next_snapshot = uint64_t(1) << 62;  // ids apart from the states'
+std::atomic<uint64_t> g_next_snapshot{uint64_t(1) << 62};  // ids apart from the states'
 
 std::unique_ptr<model::StateSnapshot> SplitState::snapshot() const {
     auto local = local_->snapshot();
@@ -252,7 +253,12 @@ std::unique_ptr<model::SequenceState> SplitModel::new_state(int64_t n_ctx, int64
     std::lock_guard<std::recursive_mutex> lock(mu_);
     auto local = local_->new_state(n_ctx, capacity);
     const uint64_t id = next_id_++;
-    state_op(kNewState, id, n_ctx, capacity, true);
+    try {
+        state_op(kNewState, id, n_ctx, capacity, true);
+    } catch (const Error&) {
+        state_op(kDropState, id, 0, 0, false);  // the ranks that made it drop it
+        throw;
+    }
     return std::make_unique<SplitState>(*this, id, std::move(local));
 }
 
@@ -282,7 +288,7 @@ void SplitModel::forward(std::span<const model::SeqInput> inputs, std::vector<fl
         try {
             model::LayerSpan mine{0, ranks_[0].layer_end, {}, &hidden, false};
             local_->forward(local, unused, mine);
-        } catch (const Error& e) {
+        } catch (const std::exception& e) {
             error = e.what();
         }
         Wire h = reply(error);
@@ -408,7 +414,7 @@ int serve_rank(Comm& comm, model::Model& local) {
                     in[i].tokens = toks[i];
                     try {
                         in[i].state = &state(id);
-                    } catch (const Error& e) {
+                    } catch (const std::exception& e) {
                         if (error.empty()) error = e.what();
                     }
                 }
@@ -424,7 +430,7 @@ int serve_rank(Comm& comm, model::Model& local) {
                         model::LayerSpan span{info.layer_first, last ? -1 : info.layer_end,
                                               hidden_in, &hidden_out, last};
                         local.forward(in, logits, span);
-                    } catch (const Error& e) {
+                    } catch (const std::exception& e) {
                         error = e.what();
                     }
                 }
@@ -447,7 +453,7 @@ int serve_rank(Comm& comm, model::Model& local) {
             if (op == kCommit) {
                 try {
                     local.commit(pending);
-                } catch (const Error& e) {
+                } catch (const std::exception& e) {
                     broken = std::string("commit failed: ") + e.what();
                 }
                 pending.clear();
@@ -465,7 +471,7 @@ int serve_rank(Comm& comm, model::Model& local) {
                     if (!last) continue;
                     try {
                         reqs[i].state = &state(id);
-                    } catch (const Error& e) {
+                    } catch (const std::exception& e) {
                         error = e.what();
                     }
                 }
@@ -473,7 +479,7 @@ int serve_rank(Comm& comm, model::Model& local) {
                 if (error.empty()) {
                     try {
                         local.draft(reqs);
-                    } catch (const Error& e) {
+                    } catch (const std::exception& e) {
                         error = e.what();
                     }
                 }
@@ -532,10 +538,8 @@ int serve_rank(Comm& comm, model::Model& local) {
                     default:
                         throw Error("unknown command " + std::to_string(op));
                 }
-            } catch (const Error& e) {
+            } catch (const std::exception& e) {
                 error = e.what();
-            } catch (const std::bad_alloc&) {
-                error = "out of memory";
             }
             if (op == kNewState || op == kResize || op == kSnapshot) {
                 ack(error);
