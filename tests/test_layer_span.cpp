@@ -128,9 +128,9 @@ TEST(LayerSpan, BadSpansAreRefusedWithoutTouchingTheStates) {
 }
 
 // Processes that each load only their layers (LoadOptions::layers), chained
-// the way a layer split across ranks runs them: every part but the last runs
-// uncommitted and commits once the last has produced the logits. Bitwise the
-// whole model; each part's caches are its own layers' only.
+// the way a layer split across ranks runs them: every part runs uncommitted
+// and commits once the last has produced the logits. Bitwise the whole model;
+// each part's caches are its own layers' only.
 TEST(LayerSpan, PartialModelsChainedAreTheWholeModel) {
     for (const char* path : {"glm-dsa/tiny.gguf", "glm5next/tiny.gguf"})
         for (bool spec : {false, true}) {
@@ -169,16 +169,15 @@ TEST(LayerSpan, PartialModelsChainedAreTheWholeModel) {
                 std::vector<float> a, b, h, next;
                 whole.model->forward(step(ws, toks), a);
                 for (int p = 0; p < 3; ++p) {
-                    model::LayerSpan s{bounds[p], bounds[p + 1], h, &next, p == 2};
+                    model::LayerSpan s{bounds[p], bounds[p + 1], h, &next, false};
                     const auto in = step(ps[size_t(p)], toks);
                     parts[size_t(p)]->model->forward(in, b, s);
-                    if (p < 2) {  // uncommitted until the last part succeeds
-                        EXPECT_EQ(ps[size_t(p)][0]->n_past(),
-                                  ws[0]->n_past() - int64_t(toks[0].size()));
-                    }
+                    // Uncommitted until every part has succeeded (the head's too).
+                    EXPECT_EQ(ps[size_t(p)][0]->n_past(),
+                              ws[0]->n_past() - int64_t(toks[0].size()));
                     h.swap(next);
                 }
-                for (int p = 0; p < 2; ++p)
+                for (int p = 0; p < 3; ++p)
                     parts[size_t(p)]->model->commit(step(ps[size_t(p)], toks));
                 ASSERT_EQ(a.size(), b.size());
                 for (size_t k = 0; k < a.size(); ++k)

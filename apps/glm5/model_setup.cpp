@@ -85,6 +85,10 @@ void add_model_flags(Args& a, bool model_required) {
     a.option("layer-split", "N", "1",
              "run the model as N processes of whole layers each (start them with mpirun -np N; "
              "rank 0 does all input and output)");
+    a.option("layer-split-batches", "M", "0",
+             "with --layer-split: cut each step's sequences into up to M micro-batches that "
+             "follow each other through the ranks, so that the ranks work at the same time "
+             "(0: as many as ranks; 1: one batch, the ranks take turns)");
     a.option("rank-timeout", "S", "120",
              "with --layer-split: seconds a rank may take for its part of one step before the "
              "job is ended, naming it");

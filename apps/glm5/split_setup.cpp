@@ -106,7 +106,9 @@ LoadedModel open_split_model(const Args& a, const std::string& path, model::Load
     const auto ranks =
         dist::exchange_rank_info(comm, dist::describe_rank(*m.model, avail.bytes, process));
     if (rank != 0) std::exit(dist::serve_rank(comm, *m.model));
-    m.model = std::make_unique<dist::SplitModel>(comm, std::move(m.model), ranks);
+    const int batches = int(a.get_int("layer-split-batches", 0, 1024));
+    m.model = std::make_unique<dist::SplitModel>(comm, std::move(m.model), ranks,
+                                                 batches > 0 ? batches : parts);
     return m;
 }
 
@@ -131,7 +133,8 @@ std::string split_rank_table(model::Model& m, double tokens) {
     if (!s || tokens <= 0) return "";
     const auto all = s->counters(false);
     std::string out =
-        "\nlayer split, per rank and decoded token (exchanges: messages sent and received; rank 0 waits for the others' work too):\n"
+        "\nlayer split, per rank and decoded token (exchanges: messages sent and received; rank 0 "
+        "waits for the others' work too):\n"
         "| rank | layers | weights read | exchanged | messages | waiting on exchanges |\n"
         "| ---: | --- | ---: | ---: | ---: | ---: |\n";
     for (size_t r = 0; r < all.size(); ++r) {

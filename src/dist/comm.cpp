@@ -116,6 +116,54 @@ void Comm::send_all(const std::vector<int>& to, int tag, std::span<const uint8_t
     stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+struct Comm::Outgoing {
+    MPI_Request req = MPI_REQUEST_NULL;
+    std::vector<uint8_t> data;
+    int to = 0;
+};
+
+void Comm::isend(int to, int tag, std::vector<uint8_t> data) {
+    if (data.size() > size_t(INT_MAX))
+        throw Error("a message between ranks is over 2 GiB (" + std::to_string(data.size()) +
+                    " bytes)");
+    auto o = std::make_unique<Outgoing>();
+    o->data = std::move(data);
+    o->to = to;
+    const int rc =
+        MPI_Isend(o->data.data(), int(o->data.size()), MPI_BYTE, to, tag, MPI_COMM_WORLD, &o->req);
+    if (rc != MPI_SUCCESS)
+        throw RankError(to, "rank " + std::to_string(rank_) + " cannot send to rank " +
+                                std::to_string(to) + ": " + mpi_error(rc));
+    stats_.bytes_sent += o->data.size();
+    ++stats_.messages_sent;
+    outgoing_.push_back(std::move(o));
+}
+
+void Comm::flush() {
+    const auto t0 = Clock::now();
+    const auto deadline =
+        t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_));
+    for (auto& o : outgoing_) {
+        int rc = MPI_SUCCESS;
+        const bool ok = poll_until(
+            [&] {
+                int flag = 0;
+                rc = MPI_Test(&o->req, &flag, MPI_STATUS_IGNORE);
+                return flag || rc != MPI_SUCCESS;
+            },
+            deadline, false);
+        if (rc != MPI_SUCCESS)
+            throw RankError(
+                o->to, "rank " + std::to_string(o->to) + " cannot be reached: " + mpi_error(rc));
+        if (!ok)
+            throw RankError(o->to, "rank " + std::to_string(o->to) + " took no message within " +
+                                       std::to_string(int(timeout_)) +
+                                       " s (--rank-timeout): stopped, hung or gone");
+    }
+    outgoing_.clear();
+    stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 std::vector<uint8_t> Comm::recv(int from, int tag, double timeout_s) {
     const auto t0 = Clock::now();
     MPI_Status st;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -51,6 +52,11 @@ class Comm {
     // timeout. Several destinations: all sends are in flight at once.
     void send(int to, int tag, std::span<const uint8_t> data);
     void send_all(const std::vector<int>& to, int tag, std::span<const uint8_t> data);
+    // Starts sending `data` without waiting for it to be taken (messages to
+    // one rank with one tag arrive in the order sent); flush() waits, within
+    // the timeout, for every send started.
+    void isend(int to, int tag, std::vector<uint8_t> data);
+    void flush();
     // The next message from `from` with `tag`; waits at most timeout_s
     // seconds (<= 0: for ever), then throws RankError.
     std::vector<uint8_t> recv(int from, int tag, double timeout_s);
@@ -63,6 +69,8 @@ class Comm {
 
   private:
     Comm() = default;
+    struct Outgoing;
+    std::vector<std::unique_ptr<Outgoing>> outgoing_;
     int rank_ = 0, size_ = 1;
     double timeout_ = 120;
     CommStats stats_;

@@ -78,6 +78,30 @@ std::string status_of(Wire& w) {
     comm.abort(3);
 }
 
+// Where each micro-batch of a forward's inputs ends: up to `m` contiguous
+// groups of sequences with about equal token counts (a token's logits do not
+// depend on its batch, so the cut changes no bit).
+std::vector<uint32_t> micro_batches(std::span<const model::SeqInput> inputs, int m) {
+    size_t total = 0, seqs = 0;
+    for (const auto& in : inputs) {
+        total += in.tokens.size();
+        seqs += !in.tokens.empty();
+    }
+    const size_t k = std::max<size_t>(1, std::min<size_t>(size_t(std::max(m, 1)), seqs));
+    std::vector<uint32_t> ends;
+    size_t done = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        done += inputs[i].tokens.size();
+        // Close a group once it holds its share, leaving a sequence for each
+        // group still to come.
+        if (ends.size() + 1 < k && !inputs[i].tokens.empty() &&
+            done * k >= total * (ends.size() + 1))
+            ends.push_back(uint32_t(i + 1));
+    }
+    ends.push_back(uint32_t(inputs.size()));
+    return ends;
+}
+
 class SplitSnapshot;
 
 class SplitState final : public model::SequenceState {
@@ -168,8 +192,13 @@ RankInfo describe_rank(const model::Model& m, uint64_t available, uint64_t proce
 
 // ---- rank 0
 
-SplitModel::SplitModel(Comm& comm, std::unique_ptr<model::Model> local, std::vector<RankInfo> ranks)
-    : Model(&local->backend()), comm_(comm), local_(std::move(local)), ranks_(std::move(ranks)) {
+SplitModel::SplitModel(Comm& comm, std::unique_ptr<model::Model> local, std::vector<RankInfo> ranks,
+                       int micro_batches)
+    : Model(&local->backend()),
+      comm_(comm),
+      local_(std::move(local)),
+      ranks_(std::move(ranks)),
+      micro_batches_(std::max(1, micro_batches)) {
     info_ = local_->info();
     info_.layer_first = 0;
     info_.layer_end = info_.n_layer;
@@ -268,6 +297,7 @@ void SplitModel::forward(std::span<const model::SeqInput> inputs, std::vector<fl
         throw Error("a model split across ranks runs whole forwards only");
     std::lock_guard<std::recursive_mutex> lock(mu_);
     std::vector<model::SeqInput> local(inputs.begin(), inputs.end());
+    const std::vector<uint32_t> ends = micro_batches(inputs, micro_batches_);
     Wire cmd;
     cmd.put(uint8_t(kForward)).put(uint32_t(inputs.size()));
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -280,41 +310,53 @@ void SplitModel::forward(std::span<const model::SeqInput> inputs, std::vector<fl
             .put(in.logits_from)
             .put_span(in.tokens);
     }
+    cmd.put_span(std::span<const uint32_t>(ends));
     try {
         comm_.send_all(workers(), kCmd, cmd.bytes());
-        // This rank's layers, uncommitted until every rank has succeeded.
-        std::vector<float> hidden, unused;
+        // This rank's layers for each micro-batch in turn, uncommitted until
+        // every rank has succeeded; rank 1 starts on a micro-batch as soon as
+        // it has been sent, while this rank goes on with the next.
         std::string error;
-        try {
-            model::LayerSpan mine{0, ranks_[0].layer_end, {}, &hidden, false};
-            local_->forward(local, unused, mine);
-        } catch (const std::exception& e) {
-            error = e.what();
+        uint32_t begin = 0;
+        for (uint32_t end : ends) {
+            std::vector<float> hidden, unused;
+            if (error.empty()) {
+                try {
+                    model::LayerSpan mine{0, ranks_[0].layer_end, {}, &hidden, false};
+                    local_->forward(std::span(local).subspan(begin, end - begin), unused, mine);
+                } catch (const std::exception& e) {
+                    error = e.what();
+                }
+            }
+            Wire h = reply(error);
+            if (error.empty()) h.put_span(std::span<const float>(hidden));
+            comm_.isend(1, kHidden, h.bytes());
+            begin = end;
         }
-        Wire h = reply(error);
-        if (error.empty()) h.put_span(std::span<const float>(hidden));
-        comm_.send(1, kHidden, h.bytes());
-        // Every rank reports in order (each within the deadline of the one
-        // before it); the last brings the logits.
+        // Every rank reports each micro-batch (each within the deadline of
+        // the report before it, so a rank that stops is the one named); the
+        // last brings the logits.
         const int N = comm_.size();
-        for (int r = 1; r < N; ++r) {
-            Wire w(comm_.recv(r, kDone, comm_.timeout()));
-            const std::string e = status_of(w);
-            if (!e.empty() && error.empty()) error = "rank " + std::to_string(r) + ": " + e;
-            if (e.empty() && r == N - 1) logits = w.get_vector<float>();
-        }
+        logits.clear();
+        for (size_t mb = 0; mb < ends.size(); ++mb)
+            for (int r = 1; r < N; ++r) {
+                Wire w(comm_.recv(r, kDone, comm_.timeout()));
+                const std::string e = status_of(w);
+                if (!e.empty() && error.empty()) error = "rank " + std::to_string(r) + ": " + e;
+                if (e.empty() && r == N - 1) {
+                    const std::vector<float> part = w.get_vector<float>();
+                    logits.insert(logits.end(), part.begin(), part.end());
+                }
+            }
+        comm_.flush();
         if (!error.empty()) {
             logits.clear();
             throw Error(error);
         }
         local_->commit(local);
-        std::vector<int> middle;
-        for (int r = 1; r < N - 1; ++r) middle.push_back(r);
-        if (!middle.empty()) {
-            Wire c;
-            c.put(uint8_t(kCommit));
-            comm_.send_all(middle, kCmd, c.bytes());
-        }
+        Wire c;
+        c.put(uint8_t(kCommit));
+        comm_.send_all(workers(), kCmd, c.bytes());
     } catch (const RankError& e) {
         lost_rank(comm_, e);
     }
@@ -381,7 +423,7 @@ int serve_rank(Comm& comm, model::Model& local) {
     const model::ModelInfo& info = local.info();
     std::map<uint64_t, std::unique_ptr<model::SequenceState>> states;
     std::map<uint64_t, std::unique_ptr<model::StateSnapshot>> snaps;
-    // The last forward's inputs, for its commit (ranks before the last).
+    // The last forward's inputs, for its commit.
     std::vector<std::vector<int32_t>> pending_tokens;
     std::vector<model::SeqInput> pending;
     // A mirrored operation that failed here: later forwards report it.
@@ -418,36 +460,43 @@ int serve_rank(Comm& comm, model::Model& local) {
                         if (error.empty()) error = e.what();
                     }
                 }
-                // The rows entering this rank's first layer.
-                Wire h(comm.recv(r - 1, kHidden, comm.timeout() * double(r + 1)));
-                const std::string before = status_of(h);
-                std::vector<float> hidden_in, hidden_out, logits;
-                if (!before.empty() && error.empty())
-                    error = "rank " + std::to_string(r - 1) + " failed";
-                if (before.empty()) hidden_in = h.get_vector<float>();
-                if (error.empty()) {
-                    try {
-                        model::LayerSpan span{info.layer_first, last ? -1 : info.layer_end,
-                                              hidden_in, &hidden_out, last};
-                        local.forward(in, logits, span);
-                    } catch (const std::exception& e) {
-                        error = e.what();
+                const std::vector<uint32_t> ends = w.get_vector<uint32_t>();
+                uint32_t begin = 0;
+                for (uint32_t end : ends) {
+                    // The rows entering this rank's first layer for this
+                    // micro-batch, once the rank before has run it.
+                    Wire h(comm.recv(r - 1, kHidden, comm.timeout() * double(r + 1)));
+                    const std::string before = status_of(h);
+                    std::vector<float> hidden_in, hidden_out, logits;
+                    if (!before.empty() && error.empty())
+                        error = "rank " + std::to_string(r - 1) + " failed";
+                    if (before.empty()) hidden_in = h.get_vector<float>();
+                    if (error.empty() && (end < begin || end > n)) error = "malformed micro-batch";
+                    if (error.empty()) {
+                        try {
+                            model::LayerSpan span{info.layer_first, last ? -1 : info.layer_end,
+                                                  hidden_in, &hidden_out, false};
+                            local.forward(std::span(in).subspan(begin, end - begin), logits, span);
+                        } catch (const std::exception& e) {
+                            error = e.what();
+                        }
                     }
-                }
-                if (!last) {
                     Wire out = reply(error);
-                    if (error.empty()) out.put_span(std::span<const float>(hidden_out));
-                    comm.send(r + 1, kHidden, out.bytes());
-                    pending_tokens = std::move(toks);
-                    pending = error.empty() ? in : std::vector<model::SeqInput>{};
-                    for (size_t i = 0; i < pending.size(); ++i)
-                        pending[i].tokens = pending_tokens[i];
-                    ack(error);
-                } else {
-                    Wire out = reply(error);
-                    if (error.empty()) out.put_span(std::span<const float>(logits));
-                    comm.send(0, kDone, out.bytes());
+                    if (!last) {
+                        if (error.empty()) out.put_span(std::span<const float>(hidden_out));
+                        comm.isend(r + 1, kHidden, out.bytes());
+                        comm.isend(0, kDone, reply(error).bytes());
+                    } else {
+                        if (error.empty()) out.put_span(std::span<const float>(logits));
+                        comm.isend(0, kDone, out.bytes());
+                    }
+                    begin = end;
                 }
+                comm.flush();
+                // Committed on rank 0's word, once every rank has succeeded.
+                pending_tokens = std::move(toks);
+                pending = error.empty() ? in : std::vector<model::SeqInput>{};
+                for (size_t i = 0; i < pending.size(); ++i) pending[i].tokens = pending_tokens[i];
                 continue;
             }
             if (op == kCommit) {

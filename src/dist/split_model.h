@@ -4,10 +4,13 @@
 // serve_rank(). The engine above sees one model: every state operation is
 // mirrored on every rank, and a forward runs the ranks' spans in order, the
 // residual rows moving rank to rank, the logits coming back from the last.
+// With several sequences, a forward is cut into micro-batches of sequences
+// that follow each other through the ranks (a pipeline: rank 1 runs the first
+// while rank 0 runs the second).
 //
-// A forward commits only when every rank's span succeeded: the ranks before
-// the last run uncommitted and commit on rank 0's word, so a failed forward
-// changes no rank's state. Every wait has a deadline (Comm); a rank that
+// A forward commits only when every rank's span succeeded: every rank runs
+// uncommitted and commits on rank 0's word, so a failed forward changes no
+// rank's state. Every wait has a deadline (Comm); a rank that
 // misses one ends the job with a message naming it.
 #pragma once
 
@@ -39,7 +42,11 @@ RankInfo describe_rank(const model::Model& m, uint64_t available, uint64_t proce
 class SplitModel final : public model::Model {
   public:
     // ranks[r]: what rank r reported (ranks[0] is this process's `local`).
-    SplitModel(Comm& comm, std::unique_ptr<model::Model> local, std::vector<RankInfo> ranks);
+    // micro_batches: a forward's sequences are cut into up to this many
+    // groups that follow each other through the ranks, so that the ranks
+    // work at once (1: one batch, the ranks take turns).
+    SplitModel(Comm& comm, std::unique_ptr<model::Model> local, std::vector<RankInfo> ranks,
+               int micro_batches);
     ~SplitModel() override;  // tells the other ranks to end
 
     std::unique_ptr<model::SequenceState> new_state(int64_t n_ctx, int64_t capacity) override;
@@ -81,6 +88,7 @@ class SplitModel final : public model::Model {
     std::unique_ptr<model::Model> local_;
     std::vector<RankInfo> ranks_;
     uint64_t next_id_ = 1;
+    int micro_batches_ = 1;
     std::recursive_mutex mu_;  // one exchange at a time
 };
 

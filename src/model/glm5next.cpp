@@ -598,7 +598,8 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     // ---- LM head on the unweighted stream mean, only for the rows that want logits
     const int64_t R = int64_t(out_rows.size());
     if (R == 0) {
-        for (const auto& s : b.segs) s.state->advance(s.n);
+        if (span.commit)
+            for (const auto& s : b.segs) s.state->advance(s.n);
         return;
     }
     float* Xo = be.scratch(size_t(R * SE));
@@ -611,7 +612,8 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     logits.resize(size_t(R * h.n_vocab));
     be.read(lg, logits.data(), logits.size());
 
-    for (const auto& s : b.segs) s.state->advance(s.n);
+    if (span.commit)
+        for (const auto& s : b.segs) s.state->advance(s.n);
 }
 
 }  // namespace glm5::model

@@ -392,7 +392,8 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
         be.read(lg, logits.data(), logits.size());
     }
     if (hn) mtp_catch_up(fb, hn);
-    for (const Segment& s : fb.segs) s.state->advance(s.n);
+    if (span.commit)
+        for (const Segment& s : fb.segs) s.state->advance(s.n);
 }
 
 // Keeps the NextN block's cache in step with the trunk: the block's row at

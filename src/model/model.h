@@ -146,7 +146,8 @@ struct LayerSpan {
     std::vector<float>* hidden_out = nullptr;
     // Whether the states commit this forward (positions advance, recurrent
     // state becomes current). One process running a sequence's layers in
-    // several spans commits with the last; a span through the head always does.
+    // several spans commits with the last; a process holding only some of
+    // them runs uncommitted and calls Model::commit once every part succeeded.
     bool commit = true;
 };
 

@@ -188,6 +188,17 @@ bench)
   awk -v a="$one" -v b="$sum" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02 * a) }' ||
     fail "the ranks read $sum MB per token together, one process $one MB"
   echo "3 ranks read $sum MB of weights per token together; one process reads $one MB"
+  # Four sequences in micro-batches of two: rank 1 gets each step's rows in
+  # two messages, not one (and the output is the same: the serve case).
+  for b in 1 2; do
+    "$mpi" 2 "$glm5" bench --model "$m" --layer-split 2 --layer-split-batches $b -t 1 -p 0 \
+      -n 8 -r 1 --parallel 4 >"$work/par$b.txt" 2>/dev/null || fail "bench --parallel 4"
+  done
+  msgs() { awk -F'|' '/^\| 1 \| [0-9]/ { print $6 + 0 }' "$1"; }
+  m1=$(msgs "$work/par1.txt") m2=$(msgs "$work/par2.txt")
+  awk -v a="$m1" -v b="$m2" 'BEGIN { exit !(a > 0 && b > a) }' ||
+    fail "micro-batches: rank 1 exchanged $m2 messages a token with 2, $m1 with 1"
+  echo "micro-batches of sequences: rank 1 exchanges $m2 messages a token with 2, $m1 with 1"
   ;;
 hosts)
   [[ $(id -u) == 0 ]] || fail "the two-host test makes network namespaces: run it as root"
