@@ -344,7 +344,7 @@ int cmd_bench(int argc, char** argv) {
             out += buf;
         }
     }
-    if (!tg.empty()) out += split_rank_table(model, last_tg_tokens);
+    if (!tg.empty()) out += split_rank_table(model, last_tg_tokens, tg.back());
     if (!greedy.empty()) {
         std::snprintf(buf, sizeof(buf),
                       "\nspeculative: %.2fx the greedy tokens/s (medians); %s; the output is %s "

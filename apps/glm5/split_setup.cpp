@@ -128,7 +128,7 @@ void split_reset_counters(model::Model& m) {
     if (auto* s = dynamic_cast<dist::SplitModel*>(&m)) s->counters(true);
 }
 
-std::string split_rank_table(model::Model& m, double tokens) {
+std::string split_rank_table(model::Model& m, double tokens, double tps) {
     auto* s = dynamic_cast<dist::SplitModel*>(&m);
     if (!s || tokens <= 0) return "";
     const auto all = s->counters(false);
@@ -149,6 +149,33 @@ std::string split_rank_table(model::Model& m, double tokens) {
             double(c.messages_sent + c.messages_received) / tokens, 1e3 * c.seconds / tokens);
         out += buf;
     }
+    // Over a real network every exchange of the measured run costs a
+    // message latency plus its bytes at the link's rate, all on the critical
+    // path (an upper bound on the time: micro-batches overlap some of it).
+    double msgs = 0, bytes = 0;
+    for (const auto& c : all) {
+        msgs += double(c.comm.messages_sent) / tokens;
+        bytes += double(c.comm.bytes_sent) / tokens;
+    }
+    struct Link {
+        const char* name;
+        double bits_per_s, latency_s;
+    };
+    const Link links[] = {
+        {"1 Gb/s", 1e9, 50e-6}, {"10 Gb/s", 10e9, 20e-6}, {"100 Gb/s", 100e9, 5e-6}};
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  "\nmodelled over links (not measured): t = 1/%.2f s measured here + %.1f "
+                  "messages x latency + %s x 8 / rate, per token:",
+                  tps, msgs, human_bytes(bytes).c_str());
+    out += buf;
+    for (const Link& l : links) {
+        const double t = 1.0 / tps + msgs * l.latency_s + bytes * 8 / l.bits_per_s;
+        std::snprintf(buf, sizeof(buf), " %s (%.0f us latency): %.2f t/s;", l.name,
+                      l.latency_s * 1e6, 1.0 / t);
+        out += buf;
+    }
+    out.back() = '\n';
     return out;
 }
 
@@ -158,7 +185,7 @@ void split_reset_counters(model::Model&) {}
 bool is_split(const model::Model&) {
     return false;
 }
-std::string split_rank_table(model::Model&, double) {
+std::string split_rank_table(model::Model&, double, double) {
     return "";
 }
 

@@ -30,10 +30,11 @@ LoadedModel open_split_model(const Args& a, const std::string& path, model::Load
 void split_memory(const model::Model& m, MemoryAvailable& avail, uint64_t& process);
 
 // With a split model: zeroes every rank's counters, and after a measured run
-// of `tokens` tokens, the table of what each rank read and exchanged per
-// token (bench). Nothing for a model in one process.
+// of `tokens` tokens at `tps` tokens/s, the table of what each rank read and
+// exchanged per token, and the throughput modelled over real links (bench).
+// Nothing for a model in one process.
 void split_reset_counters(model::Model& m);
 bool is_split(const model::Model& m);
-std::string split_rank_table(model::Model& m, double tokens);
+std::string split_rank_table(model::Model& m, double tokens, double tps);
 
 }  // namespace glm5::app
