@@ -54,6 +54,18 @@ logits)
       echo "$m: logits of $np ranks are bitwise one process's"
     done
   done
+  # An image's rows enter rank 0's first layer (GLM-5.3-Flash's vision tower).
+  # (The golden's first image is img-a.png.)
+  ids=$(grep -o '"prompt_ids": *\[[0-9, ]*\]' "$data/glm5next/vision.golden.json" | head -1 |
+    sed 's/.*\[//; s/\]//; s/ //g')
+  [[ -n $ids ]] || fail "no prompt ids in the vision golden"
+  v=(--model "$data/glm5next/tiny.gguf" --mmproj "$data/glm5next/mmproj-tiny.gguf"
+    --image "$data/glm5next/img-a.png" --cache-type f32 -t 1 --tokens "$ids" --all)
+  "$glm5" logits "${v[@]}" >"$work/one.json" 2>/dev/null || fail "image: one process"
+  "$mpi" 3 "$glm5" logits "${v[@]}" --layer-split 3 >"$work/split.json" 2>"$work/err" ||
+    { cat "$work/err"; fail "image: 3 ranks"; }
+  same "$work/one.json" "$work/split.json" "logits with an image, 3 ranks"
+  echo "glm5next with an image: logits of 3 ranks are bitwise one process's"
   ;;
 run)
   # (The trained default's 4 layers can be cut in 2 parts only: its layers 1
