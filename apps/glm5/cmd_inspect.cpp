@@ -13,7 +13,9 @@
 #include "commands.h"
 #include "core/error.h"
 #include "core/format.h"
+#include "core/memory.h"
 #include "gguf/gguf.h"
+#include "model/layer_split.h"
 #include "model_setup.h"
 #include "quant/quant.h"
 
@@ -188,6 +190,41 @@ void print_values(const File& f, const std::string& name, uint64_t n) {
     std::fwrite(out.data(), 1, out.size(), stdout);
 }
 
+// With --layer-split N: the cut, and what each rank's host must have free
+// for its part (its weights, its caches for the slots and context, scratch).
+int print_split_plan(const Args& a, const gguf::File& f, backend::Backend& be,
+                     const model::LoadOptions& lo, int parts, const runtime::PlanRequest& pr) {
+    const model::SplitPlan sp =
+        model::split_layers(f, be, lo, parts, pr.n_ctx * int64_t(pr.n_slots));
+    const MemoryAvailable avail = available_memory();
+    const std::string rf = a.get("mem-reserve");
+    const uint64_t reserve =
+        runtime::default_reserve(avail, rf == "auto" ? -1 : int64_t(parse_size(rf, "mem-reserve")));
+    std::printf("layer split in %d ranks, balanced for %d slot%s x %lld tokens:\n", parts,
+                pr.n_slots, pr.n_slots == 1 ? "" : "s", (long long)pr.n_ctx);
+    std::printf(
+        "| rank | holds | weights | caches | scratch | needs free (with the reserve) |\n"
+        "| ---: | --- | ---: | ---: | ---: | ---: |\n");
+    for (int r = 0; r < parts; ++r) {
+        model::LoadOptions part = lo;
+        part.layers = sp.parts[size_t(r)].range;
+        const auto pm = model::load_model(f, be, part);
+        const runtime::MemoryPlan p = runtime::make_plan(*pm, pr, avail, reserve, 0);
+        const model::ModelInfo& i = pm->info();
+        const std::string holds = "layers " + std::to_string(i.layer_first) + "-" +
+                                  std::to_string(i.layer_end - 1) +
+                                  (i.holds_head ? " and the head" : "");
+        std::printf("| %d | %s | %s | %s | %s | %s |\n", r, holds.c_str(),
+                    human_bytes(double(p.weights_mapped + p.weights_copied)).c_str(),
+                    human_bytes(double(p.caches)).c_str(), human_bytes(double(p.scratch)).c_str(),
+                    human_bytes(double(p.needed() + p.reserve)).c_str());
+    }
+    if (avail.bytes)
+        std::printf("(this machine has %s available: %s)\n",
+                    human_bytes(double(avail.bytes)).c_str(), avail.source.c_str());
+    return std::fflush(stdout) == 0 ? 0 : 1;
+}
+
 // The memory plan of a model file for a slot count and context, as serve or
 // run would make it (the weights are mapped, not read).
 int print_plan(const Args& a) {
@@ -201,6 +238,18 @@ int print_plan(const Args& a) {
     lo.load_nextn = draft > 0;
     const auto f = gguf::File::open(a.positional_value("FILE"));
     auto be = backend::make_cpu_backend(backend::BackendOptions{});
+    const int parts = int(a.get_int("layer-split", 1, 4096));
+    if (parts > 1) {
+        runtime::PlanRequest pr;
+        pr.n_slots = n_slots;
+        pr.ubatch = ubatch;
+        pr.draft_max = draft;
+        pr.retained = budget;
+        pr.n_ctx = a.is_set("ctx-size") && a.get_int("ctx-size", 0, int64_t(1) << 24) > 0
+                       ? a.get_int("ctx-size", 0, int64_t(1) << 24)
+                       : 4096;
+        return print_split_plan(a, *f, *be, lo, parts, pr);
+    }
     auto m = model::load_model(*f, *be, lo);
     ContextRequest r;
     r.n_slots = n_slots;
@@ -235,6 +284,9 @@ int cmd_inspect(int argc, char** argv) {
     a.option("spec-draft", "N", "0",
              "with --plan: the speculative window (0: no speculation; glm-dsa loads its NextN "
              "block)");
+    a.option("layer-split", "N", "1",
+             "with --plan: the cut of a layer split in N ranks and what each rank needs (the "
+             "context is --ctx-size, or 4096)");
     if (!a.parse(argc, argv, 2)) return 0;
     if (a.get_flag("plan")) return print_plan(a);
 

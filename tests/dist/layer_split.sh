@@ -51,6 +51,12 @@ logits)
       same "$work/one.json" "$work/split.json" "$m logits, $np ranks"
       [[ $(grep -c "^glm5: rank [0-9]/$np: layers" "$work/err") == "$np" ]] ||
         fail "$m: every rank's banner"
+      # The cut `glm5 inspect --plan --layer-split` shows is the one the ranks run.
+      ran=$(sed -n "s|^glm5: rank \([0-9]\)/$np: layers \([0-9]*-[0-9]*\) .*|\1 \2|p" "$work/err" |
+        sort | tr '\n' ' ')
+      planned=$("$glm5" inspect "$data/$m" --plan --layer-split "$np" |
+        sed -n 's/^| \([0-9]\) | layers \([0-9]*-[0-9]*\).*/\1 \2/p' | sort | tr '\n' ' ')
+      [[ -n $ran && $ran == "$planned" ]] || fail "$m: ranks ran '$ran', inspect planned '$planned'"
       echo "$m: logits of $np ranks are bitwise one process's"
     done
   done
