@@ -85,6 +85,9 @@ void add_model_flags(Args& a, bool model_required) {
     a.option("layer-split", "N", "1",
              "run the model as N processes of whole layers each (start them with mpirun -np N; "
              "rank 0 does all input and output)");
+    a.option("tp", "N", "1",
+             "tensor parallelism (glm-dsa): N processes (mpirun -np N) share every layer's "
+             "attention heads; experts, indexer, router, norms and embedding are replicated");
     a.option("layer-split-batches", "M", "0",
              "with --layer-split: cut each step's sequences into up to M micro-batches that "
              "follow each other through the ranks, so that the ranks work at the same time "
@@ -127,8 +130,11 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
 
     LoadedModel m;
     const int parts = int(a.get_int("layer-split", 1, 4096));
-    if (parts > 1 || (dist_launch() && launched_ranks() > 1)) {
-        m = open_split_model(a, path, lo, bo, parts);
+    const int tp = int(a.get_int("tp", 1, 4096));
+    if (parts > 1 && tp > 1)
+        throw UsageError("--layer-split and --tp together are not supported yet: use one");
+    if (parts > 1 || tp > 1 || (dist_launch() && launched_ranks() > 1)) {
+        m = open_split_model(a, path, lo, bo, parts, tp);
     } else {
         m.file = gguf::File::open(path);
         load_pages(*m.file, {});

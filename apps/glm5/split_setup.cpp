@@ -50,16 +50,19 @@ std::string file_identity(const gguf::File& f) {
 }  // namespace
 
 LoadedModel open_split_model(const Args& a, const std::string& path, model::LoadOptions lo,
-                             const backend::BackendOptions& bo, int parts) {
+                             const backend::BackendOptions& bo, int parts, int tp) {
     const int world = launched_ranks();
+    const bool tensor = tp > 1;
+    const int degree = tensor ? tp : parts;
+    const std::string flag = tensor ? "--tp" : "--layer-split";
     if (!dist_launch())
-        throw UsageError("--layer-split " + std::to_string(parts) +
-                         " runs one process per part: start it with mpirun -np " +
-                         std::to_string(parts) + " glm5 ...");
-    if (world != parts)
-        throw UsageError("mpirun started " + std::to_string(world) +
-                         " processes but --layer-split is " + std::to_string(parts) +
-                         ": they must be equal (mpirun -np N glm5 ... --layer-split N)");
+        throw UsageError(flag + " " + std::to_string(degree) +
+                         " runs one process per rank: start it with mpirun -np " +
+                         std::to_string(degree) + " glm5 ...");
+    if (world != degree)
+        throw UsageError("mpirun started " + std::to_string(world) + " processes but " + flag +
+                         " is " + std::to_string(degree) +
+                         ": they must be equal (mpirun -np N glm5 ... " + flag + " N)");
     dist::Comm& comm = dist::Comm::init(a.get_double("rank-timeout", 1, 86400));
     const int rank = comm.rank();
 
@@ -74,6 +77,35 @@ LoadedModel open_split_model(const Args& a, const std::string& path, model::Load
     dist::agree_identity(comm, file_identity(*m.file), "model file (size and header)");
 
     m.backend = backend::make_cpu_backend(bo);
+    if (tensor) {
+        // Every rank holds every layer and its share of the heads; the
+        // partial attention outputs meet in the reducer.
+        static dist::TensorReducer reducer(comm);
+        m.backend->set_reducer(&reducer);
+        lo.tp_rank = rank;
+        lo.tp_size = tp;
+        try {
+            m.model = model::load_model(*m.file, *m.backend, lo);
+        } catch (const Error& e) {
+            err = e.what();
+        }
+        dist::agree(comm, err, "loading");
+        const model::ModelInfo& info = m.model->info();
+        const MemoryAvailable avail = available_memory();
+        log_info(
+            "glm5: rank %d/%d: attention heads %lld-%lld of every layer (tensor parallel; "
+            "experts, indexer, router, norms, embedding and head replicated), %s of weights; "
+            "caches %s per token; %s available here\n",
+            rank, tp, (long long)info.head_first, (long long)info.head_end - 1,
+            human_bytes(double(info.weight_bytes)).c_str(),
+            human_bytes(double(m.model->state_cost().per_token)).c_str(),
+            avail.bytes ? human_bytes(double(avail.bytes)).c_str() : "unknown");
+        const auto ranks = dist::exchange_rank_info(
+            comm, dist::describe_rank(*m.model, avail.bytes, rss_anon_bytes()));
+        if (rank != 0) std::exit(dist::serve_rank(comm, *m.model, true));
+        m.model = std::make_unique<dist::SplitModel>(comm, std::move(m.model), ranks, 1, true);
+        return m;
+    }
     model::SplitPlan plan;
     try {
         const int64_t ctx = a.is_set("ctx-size") ? a.get_int("ctx-size", 0, int64_t(1) << 24) : 0;
@@ -190,8 +222,8 @@ std::string split_rank_table(model::Model&, double, double) {
 }
 
 LoadedModel open_split_model(const Args&, const std::string&, model::LoadOptions,
-                             const backend::BackendOptions&, int parts) {
-    throw UsageError("--layer-split " + std::to_string(parts) +
+                             const backend::BackendOptions&, int parts, int tp) {
+    throw UsageError(std::string(tp > 1 ? "--tp" : "--layer-split") +
                      ": this glm5 was built without MPI (install libopenmpi-dev and rebuild)");
 }
 

@@ -22,8 +22,10 @@ int launched_rank();  // 0 when not under mpirun: only rank 0 talks to the user
 // cuts the layers, loads this rank's and agrees with the others on each step
 // (a refusal on any rank is reported on every rank: exit code 2). Ranks other
 // than 0 then serve rank 0 and exit; rank 0 gets a model that drives them.
+// tp > 1: tensor parallelism instead (every rank holds every layer and a
+// share of its heads).
 LoadedModel open_split_model(const Args& a, const std::string& path, model::LoadOptions lo,
-                             const backend::BackendOptions& bo, int parts);
+                             const backend::BackendOptions& bo, int parts, int tp);
 
 // With a split model: the smallest available memory and the largest process
 // size of any rank (the plan is made for the tightest rank).

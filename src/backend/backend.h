@@ -85,11 +85,29 @@ struct Counters {
     uint64_t matmul_calls = 0;
 };
 
+// Tensor parallelism: sums a partial result over the ranks that share a
+// layer's weights (provided by the multi-rank runtime).
+class Reducer {
+  public:
+    virtual ~Reducer() = default;
+    // x (n floats, host memory) becomes the sum of every rank's x, added in
+    // rank order, so every rank gets the same bits.
+    virtual void sum(float* x, int64_t n) = 0;
+};
+
 class Backend {
   public:
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
     virtual int n_threads() const = 0;
+
+    // ---- tensor parallelism ---------------------------------------------
+    // The partial sums of a layer whose weights are split across ranks
+    // become the whole sum (unchanged without a reducer: one process).
+    void reduce_sum(float* x, int64_t n) {
+        if (reducer_) reducer_->sum(x, n);
+    }
+    void set_reducer(Reducer* r) { reducer_ = r; }
 
     // ---- memory --------------------------------------------------------
     // Scratch activations: valid until reset_scratch(). Sizes in floats.
@@ -309,6 +327,9 @@ class Backend {
     virtual void attention_full(std::span<const FullAttentionSeq> seqs, int64_t n_heads,
                                 int64_t dim, int64_t stride, float scale) = 0;
     // ==== end of vision tower ops ===============================================
+
+  private:
+    Reducer* reducer_ = nullptr;
 };
 
 struct BackendOptions {

@@ -14,6 +14,7 @@ constexpr int kCmd = 11;     // rank 0 -> every other rank: the next command
 constexpr int kHidden = 12;  // rank r -> r + 1: the residual rows leaving r's layers
 constexpr int kDone = 13;    // rank r -> 0: how r's part of a command went
 constexpr int kSetup = 14;   // before the model exists: verdicts, identities, RankInfo
+constexpr int kReduce = 15;  // tensor parallel: partial sums, every rank to every rank
 
 // Commands.
 enum Op : uint8_t {
@@ -193,12 +194,13 @@ RankInfo describe_rank(const model::Model& m, uint64_t available, uint64_t proce
 // ---- rank 0
 
 SplitModel::SplitModel(Comm& comm, std::unique_ptr<model::Model> local, std::vector<RankInfo> ranks,
-                       int micro_batches)
+                       int micro_batches, bool tensor_parallel)
     : Model(&local->backend()),
       comm_(comm),
       local_(std::move(local)),
       ranks_(std::move(ranks)),
-      micro_batches_(std::max(1, micro_batches)) {
+      micro_batches_(tensor_parallel ? 1 : std::max(1, micro_batches)),
+      tp_(tensor_parallel) {
     info_ = local_->info();
     info_.layer_first = 0;
     info_.layer_end = info_.n_layer;
@@ -313,6 +315,30 @@ void SplitModel::forward(std::span<const model::SeqInput> inputs, std::vector<fl
     cmd.put_span(std::span<const uint32_t>(ends));
     try {
         comm_.send_all(workers(), kCmd, cmd.bytes());
+        if (tp_) {
+            // Every rank runs the whole forward on its heads; the partial sums
+            // meet inside it (TensorReducer). Committed once all succeeded.
+            std::string error;
+            try {
+                local_->forward(local, logits, model::LayerSpan{0, -1, {}, nullptr, false});
+            } catch (const std::exception& e) {
+                error = e.what();
+            }
+            for (int r = 1; r < comm_.size(); ++r) {
+                Wire w(comm_.recv(r, kDone, comm_.timeout()));
+                const std::string e = status_of(w);
+                if (!e.empty() && error.empty()) error = "rank " + std::to_string(r) + ": " + e;
+            }
+            if (!error.empty()) {
+                logits.clear();
+                throw Error(error);
+            }
+            local_->commit(local);
+            Wire c;
+            c.put(uint8_t(kCommit));
+            comm_.send_all(workers(), kCmd, c.bytes());
+            return;
+        }
         // This rank's layers for each micro-batch in turn, uncommitted until
         // every rank has succeeded; rank 1 starts on a micro-batch as soon as
         // it has been sent, while this rank goes on with the next.
@@ -378,6 +404,26 @@ void SplitModel::draft(std::span<model::DraftRequest> reqs) {
     }
     try {
         comm_.send_all(workers(), kCmd, cmd.bytes());
+        if (tp_) {
+            // Every rank drafts on its heads (the NextN block's attention is
+            // split too); this rank's chains are everyone's.
+            std::vector<model::DraftRequest> mine(reqs.begin(), reqs.end());
+            for (auto& r : mine) r.state = &dynamic_cast<const SplitState*>(r.state)->local();
+            std::string error;
+            try {
+                local_->draft(mine);
+            } catch (const std::exception& e) {
+                error = e.what();
+            }
+            for (int r = 1; r < comm_.size(); ++r) {
+                Wire w(comm_.recv(r, kDone, comm_.timeout()));
+                const std::string e = status_of(w);
+                if (!e.empty() && error.empty()) error = "rank " + std::to_string(r) + ": " + e;
+            }
+            if (!error.empty()) throw Error("drafting: " + error);
+            for (size_t i = 0; i < reqs.size(); ++i) reqs[i].out = std::move(mine[i].out);
+            return;
+        }
         Wire w(comm_.recv(comm_.size() - 1, kDone, comm_.timeout()));
         const std::string e = status_of(w);
         if (!e.empty())
@@ -417,7 +463,7 @@ std::vector<SplitModel::RankCounters> SplitModel::counters(bool reset) {
 
 // ---- every other rank
 
-int serve_rank(Comm& comm, model::Model& local) {
+int serve_rank(Comm& comm, model::Model& local, bool tp) {
     const int r = comm.rank(), N = comm.size();
     const bool last = r == N - 1;
     const model::ModelInfo& info = local.info();
@@ -461,6 +507,23 @@ int serve_rank(Comm& comm, model::Model& local) {
                     }
                 }
                 const std::vector<uint32_t> ends = w.get_vector<uint32_t>();
+                if (tp) {
+                    // The whole forward on this rank's heads.
+                    std::vector<float> logits;
+                    if (error.empty()) {
+                        try {
+                            local.forward(in, logits, model::LayerSpan{0, -1, {}, nullptr, false});
+                        } catch (const std::exception& e) {
+                            error = e.what();
+                        }
+                    }
+                    ack(error);
+                    pending_tokens = std::move(toks);
+                    pending = error.empty() ? in : std::vector<model::SeqInput>{};
+                    for (size_t i = 0; i < pending.size(); ++i)
+                        pending[i].tokens = pending_tokens[i];
+                    continue;
+                }
                 uint32_t begin = 0;
                 for (uint32_t end : ends) {
                     // The rows entering this rank's first layer for this
@@ -517,20 +580,24 @@ int serve_rank(Comm& comm, model::Model& local) {
                     reqs[i].token = w.get<int32_t>();
                     reqs[i].max_tokens = w.get<int32_t>();
                     reqs[i].p_min = w.get<float>();
-                    if (!last) continue;
+                    if (!last && !tp) continue;
                     try {
                         reqs[i].state = &state(id);
                     } catch (const std::exception& e) {
                         error = e.what();
                     }
                 }
-                if (!last) continue;  // the head (and the NextN block) is the last rank's
+                if (!last && !tp) continue;  // the head (and the NextN block) is the last rank's
                 if (error.empty()) {
                     try {
                         local.draft(reqs);
                     } catch (const std::exception& e) {
                         error = e.what();
                     }
+                }
+                if (tp) {  // rank 0 has the same chains
+                    ack(error);
+                    continue;
                 }
                 Wire out = reply(error);
                 if (error.empty())
@@ -599,6 +666,38 @@ int serve_rank(Comm& comm, model::Model& local) {
         }
     } catch (const RankError& e) {
         lost_rank(comm, e);
+    }
+}
+
+// ---- tensor parallelism
+
+void TensorReducer::sum(float* x, int64_t n) {
+    const int N = comm_.size(), me = comm_.rank();
+    const auto* p = reinterpret_cast<const uint8_t*>(x);
+    const std::vector<uint8_t> mine(p, p + size_t(n) * sizeof(float));
+    try {
+        for (int r = 0; r < N; ++r)
+            if (r != me) comm_.isend(r, kReduce, mine);
+        // x = part 0 + part 1 + ... in rank order, on every rank alike.
+        for (int r = 0; r < N; ++r) {
+            const float* src = reinterpret_cast<const float*>(mine.data());
+            std::vector<uint8_t> got;
+            if (r != me) {
+                got = comm_.recv(r, kReduce, comm_.timeout());
+                if (got.size() != mine.size())
+                    throw Error("rank " + std::to_string(r) + " sent " +
+                                std::to_string(got.size()) + " bytes of partial sums, not " +
+                                std::to_string(mine.size()));
+                src = reinterpret_cast<const float*>(got.data());
+            }
+            if (r == 0)
+                std::copy(src, src + n, x);
+            else
+                for (int64_t i = 0; i < n; ++i) x[i] += src[i];
+        }
+        comm_.flush();
+    } catch (const RankError& e) {
+        lost_rank(comm_, e);
     }
 }
 

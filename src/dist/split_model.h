@@ -45,8 +45,11 @@ class SplitModel final : public model::Model {
     // micro_batches: a forward's sequences are cut into up to this many
     // groups that follow each other through the ranks, so that the ranks
     // work at once (1: one batch, the ranks take turns).
+    // tensor_parallel: every rank holds every layer with a share of its heads
+    // (LoadOptions::tp_*) and runs every forward whole, the partial sums
+    // meeting in a TensorReducer; otherwise a layer split.
     SplitModel(Comm& comm, std::unique_ptr<model::Model> local, std::vector<RankInfo> ranks,
-               int micro_batches);
+               int micro_batches, bool tensor_parallel = false);
     ~SplitModel() override;  // tells the other ranks to end
 
     std::unique_ptr<model::SequenceState> new_state(int64_t n_ctx, int64_t capacity) override;
@@ -89,12 +92,25 @@ class SplitModel final : public model::Model {
     std::vector<RankInfo> ranks_;
     uint64_t next_id_ = 1;
     int micro_batches_ = 1;
+    bool tp_ = false;
     std::recursive_mutex mu_;  // one exchange at a time
 };
 
 // The loop of every rank but 0: serves rank 0's commands on `local` until
 // rank 0 ends the job; returns the process's exit code.
-int serve_rank(Comm& comm, model::Model& local);
+int serve_rank(Comm& comm, model::Model& local, bool tensor_parallel = false);
+
+// Tensor parallelism's sum: every rank sends its partial rows to every other
+// and adds all of them in rank order, so every rank has the same bits and
+// the result does not depend on timing (MPI's reductions have no fixed order).
+class TensorReducer final : public backend::Reducer {
+  public:
+    explicit TensorReducer(Comm& comm) : comm_(comm) {}
+    void sum(float* x, int64_t n) override;
+
+  private:
+    Comm& comm_;
+};
 
 // Setup exchanges before the model exists: every rank's verdict on a step
 // (empty: fine) reaches rank 0, which answers every rank with the first

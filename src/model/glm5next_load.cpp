@@ -198,6 +198,10 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
       tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
+    if (opt.tp_size > 1)
+        throw Error(f.path() +
+                    ": tensor parallelism is built for glm-dsa only so far (run "
+                    "glm5next with --layer-split)");
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);
     output_norm_ = tensors_.vector("output_norm.weight", E);
     output_ = tensors_.has("output.weight") ? tensors_.matrix("output.weight", {E, V}) : tok_embd_;

@@ -228,8 +228,8 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, float* x, int64_t T, const i
                         std::span<const BlockSegment> segs) {
     backend::Backend& be = *backend_;
     const GlmDsaHParams& h = hp_;
-    const int64_t E = h.n_embd, H = h.n_head;
-    const int64_t W = h.kv_lora + h.n_rot;  // latent cache row: [c | k_rope]
+    const int64_t E = h.n_embd, H = n_head_local_;  // this rank's heads (all but under TP)
+    const int64_t W = h.kv_lora + h.n_rot;          // latent cache row: [c | k_rope]
     const int64_t Di = h.idx_dim, Hi = h.idx_heads;
 
     // ---- attention input: the projections of the normed row (one op),
@@ -298,6 +298,7 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, float* x, int64_t T, const i
     // Decompress each head's latent output with V_b[h], then project out.
     be.matmul_slices(L.v_b, b.olat, H * h.kv_lora, h.kv_lora, T, b.ov, H * h.v_mla, h.v_mla);
     be.matmul(L.wo, b.ov, H * h.v_mla, T, b.tmp, E);
+    be.reduce_sum(b.tmp, T * E);  // tensor parallel: every rank's heads
     be.add(x, b.tmp, T * E);
 
     // ---- FFN

@@ -107,6 +107,9 @@ class GlmDsaModel final : public Model {
     GlmDsaHParams hp_;
     backend::CacheType cache_type_;
     bool dense_attention_ = false;
+    // Tensor parallelism: the ranks sharing the heads, and this rank's heads.
+    int tp_size_ = 1;
+    int64_t n_head_local_ = 0, head_first_ = 0;
     HeldLayers held_;  // the layers this process holds (a layer split)
     TensorSource tensors_;
     backend::Weight tok_embd_, output_;

@@ -136,9 +136,17 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
       hp_(GlmDsaHParams::from_gguf(f)),
       cache_type_(opt.cache_type),
       dense_attention_(opt.dense_attention),
+      tp_size_(opt.tp_size),
+      n_head_local_(hp_.n_head / std::max(1, opt.tp_size)),
+      head_first_(n_head_local_ * opt.tp_rank),
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
       tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
+    if (opt.tp_size > 1 && (hp_.n_head % opt.tp_size != 0 || opt.tp_rank < 0 ||
+                            opt.tp_rank >= opt.tp_size || !opt.layers.whole()))
+        throw Error(f.path() + ": " + std::to_string(hp_.n_head) +
+                    " attention heads cannot be shared by " + std::to_string(opt.tp_size) +
+                    " ranks (tensor parallelism needs a head count the rank count divides)");
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);
     output_norm_ = tensors_.vector("output_norm.weight", E);
     output_ = tensors_.has("output.weight") ? tensors_.matrix("output.weight", {E, V}) : tok_embd_;
@@ -179,6 +187,8 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
     }
     info_.skipped_bytes = tensors_.bytes_skipped();
     describe_layers(info_, held_);
+    info_.head_first = head_first_;
+    info_.head_end = head_first_ + n_head_local_;
 }
 
 void GlmDsaModel::load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_indexer) {
@@ -188,12 +198,25 @@ void GlmDsaModel::load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_i
     L.attn_norm = ts.vector(p + "attn_norm.weight", E);
     L.q_a = ts.matrix(p + "attn_q_a.weight", {E, h.q_lora});
     L.q_a_norm = ts.vector(p + "attn_q_a_norm.weight", h.q_lora);
-    L.q_b = ts.matrix(p + "attn_q_b.weight", {h.q_lora, H * h.k_mla});
+    // Tensor parallel: the heads' matrices in the file's row layout (this
+    // rank's part of them is cut below).
+    const auto heads_layout =
+        tp_size_ > 1 ? TensorSource::Layout::Plain : TensorSource::Layout::Products;
+    L.q_b = ts.matrix(p + "attn_q_b.weight", {h.q_lora, H * h.k_mla}, heads_layout);
     L.kv_a = ts.matrix(p + "attn_kv_a_mqa.weight", {E, h.kv_lora + h.n_rot});
     L.kv_a_norm = ts.vector(p + "attn_kv_a_norm.weight", h.kv_lora);
-    L.k_b = ts.matrix(p + "attn_k_b.weight", {h.nope, h.kv_lora, H});
-    L.v_b = ts.matrix(p + "attn_v_b.weight", {h.kv_lora, h.v_mla, H});
-    L.wo = ts.matrix(p + "attn_output.weight", {H * h.v_mla, E});
+    L.k_b = ts.matrix(p + "attn_k_b.weight", {h.nope, h.kv_lora, H}, heads_layout);
+    L.v_b = ts.matrix(p + "attn_v_b.weight", {h.kv_lora, h.v_mla, H}, heads_layout);
+    L.wo = ts.matrix(p + "attn_output.weight", {H * h.v_mla, E}, heads_layout);
+    if (tp_size_ > 1) {
+        // Column-parallel q_b / k_b / v_b, row-parallel attn_output: this
+        // rank's heads only; the block sums the ranks' partial outputs.
+        const int64_t h0 = head_first_, n = n_head_local_;
+        L.q_b = rows_of(L.q_b, h0 * h.k_mla, n * h.k_mla, p + "attn_q_b.weight");
+        L.k_b = slices_of(L.k_b, h0, n, p + "attn_k_b.weight");
+        L.v_b = slices_of(L.v_b, h0, n, p + "attn_v_b.weight");
+        L.wo = columns_of(L.wo, h0 * h.v_mla, n * h.v_mla, p + "attn_output.weight");
+    }
     L.full = with_indexer;
     if (with_indexer) {
         L.idx_q_b = ts.matrix(p + "indexer.attn_q_b.weight", {h.q_lora, h.idx_heads * h.idx_dim});

@@ -39,6 +39,7 @@ struct ModelInfo {
     int64_t layer_first = 0;
     int64_t layer_end = 0;
     bool holds_head = true;
+    int64_t head_first = 0, head_end = 0;  // the attention heads held (tensor parallel)
     uint64_t skipped_bytes = 0;  // weights of the layers other processes hold (never read)
 };
 
@@ -163,7 +164,12 @@ struct LayerRange {
 
 struct LoadOptions {
     backend::CacheType cache_type = backend::CacheType::F16;
-    LayerRange layers;        // everything unless a layer split says otherwise
+    LayerRange layers;  // everything unless a layer split says otherwise
+    // Tensor parallelism: this process is rank tp_rank of tp_size sharing
+    // every layer's attention heads (glm-dsa); the backend's reducer sums
+    // the partial attention outputs.
+    int tp_rank = 0;
+    int tp_size = 1;
     bool load_nextn = false;  // --spec
     // --no-mmap: copy the weights into anonymous memory instead of serving
     // them from the read-only file mapping (the default).

@@ -213,6 +213,43 @@ const float* TensorSource::vector(const std::string& name, int64_t n) {
     return vector_any_shape(name, n);
 }
 
+backend::Weight rows_of(const backend::Weight& w, int64_t r0, int64_t n, const std::string& what) {
+    if (w.repacked || w.slices != 1 || r0 < 0 || n <= 0 || r0 + n > w.rows)
+        throw Error(what + ": rows [" + std::to_string(r0) + ", " + std::to_string(r0 + n) +
+                    ") cannot be cut from " + std::to_string(w.rows));
+    backend::Weight v = w;
+    v.data = w.data + size_t(r0) * w.row_bytes;
+    v.rows = n;
+    v.slice_bytes = size_t(n) * w.row_bytes;
+    return v;
+}
+
+backend::Weight slices_of(const backend::Weight& w, int64_t s0, int64_t n,
+                          const std::string& what) {
+    if (w.repacked || s0 < 0 || n <= 0 || s0 + n > w.slices)
+        throw Error(what + ": slices [" + std::to_string(s0) + ", " + std::to_string(s0 + n) +
+                    ") cannot be cut from " + std::to_string(w.slices));
+    backend::Weight v = w;
+    v.data = w.data + size_t(s0) * w.slice_bytes;
+    v.slices = n;
+    return v;
+}
+
+backend::Weight columns_of(const backend::Weight& w, int64_t c0, int64_t n,
+                           const std::string& what) {
+    const int64_t block = quant::traits(w.type).block_size;
+    if (w.repacked || w.slices != 1 || c0 < 0 || n <= 0 || c0 + n > w.cols || c0 % block ||
+        n % block)
+        throw Error(what + ": columns [" + std::to_string(c0) + ", " + std::to_string(c0 + n) +
+                    ") of " + std::to_string(w.cols) + " are not whole " + quant::name(w.type) +
+                    " blocks of " + std::to_string(block) + " values");
+    backend::Weight v = w;  // row r stays at data + r * row_bytes of the whole row
+    v.data = w.data + quant::row_size(w.type, c0);
+    v.cols = n;
+    v.slice_bytes = size_t(w.rows) * quant::row_size(w.type, n);  // what a product reads
+    return v;
+}
+
 backend::MoeWeights load_moe(TensorSource& ts, const std::string& p, int64_t E, int64_t F,
                              int64_t X, int64_t n_shared, bool bias_required) {
     backend::MoeWeights m;

@@ -117,6 +117,15 @@ class TensorSource {
     std::unique_ptr<ThreadPool> repack_pool_;
 };
 
+// Views of part of a matrix (tensor parallelism), in the file's row layout:
+// rows [r0, r0 + n), slices [s0, s0 + n), or columns [c0, c0 + n) of every
+// row (whole quant blocks only). Throw, naming `what`, when the part cannot
+// be cut.
+backend::Weight rows_of(const backend::Weight& w, int64_t r0, int64_t n, const std::string& what);
+backend::Weight slices_of(const backend::Weight& w, int64_t s0, int64_t n, const std::string& what);
+backend::Weight columns_of(const backend::Weight& w, int64_t c0, int64_t n,
+                           const std::string& what);
+
 // The MoE tensors of one block (p = "blk.N."): router, selection bias,
 // expert stacks and, when n_shared > 0, the shared expert. The routing
 // parameters (experts used, normalisation, scale, clamps) are the caller's.
