@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# glm5 --layer-split under mpirun, end to end (ctest runs one case per test):
+# glm5 --layer-split and --tp under mpirun, end to end (ctest runs one case per test):
 #   layer_split.sh CASE GLM5 SOURCE_DIR
 # logits   logits of 2 and 3 ranks are bitwise those of one process (both architectures)
 # run      greedy output (plain, n-gram and NextN speculation) equals one process's
@@ -13,6 +13,9 @@
 #          and .2, the benchmarking range), `ip netns exec` as mpirun's launch agent, MPI's
 #          TCP transport on those addresses only; logits and greedy output equal one
 #          process's (needs root: CI runs as root)
+# tp       tensor parallelism (glm-dsa heads): logits of 2 and 3 ranks within 1e-4 of one
+#          process's with F32 caches, greedy output (plain and NextN) identical, each rank
+#          reading fewer weight bytes per token than one process
 # refusals ranks that do not match --layer-split, no mpirun, an impossible split and
 #          files that differ between ranks: exit 2 with the reason on every rank
 set -uo pipefail
@@ -107,10 +110,11 @@ serve)
     cat "$work/$1.err"
     fail "$1 did not start"
   }
+  MODE=${MODE:---layer-split 2}  # or --tp 2
   m="$src/models/kjv-mini.gguf"
   start one "$glm5" serve --model "$m" -t 1 --parallel 3 --ctx-size 512
   p1=$port
-  start split "$mpi" 2 "$glm5" serve --model "$m" -t 1 --parallel 3 --ctx-size 512 --layer-split 2
+  start split "$mpi" 2 "$glm5" serve --model "$m" -t 1 --parallel 3 --ctx-size 512 $MODE
   p2=$port
   ask() {  # ask PORT PROMPT OUT
     curl -s -m 60 "http://127.0.0.1:$1/v1/completions" -H 'content-type: application/json' \
@@ -149,14 +153,17 @@ serve)
   ;;
 faults)
   victim_pid() {  # victim_pid RANK: the pid of that rank of our job
-    for p in $(pgrep -f -- "--model $work/m.gguf"); do
+    for p in $(pgrep -f -- "--model $work/"); do
       tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && echo "$p"
     done
   }
   cp "$data/glm-dsa/tiny.gguf" "$work/m.gguf"
-  for sig in STOP KILL; do
-    victim=$([[ $sig == STOP ]] && echo 1 || echo 2)
-    "$mpi" 3 "$glm5" run --model "$work/m.gguf" --layer-split 3 -t 1 --tokens 1,2,3 \
+  "$glm5" make-model --quiet --n-head 6 -o "$work/h6.gguf" >/dev/null || fail "make-model"
+  for sig in STOP KILL TP-STOP; do
+    victim=$([[ $sig == KILL ]] && echo 2 || echo 1)
+    mode=(--model "$work/m.gguf" --layer-split 3)
+    [[ $sig == TP-STOP ]] && mode=(--model "$work/h6.gguf" --tp 3) && sig=STOP
+    "$mpi" 3 "$glm5" run "${mode[@]}" -t 1 --tokens 1,2,3 \
       --print-ids -n 200000 --ctx-size 262144 --ignore-eos --rank-timeout 3 \
       >"$work/f.out" 2>"$work/f.err" &
     job=$!
@@ -187,7 +194,7 @@ faults)
       grep -q "rank $victim .*exited on signal 9" "$work/f.err" ||
         { cat "$work/f.err"; fail "the killed rank was not named"; }
     fi
-    echo "SIG$sig to rank $victim: the job ended with exit code $rc $took ms later, naming the rank"
+    echo "SIG$sig to rank $victim (${mode[*]:2}): the job ended with exit code $rc $took ms later, naming the rank"
   done
   ;;
 bench)
@@ -263,6 +270,57 @@ AGENT
   [[ -n $uris && $uris =~ ^(tcp://198\.18\.0\.[12] )+$ ]] || fail "contact addresses: $uris"
   echo "two ranks on two namespace hosts ($uris) give one process's logits and output"
   ;;
+tp)
+  # Logits as JSON, compared value by value (node is a test dependency).
+  close() {  # close A B TOLERANCE
+    node -e '
+      const fs = require("fs");
+      const [a, b] = [1, 2].map(i => JSON.parse(fs.readFileSync(process.argv[i])).logits.flat());
+      if (a.length !== b.length || !a.length) process.exit(2);
+      let d = 0;
+      for (let i = 0; i < a.length; i++) d = Math.max(d, Math.abs(a[i] - b[i]));
+      console.log(d);
+      process.exit(d <= Number(process.argv[3]) ? 0 : 1);
+    ' "$1" "$2" "$3"
+  }
+  # A model whose 6 heads 2 and 3 ranks can share (the tiny shape, F32).
+  "$glm5" make-model --quiet --n-head 6 -o "$work/h6.gguf" >/dev/null || fail "make-model"
+  for m in "$work/h6.gguf" "$src/models/kjv-mini.gguf"; do
+    toks=5,9,17,33,65,129,257,3,7,11
+    "$glm5" logits --model "$m" -t 1 --cache-type f32 --tokens $toks --all >"$work/one.json" \
+      2>/dev/null || fail "$m: one process"
+    nps="2 3"
+    [[ $m == *kjv* ]] && nps=2  # 4 heads
+    for np in $nps; do
+      "$mpi" "$np" "$glm5" logits --model "$m" --tp "$np" -t 1 --cache-type f32 --tokens $toks \
+        --all >"$work/tp.json" 2>"$work/err" || { cat "$work/err"; fail "$m: --tp $np"; }
+      d=$(close "$work/one.json" "$work/tp.json" 1e-4) || fail "$m --tp $np: logits differ by $d"
+      [[ $(grep -c "^glm5: rank [0-9]/$np: attention heads" "$work/err") == "$np" ]] ||
+        fail "$m: every rank's banner"
+      for spec in "" "--spec"; do
+        args=(run --model "$m" -t 1 --cache-type f32 --tokens 1,2,3,4,5,6 --print-ids -n 40
+          --temp 0 --ignore-eos $spec)
+        "$glm5" "${args[@]}" >"$work/one.txt" 2>/dev/null || fail "$m: run"
+        "$mpi" "$np" "$glm5" "${args[@]}" --tp "$np" >"$work/tp.txt" 2>"$work/err" ||
+          { cat "$work/err"; fail "$m: run --tp $np"; }
+        same "$work/one.txt" "$work/tp.txt" "$(basename "$m") ${spec:-plain} greedy, --tp $np"
+      done
+      echo "$(basename "$m") --tp $np: logits within $d of one process's; greedy output identical"
+    done
+  done
+  # Each rank reads its share of the heads and the replicated rest.
+  m="$work/h6.gguf"
+  "$glm5" bench --model "$m" -t 1 -p 0 -n 16 -r 1 >"$work/one.txt" 2>/dev/null || fail "bench"
+  one=$(sed -n 's/^decode roofline: \([0-9.]*\) MB of weights.*/\1/p' "$work/one.txt")
+  "$mpi" 3 "$glm5" bench --model "$m" --tp 3 -t 1 -p 0 -n 16 -r 1 >"$work/tp.txt" 2>"$work/err" ||
+    { cat "$work/err"; fail "bench --tp 3"; }
+  rows=$(awk -F'|' -v one="$one" '/^\| [0-9] \| [0-9]/ {
+      split($4, v, " "); m = v[2] == "MiB" ? 1048576 : v[2] == "KiB" ? 1024 : 1;
+      b = v[1] * m / 1e6; n++; if (b <= 0 || b >= one) bad = 1 }
+      END { print (n == 3 && !bad) ? "ok" : "bad" }' "$work/tp.txt")
+  [[ $rows == ok ]] || { cat "$work/tp.txt"; fail "per-rank bytes under --tp 3 (one process: $one MB)"; }
+  echo "--tp 3: every rank reads less than the $one MB a token one process reads"
+  ;;
 refusals)
   m="$data/glm-dsa/tiny.gguf"
   "$mpi" 2 "$glm5" logits --model "$m" --layer-split 3 --tokens 1 >/dev/null 2>"$work/err"
@@ -289,6 +347,17 @@ refusals)
   [[ $? != 0 ]] || fail "different files ran"
   [[ $(grep -c "rank 1's model file (size and header) differs from rank 0's" "$work/err") == 2 ]] ||
     { cat "$work/err"; fail "different files were not reported by both ranks"; }
+  # Tensor parallelism: heads the ranks cannot share, glm5next, both modes at once.
+  "$mpi" 3 "$glm5" logits --model "$m" --tp 3 --tokens 1 >/dev/null 2>"$work/err"
+  [[ $? != 0 ]] || fail "4 heads on 3 ranks ran"
+  [[ $(grep -c "4 attention heads cannot be shared by 3 ranks" "$work/err") == 3 ]] ||
+    { cat "$work/err"; fail "the head count was not reported by every rank"; }
+  "$mpi" 2 "$glm5" logits --model "$data/glm5next/tiny.gguf" --tp 2 --tokens 1 >/dev/null \
+    2>"$work/err"
+  [[ $? != 0 && $(grep -c "built for glm-dsa only" "$work/err") == 2 ]] ||
+    { cat "$work/err"; fail "glm5next --tp"; }
+  "$glm5" logits --model "$m" --tp 2 --layer-split 2 --tokens 1 >/dev/null 2>"$work/err"
+  [[ $? == 2 ]] && grep -q "together are not supported" "$work/err" || fail "--tp with --layer-split"
   echo "every refusal reported on every rank"
   ;;
 *)
