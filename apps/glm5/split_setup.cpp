@@ -92,11 +92,19 @@ LoadedModel open_split_model(const Args& a, const std::string& path, model::Load
         dist::agree(comm, err, "loading");
         const model::ModelInfo& info = m.model->info();
         const MemoryAvailable avail = available_memory();
+        const bool split_ff = info.ff_end - info.ff_first < info.n_ff_exp;
+        const std::string experts =
+            info.n_ff_exp == 0 ? ""
+            : split_ff         ? ", hidden units " + std::to_string(info.ff_first) + "-" +
+                             std::to_string(info.ff_end - 1) + " of every routed expert"
+                       : ", every expert whole (its " + std::to_string(info.n_ff_exp) +
+                             " hidden units cannot be cut in " + std::to_string(tp) +
+                             " strips of whole quant blocks: exact, slower)";
         log_info(
-            "glm5: rank %d/%d: attention heads %lld-%lld of every layer (tensor parallel; "
-            "experts, indexer, router, norms, embedding and head replicated), %s of weights; "
-            "caches %s per token; %s available here\n",
-            rank, tp, (long long)info.head_first, (long long)info.head_end - 1,
+            "glm5: rank %d/%d: attention heads %lld-%lld of every layer%s (tensor parallel; "
+            "indexer, router, shared expert, dense layers, norms, embedding and head "
+            "replicated), %s of weights in the file; caches %s per token; %s available here\n",
+            rank, tp, (long long)info.head_first, (long long)info.head_end - 1, experts.c_str(),
             human_bytes(double(info.weight_bytes)).c_str(),
             human_bytes(double(m.model->state_cost().per_token)).c_str(),
             avail.bytes ? human_bytes(double(avail.bytes)).c_str() : "unknown");

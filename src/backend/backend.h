@@ -41,6 +41,11 @@ struct Weight {
         return data + size_t(s) * slice_bytes + size_t(r) * row_bytes;
     }
     size_t bytes() const { return size_t(slices) * slice_bytes; }
+    // The bytes a product reads from one slice (slice_bytes is the stride
+    // between slices: a view of some rows or columns reads less).
+    size_t payload_bytes() const {
+        return repacked ? slice_bytes : quant::row_size(type, cols) * size_t(rows);
+    }
 };
 
 // Storage type of attention caches (MLA latent rows, indexer keys).

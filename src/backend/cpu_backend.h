@@ -289,7 +289,7 @@ class CpuBackend final : public Backend {
                 product_rows(*outs[j].w, 0, r0, r1, a.data, a.arow, n_tok, outs[j].y,
                              outs[j].y_stride);
             });
-        for (const MatmulOut& o : outs) weight_bytes_ += o.w->slice_bytes;
+        for (const MatmulOut& o : outs) weight_bytes_ += o.w->payload_bytes();
         matmul_calls_ += outs.size();
     }
 
@@ -597,7 +597,7 @@ class CpuBackend final : public Backend {
                 product_rows(w, int64_t(s), r0, r1, act + size_t(int64_t(s) * n) * arow, arow, n,
                              y + int64_t(s) * y_slice, y_tok);
             });
-        weight_bytes_ += uint64_t(S) * w.slice_bytes;
+        weight_bytes_ += uint64_t(S) * w.payload_bytes();
         matmul_calls_ += 1;
     }
 

@@ -179,10 +179,11 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
         [&](const Unit& un, int, int64_t r0, int64_t r1) {
             product_rows(*un.down, un.slice, r0, r1, un.ad, un.arow_d, un.n, un.o, E);
         });
-    weight_bytes_ += active.size() * (m.gate.slice_bytes + m.up.slice_bytes + m.down.slice_bytes);
+    weight_bytes_ +=
+        active.size() * (m.gate.payload_bytes() + m.up.payload_bytes() + m.down.payload_bytes());
     if (shared)
-        weight_bytes_ +=
-            m.shared_gate.slice_bytes + m.shared_up.slice_bytes + m.shared_down.slice_bytes;
+        weight_bytes_ += m.shared_gate.payload_bytes() + m.shared_up.payload_bytes() +
+                         m.shared_down.payload_bytes();
 
     phase.reset();
     phase.emplace(profile_, "moe.combine", T);

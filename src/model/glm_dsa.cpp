@@ -311,6 +311,7 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, float* x, int64_t T, const i
         be.matmul(L.ffn_down, b.fg, h.n_ff, T, b.tmp, E);
     } else {
         be.moe(L.moe, b.xn, T, b.tmp);
+        if (ff_split_) be.reduce_sum(b.tmp, T * E);  // tensor parallel: every rank's strip
     }
     be.add(x, b.tmp, T * E);
 }

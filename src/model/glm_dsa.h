@@ -108,8 +108,11 @@ class GlmDsaModel final : public Model {
     backend::CacheType cache_type_;
     bool dense_attention_ = false;
     // Tensor parallelism: the ranks sharing the heads, and this rank's heads.
-    int tp_size_ = 1;
+    int tp_size_ = 1, tp_rank_ = 0;
     int64_t n_head_local_ = 0, head_first_ = 0;
+    // ... and the routed experts' hidden units (when they are split).
+    bool ff_split_ = false;
+    int64_t ff_first_ = 0, ff_local_ = 0;
     HeldLayers held_;  // the layers this process holds (a layer split)
     TensorSource tensors_;
     backend::Weight tok_embd_, output_;

@@ -137,6 +137,7 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
       cache_type_(opt.cache_type),
       dense_attention_(opt.dense_attention),
       tp_size_(opt.tp_size),
+      tp_rank_(opt.tp_rank),
       n_head_local_(hp_.n_head / std::max(1, opt.tp_size)),
       head_first_(n_head_local_ * opt.tp_rank),
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
@@ -147,6 +148,18 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
         throw Error(f.path() + ": " + std::to_string(hp_.n_head) +
                     " attention heads cannot be shared by " + std::to_string(opt.tp_size) +
                     " ranks (tensor parallelism needs a head count the rank count divides)");
+    if (opt.tp_size > 1 && hp_.n_expert > 0) {
+        // The experts are split when each rank's strip of hidden units is
+        // whole quant blocks of ffn_down_exps; otherwise they stay whole on
+        // every rank (exact, slower), which the load banner says.
+        const gguf::TensorInfo* down =
+            f.find_tensor("blk." + std::to_string(hp_.n_layer - 1) + ".ffn_down_exps.weight");
+        const int64_t block = down ? quant::traits(down->type).block_size : 1;
+        const int64_t F = hp_.n_ff_exp, n = F / opt.tp_size;
+        ff_split_ = F % opt.tp_size == 0 && n % block == 0;
+        ff_local_ = ff_split_ ? n : F;
+        ff_first_ = ff_split_ ? n * opt.tp_rank : 0;
+    }
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);
     output_norm_ = tensors_.vector("output_norm.weight", E);
     output_ = tensors_.has("output.weight") ? tensors_.matrix("output.weight", {E, V}) : tok_embd_;
@@ -189,6 +202,9 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
     describe_layers(info_, held_);
     info_.head_first = head_first_;
     info_.head_end = head_first_ + n_head_local_;
+    info_.n_ff_exp = hp_.n_ff_exp;
+    info_.ff_first = ff_split_ ? ff_first_ : 0;
+    info_.ff_end = ff_split_ ? ff_first_ + ff_local_ : hp_.n_ff_exp;
 }
 
 void GlmDsaModel::load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_indexer) {
@@ -234,7 +250,20 @@ void GlmDsaModel::load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_i
         return;
     }
     backend::MoeWeights& m = L.moe;
-    m = load_moe(ts, p, E, h.n_ff_exp, h.n_expert, h.n_expert_shared, false);
+    const auto experts_layout =
+        ff_split_ ? TensorSource::Layout::Plain : TensorSource::Layout::Products;
+    m = load_moe(ts, p, E, h.n_ff_exp, h.n_expert, h.n_expert_shared, false, experts_layout);
+    if (ff_split_) {
+        // Each routed expert split along its hidden units: gate / up by
+        // output rows, down by input columns; the router's top-k is the same
+        // on every rank. The shared expert is whole, on rank 0 only, so that
+        // the ranks' partial sums count it once.
+        const int64_t f0 = ff_first_, n = ff_local_;
+        m.gate = rows_of(m.gate, f0, n, p + "ffn_gate_exps.weight");
+        m.up = rows_of(m.up, f0, n, p + "ffn_up_exps.weight");
+        m.down = columns_of(m.down, f0, n, p + "ffn_down_exps.weight");
+        if (tp_rank_ != 0) m.shared_gate = m.shared_up = m.shared_down = backend::Weight{};
+    }
     m.n_used = int(h.n_expert_used);
     m.norm_weights = h.expert_norm;
     m.weights_scale = h.expert_scale;

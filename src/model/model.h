@@ -40,6 +40,9 @@ struct ModelInfo {
     int64_t layer_end = 0;
     bool holds_head = true;
     int64_t head_first = 0, head_end = 0;  // the attention heads held (tensor parallel)
+    // Tensor parallel: each routed expert's hidden units held [ff_first, ff_end)
+    // of n_ff_exp; all of them when the experts are whole.
+    int64_t ff_first = 0, ff_end = 0, n_ff_exp = 0;
     uint64_t skipped_bytes = 0;  // weights of the layers other processes hold (never read)
 };
 

@@ -214,13 +214,12 @@ const float* TensorSource::vector(const std::string& name, int64_t n) {
 }
 
 backend::Weight rows_of(const backend::Weight& w, int64_t r0, int64_t n, const std::string& what) {
-    if (w.repacked || w.slices != 1 || r0 < 0 || n <= 0 || r0 + n > w.rows)
+    if (w.repacked || r0 < 0 || n <= 0 || r0 + n > w.rows)
         throw Error(what + ": rows [" + std::to_string(r0) + ", " + std::to_string(r0 + n) +
                     ") cannot be cut from " + std::to_string(w.rows));
-    backend::Weight v = w;
+    backend::Weight v = w;  // slices keep their stride
     v.data = w.data + size_t(r0) * w.row_bytes;
     v.rows = n;
-    v.slice_bytes = size_t(n) * w.row_bytes;
     return v;
 }
 
@@ -238,27 +237,26 @@ backend::Weight slices_of(const backend::Weight& w, int64_t s0, int64_t n,
 backend::Weight columns_of(const backend::Weight& w, int64_t c0, int64_t n,
                            const std::string& what) {
     const int64_t block = quant::traits(w.type).block_size;
-    if (w.repacked || w.slices != 1 || c0 < 0 || n <= 0 || c0 + n > w.cols || c0 % block ||
-        n % block)
+    if (w.repacked || c0 < 0 || n <= 0 || c0 + n > w.cols || c0 % block || n % block)
         throw Error(what + ": columns [" + std::to_string(c0) + ", " + std::to_string(c0 + n) +
                     ") of " + std::to_string(w.cols) + " are not whole " + quant::name(w.type) +
                     " blocks of " + std::to_string(block) + " values");
-    backend::Weight v = w;  // row r stays at data + r * row_bytes of the whole row
+    backend::Weight v = w;  // rows and slices keep their strides
     v.data = w.data + quant::row_size(w.type, c0);
     v.cols = n;
-    v.slice_bytes = size_t(w.rows) * quant::row_size(w.type, n);  // what a product reads
     return v;
 }
 
 backend::MoeWeights load_moe(TensorSource& ts, const std::string& p, int64_t E, int64_t F,
-                             int64_t X, int64_t n_shared, bool bias_required) {
+                             int64_t X, int64_t n_shared, bool bias_required,
+                             TensorSource::Layout experts) {
     backend::MoeWeights m;
     m.router = ts.matrix(p + "ffn_gate_inp.weight", {E, X});
     const std::string bias = p + "exp_probs_b.bias";
     m.bias = bias_required || ts.has(bias) ? ts.vector(bias, X) : nullptr;
-    m.gate = ts.matrix(p + "ffn_gate_exps.weight", {E, F, X});
-    m.up = ts.matrix(p + "ffn_up_exps.weight", {E, F, X});
-    m.down = ts.matrix(p + "ffn_down_exps.weight", {F, E, X});
+    m.gate = ts.matrix(p + "ffn_gate_exps.weight", {E, F, X}, experts);
+    m.up = ts.matrix(p + "ffn_up_exps.weight", {E, F, X}, experts);
+    m.down = ts.matrix(p + "ffn_down_exps.weight", {F, E, X}, experts);
     if (n_shared > 0) {
         const int64_t S = F * n_shared;
         m.shared_gate = ts.matrix(p + "ffn_gate_shexp.weight", {E, S});

@@ -117,10 +117,10 @@ class TensorSource {
     std::unique_ptr<ThreadPool> repack_pool_;
 };
 
-// Views of part of a matrix (tensor parallelism), in the file's row layout:
-// rows [r0, r0 + n), slices [s0, s0 + n), or columns [c0, c0 + n) of every
-// row (whole quant blocks only). Throw, naming `what`, when the part cannot
-// be cut.
+// Views of part of a matrix or stack (tensor parallelism), in the file's row
+// layout: rows [r0, r0 + n) of every slice, slices [s0, s0 + n), or columns
+// [c0, c0 + n) of every row (whole quant blocks only). Throw, naming `what`,
+// when the part cannot be cut.
 backend::Weight rows_of(const backend::Weight& w, int64_t r0, int64_t n, const std::string& what);
 backend::Weight slices_of(const backend::Weight& w, int64_t s0, int64_t n, const std::string& what);
 backend::Weight columns_of(const backend::Weight& w, int64_t c0, int64_t n,
@@ -129,9 +129,11 @@ backend::Weight columns_of(const backend::Weight& w, int64_t c0, int64_t n,
 // The MoE tensors of one block (p = "blk.N."): router, selection bias,
 // expert stacks and, when n_shared > 0, the shared expert. The routing
 // parameters (experts used, normalisation, scale, clamps) are the caller's.
+// experts: the routed stacks' layout (Plain when a caller cuts views of them).
 backend::MoeWeights load_moe(TensorSource& ts, const std::string& p, int64_t n_embd,
                              int64_t n_ff_exp, int64_t n_expert, int64_t n_shared,
-                             bool bias_required);
+                             bool bias_required,
+                             TensorSource::Layout experts = TensorSource::Layout::Products);
 
 // What the backend's MoE holds for `rows` tokens (memory planning): each
 // token's routed copies of its hidden and output rows and the shared

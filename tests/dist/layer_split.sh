@@ -283,20 +283,28 @@ tp)
       process.exit(d <= Number(process.argv[3]) ? 0 : 1);
     ' "$1" "$2" "$3"
   }
-  # A model whose 6 heads 2 and 3 ranks can share (the tiny shape, F32).
-  "$glm5" make-model --quiet --n-head 6 -o "$work/h6.gguf" >/dev/null || fail "make-model"
-  for m in "$work/h6.gguf" "$src/models/kjv-mini.gguf"; do
+  # Models whose 6 heads 2 and 3 ranks can share (the tiny shape, F32): with
+  # experts of 48 hidden units (split in 2 and 3 strips) and of 32 (3 ranks
+  # keep them whole).
+  "$glm5" make-model --quiet --n-head 6 --n-ff-exp 48 -o "$work/h6.gguf" >/dev/null ||
+    fail "make-model"
+  "$glm5" make-model --quiet --n-head 6 -o "$work/h6w.gguf" >/dev/null || fail "make-model"
+  for m in "$work/h6.gguf" "$src/models/kjv-mini.gguf" "$work/h6w.gguf"; do
     toks=5,9,17,33,65,129,257,3,7,11
     "$glm5" logits --model "$m" -t 1 --cache-type f32 --tokens $toks --all >"$work/one.json" \
       2>/dev/null || fail "$m: one process"
     nps="2 3"
     [[ $m == *kjv* ]] && nps=2  # 4 heads
+    [[ $m == *h6w* ]] && nps=3
     for np in $nps; do
       "$mpi" "$np" "$glm5" logits --model "$m" --tp "$np" -t 1 --cache-type f32 --tokens $toks \
         --all >"$work/tp.json" 2>"$work/err" || { cat "$work/err"; fail "$m: --tp $np"; }
       d=$(close "$work/one.json" "$work/tp.json" 1e-4) || fail "$m --tp $np: logits differ by $d"
       [[ $(grep -c "^glm5: rank [0-9]/$np: attention heads" "$work/err") == "$np" ]] ||
         fail "$m: every rank's banner"
+      want="of every routed expert"
+      [[ $m == *h6w* ]] && want="every expert whole"
+      [[ $(grep -c "$want" "$work/err") == "$np" ]] || { cat "$work/err"; fail "$m: '$want'"; }
       for spec in "" "--spec"; do
         args=(run --model "$m" -t 1 --cache-type f32 --tokens 1,2,3,4,5,6 --print-ids -n 40
           --temp 0 --ignore-eos $spec)
