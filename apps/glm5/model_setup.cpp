@@ -86,8 +86,8 @@ void add_model_flags(Args& a, bool model_required) {
              "run the model as N processes of whole layers each (start them with mpirun -np N; "
              "rank 0 does all input and output)");
     a.option("tp", "N", "1",
-             "tensor parallelism (glm-dsa): N processes (mpirun -np N) share every layer's "
-             "attention heads; experts, indexer, router, norms and embedding are replicated");
+             "tensor parallelism: N processes (mpirun -np N) share every layer's attention "
+             "heads and every routed expert's hidden units; the rest is replicated");
     a.option("layer-split-batches", "M", "0",
              "with --layer-split: cut each step's sequences into up to M micro-batches that "
              "follow each other through the ranks, so that the ranks work at the same time "

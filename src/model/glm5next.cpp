@@ -575,6 +575,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
             mla(b, il, L, x, sub);
         else
             kda(b, il, L, x, sub);
+        be.reduce_sum(sub, T * E);  // tensor parallel: every rank's heads
         be.hc_expand(X, sub, b.post, b.comb, T, S, E, Xnext);
         std::swap(X, Xnext);
 
@@ -583,6 +584,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
         be.hc_reduce(X, b.pre, T, S, E, x);
         be.rms_norm(x, E, L.ffn_norm, T, E, h.eps, x, E);
         ffn(b, L, x, sub);
+        if (ff_split_ && !L.dense) be.reduce_sum(sub, T * E);  // every rank's expert strips
         be.hc_expand(X, sub, b.post, b.comb, T, S, E, Xnext);
         std::swap(X, Xnext);
     }

@@ -148,6 +148,13 @@ class Glm5NextModel final : public Model {
     backend::CacheType cache_type_;
     bool dense_attention_ = false;
     const gguf::File& file_;
+    // Tensor parallelism: the ranks sharing every layer's heads (hp_.n_head
+    // holds this rank's counts, full_heads_ the file's) and the experts'
+    // hidden units (when split).
+    std::vector<int64_t> full_heads_;
+    int tp_size_ = 1, tp_rank_ = 0;
+    bool ff_split_ = false;
+    int64_t ff_first_ = 0, ff_local_ = 0;
     HeldLayers held_;  // the layers this process holds (a layer split)
     TensorSource tensors_;
     backend::Weight tok_embd_, output_;

@@ -198,10 +198,33 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
       tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
-    if (opt.tp_size > 1)
-        throw Error(f.path() +
-                    ": tensor parallelism is built for glm-dsa only so far (run "
-                    "glm5next with --layer-split)");
+    full_heads_ = hp_.n_head;
+    if (opt.tp_size > 1) {
+        // Tensor parallel: every layer's heads (KDA and MLA) shared by the
+        // ranks; from here on hp_.n_head holds this rank's count.
+        if (opt.tp_rank < 0 || opt.tp_rank >= opt.tp_size || !opt.layers.whole())
+            throw Error(f.path() + ": bad tensor-parallel rank");
+        for (size_t il = 0; il < hp_.n_head.size(); ++il) {
+            if (hp_.n_head[il] % opt.tp_size != 0)
+                throw Error(f.path() + ": layer " + std::to_string(il) + "'s " +
+                            std::to_string(hp_.n_head[il]) +
+                            " attention heads cannot be shared by " + std::to_string(opt.tp_size) +
+                            " ranks (tensor parallelism needs head counts the rank count divides)");
+            hp_.n_head[il] /= opt.tp_size;
+        }
+        tp_size_ = opt.tp_size;
+        tp_rank_ = opt.tp_rank;
+        if (hp_.n_expert > 0) {
+            // Experts split when each strip is whole quant blocks of ffn_down_exps.
+            const gguf::TensorInfo* down =
+                f.find_tensor("blk." + std::to_string(hp_.n_layer - 1) + ".ffn_down_exps.weight");
+            const int64_t block = down ? quant::traits(down->type).block_size : 1;
+            const int64_t F = hp_.n_ff_exp, n = F / opt.tp_size;
+            ff_split_ = F % opt.tp_size == 0 && n % block == 0;
+            ff_local_ = ff_split_ ? n : F;
+            ff_first_ = ff_split_ ? n * opt.tp_rank : 0;
+        }
+    }
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);
     output_norm_ = tensors_.vector("output_norm.weight", E);
     output_ = tensors_.has("output.weight") ? tensors_.matrix("output.weight", {E, V}) : tok_embd_;
@@ -239,6 +262,11 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
     info_.repack_skipped = tensors_.repack_skipped();
     info_.skipped_bytes = tensors_.bytes_skipped();
     describe_layers(info_, held_);
+    info_.head_first = hp_.n_head.empty() ? 0 : hp_.n_head[0] * tp_rank_;
+    info_.head_end = hp_.n_head.empty() ? 0 : info_.head_first + hp_.n_head[0];
+    info_.n_ff_exp = hp_.n_ff_exp;
+    info_.ff_first = ff_split_ ? ff_first_ : 0;
+    info_.ff_end = ff_split_ ? ff_first_ + ff_local_ : hp_.n_ff_exp;
 }
 
 const float* Glm5NextModel::load_floats(const std::string& name,
@@ -258,10 +286,15 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
     const Glm5NextHParams& h = hp_;
     TensorSource& ts = tensors_;
     const gguf::File& f = file_;
-    const int64_t E = h.n_embd, S = h.hc_streams, H = h.n_head[size_t(il)];
+    // H: the layer's heads (shapes in the file); Hl, h0: this rank's (all of
+    // them but under tensor parallelism).
+    const int64_t E = h.n_embd, S = h.hc_streams, H = full_heads_[size_t(il)];
+    const int64_t Hl = h.n_head[size_t(il)], h0 = Hl * tp_rank_;
+    const bool tp = tp_size_ > 1;
+    const auto cut = tp ? TensorSource::Layout::Plain : TensorSource::Layout::Products;
     const std::string p = "blk." + std::to_string(il) + ".";
     L.mla = h.is_mla[size_t(il)];
-    L.n_head = H;
+    L.n_head = Hl;
 
     // Hyper-connections around both sublayers.
     for (auto [hc, sub] : {std::pair{&L.hc_attn, "attn"}, std::pair{&L.hc_ffn, "ffn"}}) {
@@ -276,42 +309,66 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
     if (!L.mla) {
         // KDA linear attention.
         const int64_t D = h.kda_dim, di = H * D, K = h.conv_k;
-        L.wq = ts.matrix(p + "attn_q.weight", {E, di});
-        L.wk = ts.matrix(p + "attn_k.weight", {E, di});
-        L.wv = ts.matrix(p + "attn_v.weight", {E, di});
+        const int64_t c0 = h0 * D, dl = Hl * D;  // this rank's channels
+        L.wq = ts.matrix(p + "attn_q.weight", {E, di}, cut);
+        L.wk = ts.matrix(p + "attn_k.weight", {E, di}, cut);
+        L.wv = ts.matrix(p + "attn_v.weight", {E, di}, cut);
         const char* uvw[3] = {"q", "k", "v"};
-        for (int u = 0; u < 3; ++u)
+        for (int u = 0; u < 3; ++u) {
             L.conv[u] = load_floats(p + "ssm_conv1d_" + uvw[u] + ".weight", {K, 1, di});
+            if (L.conv[u]) L.conv[u] += c0 * K;  // K taps per channel
+        }
         const gguf::TensorInfo& fa = require_tensor(f, p + "ssm_f_a.weight");
         const int64_t r = fa.ne[1];
         L.f_a = ts.matrix(p + "ssm_f_a.weight", {E, r});
-        L.f_b = ts.matrix(p + "ssm_f_b.weight", {r, di});
+        L.f_b = ts.matrix(p + "ssm_f_b.weight", {r, di}, cut);
         L.dt_bias = ts.vector(p + "ssm_dt.bias", di);
+        if (L.dt_bias) L.dt_bias += c0;
         const float* a = ts.vector_any_shape(p + "ssm_a", H);
-        L.decay_rate.resize(size_t(H));
-        for (int64_t i = 0; a && i < H; ++i) L.decay_rate[size_t(i)] = -a[i];
-        L.beta = ts.matrix(p + "ssm_beta.weight", {E, H});
+        L.decay_rate.resize(size_t(Hl));
+        for (int64_t i = 0; a && i < Hl; ++i) L.decay_rate[size_t(i)] = -a[h0 + i];
+        L.beta = ts.matrix(p + "ssm_beta.weight", {E, H}, cut);
         if (ts.has(p + "ssm_g.weight")) {
-            L.g_full = ts.matrix(p + "ssm_g.weight", {E, di});
+            L.g_full = ts.matrix(p + "ssm_g.weight", {E, di}, cut);
         } else {
             const gguf::TensorInfo& ga = require_tensor(f, p + "ssm_g_a.weight");
             const int64_t rg = ga.ne[1];
             L.g_a = ts.matrix(p + "ssm_g_a.weight", {E, rg});
-            L.g_b = ts.matrix(p + "ssm_g_b.weight", {rg, di});
+            L.g_b = ts.matrix(p + "ssm_g_b.weight", {rg, di}, cut);
         }
         L.o_norm = ts.vector(p + "ssm_norm.weight", D);
-        L.wo = ts.matrix(p + "attn_output.weight", {di, E});
+        L.wo = ts.matrix(p + "attn_output.weight", {di, E}, cut);
+        if (tp) {
+            // Column-parallel projections and gates, row-parallel output:
+            // this rank's heads, their conv tails and delta states.
+            L.wq = rows_of(L.wq, c0, dl, p + "attn_q.weight");
+            L.wk = rows_of(L.wk, c0, dl, p + "attn_k.weight");
+            L.wv = rows_of(L.wv, c0, dl, p + "attn_v.weight");
+            L.f_b = rows_of(L.f_b, c0, dl, p + "ssm_f_b.weight");
+            L.beta = rows_of(L.beta, h0, Hl, p + "ssm_beta.weight");
+            if (L.g_full)
+                L.g_full = rows_of(L.g_full, c0, dl, p + "ssm_g.weight");
+            else
+                L.g_b = rows_of(L.g_b, c0, dl, p + "ssm_g_b.weight");
+            L.wo = columns_of(L.wo, c0, dl, p + "attn_output.weight");
+        }
     } else {
         // NoPE absorbed MLA.
         const int64_t R = h.kv_lora;
         L.q_a = ts.matrix(p + "attn_q_a.weight", {E, h.q_lora});
         L.q_a_norm = ts.vector(p + "attn_q_a_norm.weight", h.q_lora);
-        L.q_b = ts.matrix(p + "attn_q_b.weight", {h.q_lora, H * h.k_mla});
+        L.q_b = ts.matrix(p + "attn_q_b.weight", {h.q_lora, H * h.k_mla}, cut);
         L.kv_a = ts.matrix(p + "attn_kv_a_mqa.weight", {E, R});
         L.kv_a_norm = ts.vector(p + "attn_kv_a_norm.weight", R);
-        L.k_b = ts.matrix(p + "attn_k_b.weight", {h.k_mla, R, H});
-        L.v_b = ts.matrix(p + "attn_v_b.weight", {R, h.v_mla, H});
-        L.wo = ts.matrix(p + "attn_output.weight", {H * h.v_mla, E});
+        L.k_b = ts.matrix(p + "attn_k_b.weight", {h.k_mla, R, H}, cut);
+        L.v_b = ts.matrix(p + "attn_v_b.weight", {R, h.v_mla, H}, cut);
+        L.wo = ts.matrix(p + "attn_output.weight", {H * h.v_mla, E}, cut);
+        if (tp) {
+            L.q_b = rows_of(L.q_b, h0 * h.k_mla, Hl * h.k_mla, p + "attn_q_b.weight");
+            L.k_b = slices_of(L.k_b, h0, Hl, p + "attn_k_b.weight");
+            L.v_b = slices_of(L.v_b, h0, Hl, p + "attn_v_b.weight");
+            L.wo = columns_of(L.wo, h0 * h.v_mla, Hl * h.v_mla, p + "attn_output.weight");
+        }
         L.indexer = with_indexer;
         if (with_indexer) {
             const int64_t Di = h.idx_dim, B = h.idx_pool;
@@ -336,7 +393,16 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
         return;
     }
     backend::MoeWeights& m = L.moe;
-    m = load_moe(ts, p, E, h.n_ff_exp, h.n_expert, h.n_expert_shared, true);
+    m = load_moe(ts, p, E, h.n_ff_exp, h.n_expert, h.n_expert_shared, true,
+                 ff_split_ ? TensorSource::Layout::Plain : TensorSource::Layout::Products);
+    if (ff_split_) {
+        // Each routed expert's strip of hidden units (the SwiGLU clamp is per
+        // unit); the shared expert whole, on rank 0 only.
+        m.gate = rows_of(m.gate, ff_first_, ff_local_, p + "ffn_gate_exps.weight");
+        m.up = rows_of(m.up, ff_first_, ff_local_, p + "ffn_up_exps.weight");
+        m.down = columns_of(m.down, ff_first_, ff_local_, p + "ffn_down_exps.weight");
+        if (tp_rank_ != 0) m.shared_gate = m.shared_up = m.shared_down = backend::Weight{};
+    }
     m.n_used = int(h.n_expert_used);
     m.norm_weights = h.expert_norm;
     m.weights_scale = h.expert_scale;

@@ -169,8 +169,8 @@ struct LoadOptions {
     backend::CacheType cache_type = backend::CacheType::F16;
     LayerRange layers;  // everything unless a layer split says otherwise
     // Tensor parallelism: this process is rank tp_rank of tp_size sharing
-    // every layer's attention heads (glm-dsa); the backend's reducer sums
-    // the partial attention outputs.
+    // every layer's attention heads and expert hidden units; the backend's
+    // reducer sums the partial outputs.
     int tp_rank = 0;
     int tp_size = 1;
     bool load_nextn = false;  // --spec
