@@ -67,8 +67,8 @@ void CpuBackend::mla_attention(std::span<const AttentionQuery> queries, int64_t 
     OpTimer timer_(profile_, "mla_attention", int64_t(queries.size()));
     // Few queries (decode): split each query's heads across threads, one
     // group per thread (every group converts all the rows it reads, so
-    // more groups cost more conversions: two per thread were 10% slower
-    // decode at depth 2048); many (prefill): one task per query, all
+    // more groups cost more conversions: two per thread measured slower
+    // decode deep in a context); many (prefill): one task per query, all
     // heads sharing each row read.
     const int64_t nq = int64_t(queries.size());
     if (nq < pool_.size() && queries[0].cache.type == CacheType::F16) {

@@ -249,9 +249,9 @@ class CpuBackend final : public Backend {
     // independently of how rows, heads or columns are grouped), so the
     // split changes no bit. At depth 2048 (the indexer's top_k: every token
     // of a longer conversation) the head split read each layer's 2.4 MB of
-    // rows in every thread; per-token A/B runs: 6-7% faster decode there,
-    // neutral at 1200 rows, 5% slower at 600 (three passes' overhead), hence
-    // the threshold.
+    // rows in every thread; splitting by rows measured faster decode there,
+    // about even near 1200 rows and slower at 600 (three passes' overhead),
+    // hence the threshold.
     static constexpr int64_t kWideRows = 1536;
     void attend_wide(const AttentionQuery& q, int64_t H, int64_t v_width, float scale);
 
