@@ -738,6 +738,7 @@ Matcher::R Matcher::step_tags(const Frame& f, const Node& n, int32_t c) {
 
 namespace {
 
+// Only a schema's unions and references can fail to link (tool calls build neither).
 [[noreturn]] void refuse(const std::string& where, const std::string& msg) {
     throw Error("json schema: " + msg + " (at " + where + ")");
 }
@@ -759,7 +760,9 @@ std::string show_byte(int c) {
     return "byte " + std::to_string(c);
 }
 
-void finish(Grammar& g) {
+}  // namespace
+
+void link_grammar(Grammar& g) {
     auto& nodes = g.nodes;
 
     // 1. Resolve references.
@@ -1100,12 +1103,6 @@ void finish(Grammar& g) {
         for (const auto& [c, nx] : tr.next)
             tr.dist = std::min(tr.dist, g.tries[size_t(nx)].dist + 1);
     }
-}
-
-}  // namespace
-
-void link_grammar(Grammar& g) {
-    finish(g);
 }
 
 }  // namespace glm5::runtime
