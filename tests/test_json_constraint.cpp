@@ -3,8 +3,8 @@
 // token exactly when complete, and refuse the keywords they do not implement. Random walks
 // over the glm-dsa fixture vocabulary (uniform over the allowed tokens and through the
 // Sampler with random logits), the trie walk checked token by token against a direct
-// simulation on a 32K vocabulary (with its cost per step), and the tiny fixture model end to
-// end.
+// simulation on a 32K vocabulary (with its cost per step), the tiny fixture model end to
+// end, and the number-length cap JSON output shares with tool calls.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -18,8 +18,10 @@
 #include "gen/vocab.h"
 #include "gguf/gguf.h"
 #include "runtime/engine.h"
-#include "runtime/json_constraint.h"
+#include "runtime/json_schema.h"
 #include "runtime/sampler.h"
+#include "runtime/tool_call.h"
+#include "server/response_format.h"
 #include "text/tokenizer.h"
 #include "util_model.h"
 
@@ -311,7 +313,7 @@ struct Walk {
 // `sampler` is set) for at most `budget` tokens, checking at every step that stop tokens are
 // allowed exactly when the text so far is a valid document and are then the only choice
 // for containers.
-Walk walk(const Vocab& v, JsonConstraint& c, const ojson& schema, int budget, std::mt19937& rng,
+Walk walk(const Vocab& v, GrammarConstraint& c, const ojson& schema, int budget, std::mt19937& rng,
           Sampler* sampler = nullptr) {
     Walk w;
     std::vector<int32_t> allowed;
@@ -356,8 +358,8 @@ Walk walk(const Vocab& v, JsonConstraint& c, const ojson& schema, int budget, st
     return w;
 }
 
-JsonLimits small_limits() {
-    JsonLimits l;
+GrammarLimits small_limits() {
+    GrammarLimits l;
     l.max_string_chars = 12;
     l.max_array_items = 4;
     l.max_object_members = 4;
@@ -370,14 +372,14 @@ JsonLimits small_limits() {
 
 // Runs `n` walks with budgets from the schema's shortest document up to +extra; each must
 // end in a valid document.
-void run_walks(const ojson& schema, const std::shared_ptr<const JsonGrammar>& g, int n, int extra,
+void run_walks(const ojson& schema, const std::shared_ptr<const Grammar>& g, int n, int extra,
                uint32_t seed, bool with_sampler = false) {
     const Vocab& v = fixture();
     std::mt19937 rng(seed);
     const int minlen = int(min_document_bytes(*g));
     int stopped = 0;
     for (int k = 0; k < n; ++k) {
-        JsonConstraint c(g, v.jv);
+        GrammarConstraint c(g, v.jv);
         const int budget = minlen + int(rng() % uint32_t(extra + 1));
         SamplerParams sp;
         sp.temperature = 1.0f;
@@ -482,7 +484,7 @@ TEST(JsonConstraint, VocabularyHasEveryByte) {
 }
 
 TEST(JsonConstraint, ShortestDocuments) {
-    const JsonLimits lim = small_limits();
+    const GrammarLimits lim = small_limits();
     EXPECT_EQ(min_document_bytes(*compile_json_schema(ojson::parse(kFlat), lim)),
               int64_t(strlen(kFlatMin)));
     EXPECT_EQ(min_document_bytes(*compile_json_schema(ojson::parse(kNested), lim)),
@@ -513,8 +515,9 @@ TEST(JsonConstraint, UnionsRefsAndMapsWalks) {
 
 TEST(JsonConstraint, JsonObjectWalks) {
     const ojson s = ojson{{"type", "object"}};
-    run_walks(s, grammar_from_response_format(ojson{{"type", "json_object"}}, small_limits()), 250,
-              100, 4);
+    run_walks(s,
+              server::grammar_from_response_format(ojson{{"type", "json_object"}}, small_limits()),
+              250, 100, 4);
 }
 
 TEST(JsonConstraint, ArraysAndScalarsAtTopLevel) {
@@ -552,7 +555,7 @@ TEST(JsonConstraint, TightBudgetIsTheShortestDocument) {
         std::mt19937 rng(12);
         const int n = int(min_document_bytes(*g));
         for (int k = 0; k < 100; ++k) {
-            JsonConstraint c(g, v.jv);
+            GrammarConstraint c(g, v.jv);
             const Walk w = walk(v, c, s, n, rng);
             ASSERT_EQ(check_document(w.text, s), "") << w.text;
             EXPECT_LE(w.tokens, n);
@@ -560,7 +563,7 @@ TEST(JsonConstraint, TightBudgetIsTheShortestDocument) {
         // Too small a budget: the walk never runs out of choices, and while the end is out
         // of reach every token brings it closer.
         for (int k = 0; k < 20; ++k) {
-            JsonConstraint c(g, v.jv);
+            GrammarConstraint c(g, v.jv);
             const int budget = n / 2;
             for (int i = 0; i < budget && !c.complete(); ++i) {
                 c.set_remaining(budget - i);
@@ -587,7 +590,7 @@ TEST(JsonConstraint, DeclarationOrderRequiredAndEnums) {
     for (const auto& [k, x] : s["properties"].items()) order.push_back(k);
     std::set<std::string> colors;
     for (int k = 0; k < 200; ++k) {
-        JsonConstraint c(g, v.jv);
+        GrammarConstraint c(g, v.jv);
         const Walk w = walk(v, c, s, 120, rng);
         const ojson doc = ojson::parse(w.text);
         size_t pos = 0;
@@ -607,7 +610,7 @@ TEST(JsonConstraint, DeclarationOrderRequiredAndEnums) {
     }
     EXPECT_EQ(colors.size(), 3u);  // every enum value is reachable
     // With nlohmann::json the properties come sorted by name.
-    JsonConstraint c(compile_json_schema(json::parse(kFlat), small_limits()), v.jv);
+    GrammarConstraint c(compile_json_schema(json::parse(kFlat), small_limits()), v.jv);
     const Walk w = walk(v, c, s, 120, rng);
     EXPECT_EQ(w.text.rfind("{\"age\":", 0), 0u) << w.text;
 }
@@ -621,7 +624,7 @@ TEST(JsonConstraint, StringsEscapesAndUtf8) {
     std::mt19937 rng(14);
     int escapes = 0, multibyte = 0;
     for (int k = 0; k < 300; ++k) {
-        JsonConstraint c(g, v.jv);
+        GrammarConstraint c(g, v.jv);
         const Walk w = walk(v, c, s, 90, rng);
         ASSERT_EQ(check_document(w.text, s), "") << w.text;
         const std::string str = json::parse(w.text)["s"].get<std::string>();
@@ -635,7 +638,7 @@ TEST(JsonConstraint, StringsEscapesAndUtf8) {
 
     // Feeding bytes directly: surrogate escapes and overlong / surrogate UTF-8 are refused.
     auto accepts_all = [&](const std::string& bytes) {
-        JsonConstraint c(g, v.jv);
+        GrammarConstraint c(g, v.jv);
         for (unsigned char ch : bytes) {
             int32_t tokid = -1;
             for (int32_t t = 0; t < v.tok->n_vocab() && tokid < 0; ++t)
@@ -663,7 +666,7 @@ TEST(JsonConstraint, ControlTokensNeverInsideTheDocument) {
     const auto g = json_object_grammar(small_limits());
     std::mt19937 rng(15);
     for (int k = 0; k < 50; ++k) {
-        JsonConstraint c(g, v.jv);
+        GrammarConstraint c(g, v.jv);
         for (int i = 0; i < 40 && !c.complete(); ++i) {
             for (int32_t id = 0; id < v.tok->n_vocab(); ++id)
                 if (v.tok->is_control(id) && !is_stop(v, id)) {
@@ -676,33 +679,34 @@ TEST(JsonConstraint, ControlTokensNeverInsideTheDocument) {
         }
     }
     // accept() refuses what allows() refuses.
-    JsonConstraint c(g, v.jv);
+    GrammarConstraint c(g, v.jv);
     EXPECT_THROW(c.accept(v.tok->stop_ids()[0]), Error);
     EXPECT_THROW(c.accept(v.tok->encode("x")[0]), Error);
 }
 
 TEST(JsonConstraint, ResponseFormats) {
-    const JsonLimits lim = small_limits();
-    EXPECT_EQ(grammar_from_response_format(ojson(nullptr)), nullptr);
-    EXPECT_EQ(grammar_from_response_format(ojson{{"type", "text"}}), nullptr);
+    const GrammarLimits lim = small_limits();
+    EXPECT_EQ(server::grammar_from_response_format(ojson(nullptr)), nullptr);
+    EXPECT_EQ(server::grammar_from_response_format(ojson{{"type", "text"}}), nullptr);
     const ojson wrapped = ojson::parse(
         std::string(R"({"type":"json_schema","json_schema":{"name":"p","strict":true,"schema":)") +
         kNested + "}}");
     const ojson bare =
         ojson::parse(std::string(R"({"type":"json_schema","json_schema":)") + kNested + "}");
-    const auto g1 = grammar_from_response_format(wrapped, lim);
-    const auto g2 = grammar_from_response_format(bare, lim);
+    const auto g1 = server::grammar_from_response_format(wrapped, lim);
+    const auto g2 = server::grammar_from_response_format(bare, lim);
     EXPECT_EQ(min_document_bytes(*g1), int64_t(strlen(kNestedMin)));
     EXPECT_EQ(min_document_bytes(*g2), int64_t(strlen(kNestedMin)));
     run_walks(ojson::parse(kNested), g1, 30, 60, 16);
     // The wrapper straight into compile_json_schema, and through nlohmann::json.
     EXPECT_EQ(min_document_bytes(*compile_json_schema(wrapped["json_schema"], lim)),
               int64_t(strlen(kNestedMin)));
-    EXPECT_EQ(min_document_bytes(*grammar_from_response_format(json::parse(wrapped.dump()), lim)),
-              int64_t(strlen(kNestedMin)));
-    EXPECT_THROW(grammar_from_response_format(ojson{{"type", "yaml"}}), Error);
-    EXPECT_THROW(grammar_from_response_format(ojson{{"type", "json_schema"}}), Error);
-    EXPECT_THROW(grammar_from_response_format(ojson("json")), Error);
+    EXPECT_EQ(
+        min_document_bytes(*server::grammar_from_response_format(json::parse(wrapped.dump()), lim)),
+        int64_t(strlen(kNestedMin)));
+    EXPECT_THROW(server::grammar_from_response_format(ojson{{"type", "yaml"}}), Error);
+    EXPECT_THROW(server::grammar_from_response_format(ojson{{"type", "json_schema"}}), Error);
+    EXPECT_THROW(server::grammar_from_response_format(ojson("json")), Error);
 }
 
 TEST(JsonConstraint, RefusesWhatItDoesNotImplement) {
@@ -809,13 +813,13 @@ TEST(JsonConstraint, TrieWalkMatchesDirectCheck) {
     const auto stress = stress_vocab(20000, 21);
     for (const Vocab* v : {&fixture(), &vocab32k(), static_cast<const Vocab*>(stress.get())}) {
         // Small caps, and the default ones (long strings, where the string cache is used).
-        const std::shared_ptr<const JsonGrammar> grammars[] = {
+        const std::shared_ptr<const Grammar> grammars[] = {
             compile_json_schema(s, small_limits()), json_object_grammar(small_limits()),
             compile_json_schema(ojson::parse(kNested))};
         std::mt19937 rng(18);
         const int walks = v == &fixture() ? 45 : 9;
         for (int k = 0; k < walks; ++k) {
-            JsonConstraint c(grammars[k % 3], v->jv);
+            GrammarConstraint c(grammars[k % 3], v->jv);
             const int budget = 20 + int(rng() % 80);
             for (int i = 0; i < budget; ++i) {
                 if (k % 4 != 3) c.set_remaining(budget - i);
@@ -841,7 +845,7 @@ TEST(JsonConstraint, TrieWalkMatchesDirectCheck) {
 // scheduling noise).
 void measure_steps(const Vocab& v, const char* label) {
     const ojson s = ojson::parse(kNested);
-    JsonLimits lim;
+    GrammarLimits lim;
     lim.max_string_chars = 24;
     const auto g = compile_json_schema(s, lim);
     std::mt19937 rng(19);
@@ -849,7 +853,7 @@ void measure_steps(const Vocab& v, const char* label) {
     std::vector<double> t[3];
     size_t total_allowed = 0;
     for (int k = 0; k < 20; ++k) {
-        JsonConstraint c(g, v.jv);
+        GrammarConstraint c(g, v.jv);
         const int budget = k % 2 ? 150 : int(min_document_bytes(*g)) + 12;
         for (int i = 0; i < budget; ++i) {
             c.set_remaining(budget - i);
@@ -968,4 +972,50 @@ TEST(JsonConstraint, TinyModelEndToEnd) {
         }
     }
     EXPECT_GT(stopped, 0);
+}
+
+TEST(GrammarLimits, OneNumberCapForJsonAndToolCalls) {
+    // Both front ends take 15 digits in an integer part and in a fraction (the digits a
+    // double always keeps), and refuse a 16th, with the default limits.
+    const Vocab& v = fixture();
+    auto tok_of = [&](const char* s) {
+        const int32_t id = v.tok->find(s);
+        EXPECT_GE(id, 0) << s;
+        return id;
+    };
+    const int32_t one = tok_of("1"), dot = tok_of(".");
+    // Feeds `prefix`, then digits while they are allowed; the digits taken.
+    auto digits_taken = [&](GrammarConstraint& c, const std::vector<int32_t>& prefix) {
+        for (int32_t t : prefix) c.accept(t);
+        int n = 0;
+        while (n < 40 && c.allows(one)) {
+            EXPECT_TRUE(c.allows_uncached(one));
+            c.accept(one);
+            ++n;
+        }
+        EXPECT_FALSE(c.allows_uncached(one));
+        EXPECT_THROW(c.accept(one), Error);
+        return n;
+    };
+
+    const auto integer = compile_json_schema(ojson{{"type", "integer"}});
+    const auto number = compile_json_schema(ojson{{"type", "number"}});
+    GrammarConstraint j_int(integer, v.jv), j_frac(number, v.jv);
+    EXPECT_EQ(digits_taken(j_int, {}), 15);
+    EXPECT_TRUE(j_int.complete());
+    EXPECT_EQ(digits_taken(j_frac, {one, dot}), 15);
+
+    auto tv = std::make_shared<const ToolCallVocab>(*v.tok);
+    ASSERT_TRUE(tv->has_tool_markers());
+    const auto call = compile_tool_call(
+        {{"f",
+          ojson::parse(R"({"properties": {"n": {"type": "integer"}, "x": {"type": "number"}}})")}});
+    const std::vector<int32_t> open_n = {tv->tool_open, tok_of("f"),   tv->key_open,
+                                         tok_of("n"),   tv->key_close, tv->value_open};
+    const std::vector<int32_t> open_x = {tv->tool_open, tok_of("f"),    tv->key_open, tok_of("x"),
+                                         tv->key_close, tv->value_open, one,          dot};
+    GrammarConstraint t_int(call, tv), t_frac(call, tv);
+    EXPECT_EQ(digits_taken(t_int, open_n), 15);
+    EXPECT_TRUE(t_int.allows(tv->value_close));
+    EXPECT_EQ(digits_taken(t_frac, open_x), 15);
 }

@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "gguf/gguf.h"
-#include "runtime/json_constraint.h"
+#include "runtime/json_schema.h"
 #include "server/reply_stream.h"
 #include "server/request.h"
 #include "server/tool_constraint.h"
@@ -399,7 +399,7 @@ TEST(RequestParsing, ToolChoiceAndResponseFormatPickTheConstraint) {
     // tool_choice none: the tools are not rendered into the prompt.
     EXPECT_LT(none.prompts[0].tokens.size(), aut.prompts[0].tokens.size());
     GenRequest js = parse_chat_request(chat(R"("response_format":{"type":"json_object"})"), mc);
-    EXPECT_NE(dynamic_cast<runtime::JsonConstraint*>(engine_params(js, 0, mc).constraint.get()),
+    EXPECT_NE(dynamic_cast<runtime::GrammarConstraint*>(engine_params(js, 0, mc).constraint.get()),
               nullptr);
     EXPECT_THROW(
         parse_chat_request(

@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "runtime/engine.h"
-#include "runtime/json_constraint.h"
+#include "runtime/json_schema.h"
 #include "text/tokenizer.h"
 #include "util_model.h"
 

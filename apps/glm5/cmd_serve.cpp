@@ -17,7 +17,7 @@
 #include "default_model.h"
 #include "model_setup.h"
 #include "runtime/engine.h"
-#include "runtime/json_constraint.h"
+#include "runtime/json_schema.h"
 #include "server/server.h"
 #include "server/tool_constraint.h"
 #include "text/chat.h"

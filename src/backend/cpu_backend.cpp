@@ -4,6 +4,8 @@
 // or sequences share a batch. The class lives in cpu_backend.h.
 #include "backend/cpu_backend.h"
 
+#include <sys/mman.h>
+
 #include <cstdio>
 
 namespace glm5::backend {
@@ -16,6 +18,262 @@ size_t cache_elem_size(CacheType t) {
 }
 
 namespace cpu {
+
+CpuBackend::CpuBackend(const BackendOptions& opt)
+    : pool_(opt.n_threads > 0 ? opt.n_threads : ThreadPool::default_threads()) {
+    per_thread_.resize(size_t(pool_.size()));
+    profile_.fault_hook = opt.fault_hook;
+}
+
+float* CpuBackend::scratch(size_t n) {
+    const size_t bytes = (n * sizeof(float) + kAlign - 1) / kAlign * kAlign;
+    while (cur_ < blocks_.size() && blocks_[cur_].used + bytes > blocks_[cur_].cap) ++cur_;
+    if (cur_ == blocks_.size()) {
+        Block b;
+        b.cap = std::max<size_t>(bytes, size_t(64) << 20);
+        b.p.reset(static_cast<uint8_t*>(aligned_malloc(b.cap)));
+        blocks_.push_back(std::move(b));
+    }
+    Block& b = blocks_[cur_];
+    float* p = reinterpret_cast<float*>(b.p.get() + b.used);
+    b.used += bytes;
+    return p;
+}
+
+void CpuBackend::reset_scratch() {
+    for (auto& b : blocks_) b.used = 0;
+    cur_ = 0;
+}
+
+uint8_t* CpuBackend::alloc_cache(size_t bytes) {
+    if (bytes >= kMappedCache) {
+        void* m =
+            ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED)
+            throw ResourceError("out of memory mapping " + std::to_string(bytes) +
+                                " bytes of cache");
+        std::lock_guard<std::mutex> lk(mapped_mu_);
+        mapped_[static_cast<uint8_t*>(m)] = bytes;
+        return static_cast<uint8_t*>(m);
+    }
+    auto* p = static_cast<uint8_t*>(aligned_malloc(std::max<size_t>(bytes, 1)));
+    std::memset(p, 0, bytes);
+    return p;
+}
+
+void CpuBackend::free_cache(uint8_t* p) {
+    if (!p) return;
+    {
+        std::lock_guard<std::mutex> lk(mapped_mu_);
+        auto it = mapped_.find(p);
+        if (it != mapped_.end()) {
+            ::munmap(p, it->second);
+            mapped_.erase(it);
+            return;
+        }
+    }
+    std::free(p);
+}
+
+void CpuBackend::copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes, const char* why) {
+    OpTimer timer_(profile_, why, int64_t(bytes));
+    std::memcpy(dst, src, bytes);
+}
+
+void CpuBackend::embed(const Weight& table, std::span<const int32_t> ids, float* out) {
+    OpTimer timer_(profile_, "embed", int64_t(ids.size()));
+    if (table.repacked) throw Error("embed: a repacked table has no plain rows");
+    const int64_t E = table.cols;
+    pool_.parallel_for(int64_t(ids.size()), 16, [&](int64_t b, int64_t e, int) {
+        for (int64_t t = b; t < e; ++t)
+            quant::dequantize_row(table.type, table.row(ids[size_t(t)]), out + t * E, E);
+    });
+}
+
+void CpuBackend::rms_norm(const float* x, int64_t xs, const float* w, int64_t n_rows, int64_t dim,
+                          float eps, float* y, int64_t ys) {
+    OpTimer timer_(profile_, "rms_norm", n_rows);
+    pool_.parallel_for(n_rows, 8, [&](int64_t b, int64_t e, int) {
+        for (int64_t r = b; r < e; ++r) simd().rms_norm(x + r * xs, w, dim, eps, y + r * ys);
+    });
+}
+
+void CpuBackend::layer_norm(const float* x, const float* w, const float* bias, int64_t n_rows,
+                            int64_t dim, float eps, float* y) {
+    OpTimer timer_(profile_, "layer_norm", n_rows);
+    pool_.parallel_for(n_rows, 8, [&](int64_t b, int64_t e, int) {
+        for (int64_t r = b; r < e; ++r)
+            kernels::layer_norm_row(x + r * dim, w, bias, dim, eps, y + r * dim);
+    });
+}
+
+void CpuBackend::rope(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
+                      int64_t head_stride, int64_t n_rot, const int32_t* pos, float freq_base) {
+    OpTimer timer_(profile_, "rope", n_tok);
+    pool_.parallel_for(n_tok, 4, [&](int64_t b, int64_t e, int ith) {
+        std::vector<float>& cs = per_thread_[size_t(ith)].rope;
+        cs.resize(size_t(n_rot));
+        for (int64_t t = b; t < e; ++t) {
+            kernels::rope_cos_sin(pos[t], n_rot, freq_base, cs.data());
+            for (int64_t hh = 0; hh < n_heads; ++hh)
+                kernels::rope_apply(x + t * tok_stride + hh * head_stride, n_rot, cs.data());
+        }
+    });
+}
+
+void CpuBackend::hadamard(float* x, int64_t n_vec, int64_t dim) {
+    OpTimer timer_(profile_, "hadamard", n_vec);
+    pool_.parallel_for(n_vec, 16, [&](int64_t b, int64_t e, int) {
+        for (int64_t v = b; v < e; ++v) kernels::hadamard_row(x + v * dim, dim);
+    });
+}
+
+void CpuBackend::copy_rows(const float* src, int64_t ss, const int32_t* rows, int64_t n_rows,
+                           int64_t n_cols, float* dst, int64_t ds) {
+    for (int64_t i = 0; i < n_rows; ++i)
+        std::memcpy(dst + i * ds, src + (rows ? rows[i] : i) * ss, size_t(n_cols) * sizeof(float));
+}
+
+void CpuBackend::scale(float* y, float s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] *= s;
+}
+
+void CpuBackend::swiglu(const float* g, const float* u, int64_t n_rows, int64_t n,
+                        int64_t in_stride, float clamp, float* out) {
+    OpTimer timer_(profile_, "swiglu", n_rows);
+    pool_.parallel_for(n_rows, 16, [&](int64_t b, int64_t e, int) {
+        for (int64_t r = b; r < e; ++r)
+            simd().swiglu(n, g + r * in_stride, u + r * in_stride, clamp, out + r * n);
+    });
+}
+
+void CpuBackend::matmul(const Weight& w, const float* x, int64_t xs, int64_t n_tok, float* y,
+                        int64_t ys) {
+    OpTimer timer_(profile_, "matmul", n_tok, quant::name(w.type));
+    products(w, 1, x, xs, 0, n_tok, y, ys, 0);
+}
+
+void CpuBackend::matmuls(std::span<const MatmulOut> outs, const float* x, int64_t xs,
+                         int64_t n_tok) {
+    OpTimer timer_(profile_, "matmuls", n_tok);
+    if (n_tok <= 0 || outs.empty()) return;
+    // One quantized copy of x per activation format (outs share few).
+    struct Act {
+        quant::Type type;
+        const uint8_t* data;
+        size_t arow;
+    };
+    std::vector<Act> acts;
+    std::vector<size_t> act_of(outs.size());
+    for (size_t j = 0; j < outs.size(); ++j) {
+        const Weight& w = *outs[j].w;
+        const quant::Type at = quant::traits(w.type).vec_dot_type;
+        size_t a = 0;
+        while (a < acts.size() && acts[a].type != at) ++a;
+        if (a == acts.size()) {
+            if (a >= multi_act_.size()) multi_act_.resize(a + 1);
+            size_t arow = 0;
+            const uint8_t* d =
+                quantize_acts(multi_act_[a], w.type, w.cols, 1, x, xs, 0, n_tok, arow);
+            acts.push_back({at, d, arow});
+        }
+        act_of[j] = a;
+    }
+    for_weight_rows(
+        outs.size(), [&](size_t j) -> const Weight& { return *outs[j].w; },
+        [&](size_t j, int64_t r0, int64_t r1) {
+            const Act& a = acts[act_of[j]];
+            product_rows(*outs[j].w, 0, r0, r1, a.data, a.arow, n_tok, outs[j].y, outs[j].y_stride);
+        });
+    for (const MatmulOut& o : outs) weight_bytes_ += o.w->payload_bytes();
+    matmul_calls_ += outs.size();
+}
+
+void CpuBackend::matmul_slices(const Weight& w, const float* x, int64_t x_tok, int64_t x_slice,
+                               int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice) {
+    OpTimer timer_(profile_, "matmul_slices", n_tok, quant::name(w.type));
+    products(w, w.slices, x, x_tok, x_slice, n_tok, y, y_tok, y_slice);
+}
+
+const uint8_t* CpuBackend::quantize_acts(ByteBuffer& buf, quant::Type type, int64_t cols, int64_t S,
+                                         const float* x, int64_t x_tok, int64_t x_slice, int64_t n,
+                                         size_t& arow) {
+    const quant::Type at = quant::traits(type).vec_dot_type;
+    arow = quant::row_size(at, cols);
+    uint8_t* act = buf.get(arow * size_t(S * n));
+    // At least 16K values per chunk: decode's few rows (16 heads of a
+    // slice product, 8 experts' hidden rows) take about a microsecond,
+    // less than handing them to the pool and waiting for it.
+    const int64_t grain = std::max<int64_t>(4, (int64_t(1) << 14) / std::max<int64_t>(1, cols));
+    pool_.parallel_for(S * n, grain, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) {
+            const int64_t s = i / n, t = i % n;
+            quant::quantize_activation_row(at, x + t * x_tok + s * x_slice, act + size_t(i) * arow,
+                                           cols);
+        }
+    });
+    return act;
+}
+
+void CpuBackend::products(const Weight& w, int64_t S, const float* x, int64_t x_tok,
+                          int64_t x_slice, int64_t n, float* y, int64_t y_tok, int64_t y_slice) {
+    if (n <= 0) return;
+    size_t arow = 0;
+    const uint8_t* act = quantize_acts(act_buf_, w.type, w.cols, S, x, x_tok, x_slice, n, arow);
+    for_weight_rows(
+        size_t(S), [&](size_t) -> const Weight& { return w; },
+        [&](size_t s, int64_t r0, int64_t r1) {
+            product_rows(w, int64_t(s), r0, r1, act + size_t(int64_t(s) * n) * arow, arow, n,
+                         y + int64_t(s) * y_slice, y_tok);
+        });
+    weight_bytes_ += uint64_t(S) * w.payload_bytes();
+    matmul_calls_ += 1;
+}
+
+void CpuBackend::product_rows(const Weight& w, int64_t s, int64_t r0, int64_t r1,
+                              const uint8_t* act, size_t arow, int64_t n, float* y, int64_t y_tok) {
+    if (w.repacked) {
+        repacked_rows(w, s, r0, r1, act, arow, n, y, y_tok);
+        return;
+    }
+    const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
+    const quant::VecDotMultiFn multi = quant::vec_dot_multi_fn(w.type);
+    for (int64_t t0 = 0; t0 < n; t0 += 8) {
+        const int64_t t1 = std::min(n, t0 + 8);
+        for (int64_t r = r0; r < r1; ++r) {
+            const uint8_t* wr = w.row(r, s);
+            const uint8_t* a0 = act + size_t(t0) * arow;
+            if (multi && t1 - t0 > 1) {
+                float o[8];
+                multi(w.cols, wr, a0, arow, t1 - t0, o);
+                for (int64_t t = t0; t < t1; ++t) y[t * y_tok + r] = o[t - t0];
+            } else {
+                for (int64_t t = t0; t < t1; ++t)
+                    y[t * y_tok + r] = dot(w.cols, wr, a0 + size_t(t - t0) * arow);
+            }
+        }
+    }
+}
+
+void CpuBackend::repacked_rows(const Weight& w, int64_t s, int64_t r0, int64_t r1,
+                               const uint8_t* act, size_t arow, int64_t n, float* y,
+                               int64_t y_tok) {
+    const int64_t R = quant::repack_rows(w.type), G = w.rows / R;
+    const uint8_t* base = w.data + size_t(s) * w.slice_bytes;
+    const int64_t g0 = r0 / R, g1 = std::min(r1, G * R) / R;
+    if (g1 > g0)
+        quant::gemm_repacked(w.type, w.cols,
+                             base + size_t(g0) * quant::repacked_group_bytes(w.type, w.cols),
+                             g1 - g0, act, arow, n, y + g0 * R, size_t(y_tok));
+    if (r1 <= G * R) return;
+    const auto* tail =
+        static_cast<const uint8_t*>(quant::repacked_tail(w.type, base, w.cols, w.rows));
+    const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
+    for (int64_t r = std::max(r0, G * R); r < r1; ++r)
+        for (int64_t t = 0; t < n; ++t)
+            y[t * y_tok + r] =
+                dot(w.cols, tail + size_t(r - G * R) * w.row_bytes, act + size_t(t) * arow);
+}
 
 OpProfile::~OpProfile() {
     if (!on_ || ops_.empty()) return;

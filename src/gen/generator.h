@@ -97,11 +97,10 @@ enum class ImatrixMode { Auto, On, Off };
 //          statistics look like those of Exact, at memcpy speed; a matrix
 //          repeats blocks of its pool, which matters to no benchmark. Pools
 //          serve many matrices, so when an imatrix is used they are quantized
-//          with importance 1 for every column. Measured on this 2-core
-//          machine, Exact costs ~35 ns per value for Q4_K_M and ~1 us for
-//          IQ2_XXS (about a minute per GB and over an hour for bench); Pool
-//          writes bench in ~6 s per GB (Q4_K_M) and ~15 s per GB (IQ2_XXS),
-//          mostly disk time. The bench preset uses Pool.
+//          with importance 1 for every column. Exact pays the quantizers'
+//          full cost (for IQ2_XXS about thirty times Q4_K_M's per value:
+//          hours for the bench model), Pool writes at close to disk speed;
+//          the bench preset uses Pool.
 enum class BlockSource { Exact, Pool };
 
 struct GenOptions {

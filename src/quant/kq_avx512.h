@@ -68,8 +68,8 @@ inline __m512i mac(__m512i acc, __m512i u8, __m512i s8, __m512i scales) {
 
 // Q4_K / Q5_K keep the AVX2 layout (one 32-byte load of levels covers two
 // sub-blocks) with 256-bit VNNI: vpdpwssd applies the scale and accumulates in
-// one instruction. Measured faster than a 512-bit version on Zen 4, whose
-// 512-bit ops are double-pumped and needed extra shuffles of the activations.
+// one instruction. A 512-bit version needed extra shuffles of the activations
+// and measured slower where 512-bit ops are double-pumped (Zen 4).
 template <bool kFive, typename Block>
 inline KVec q45_K_block(const Block& x, const BlockQ8_K& y) {
     uint32_t sc[2], mn[2];

@@ -3,14 +3,12 @@
 // synthetic benchmark-model generator).
 //
 // quantize_rows reproduces ggml's quantizers byte for byte. IQ2_XXS's search
-// then costs about 75 us of CPU per 256 values on one core of the development
-// machine (0.9 MB/s of output: about 10 minutes per GB on 2 cores). The fast
-// mode of IQ2_XXS tries 2 of ggml's 13 trial scales and snaps trial groups to
-// the nearest grid point, keeping ggml's full neighbour search only for the
-// final fit: about 18 us per 256 values (3.7 MB/s, ~2.3 minutes per GB on 2
-// cores). On Gaussian rows its squared error is 1% above the full search's
-// without an imatrix and its imatrix-weighted error 5% above with one. Output
-// is valid IQ2_XXS, but not byte-identical to llama-quantize.
+// then costs tens of microseconds of CPU per 256 values (minutes per GB of
+// output). The fast mode of IQ2_XXS tries 2 of ggml's 13 trial scales and
+// snaps trial groups to the nearest grid point, keeping ggml's full neighbour
+// search only for the final fit: about 4x faster. On Gaussian rows its squared error is 1% above
+// the full search's without an imatrix and its imatrix-weighted error 5% above with one. Output is
+// valid IQ2_XXS, but not byte-identical to llama-quantize.
 #pragma once
 
 #include <cstddef>

@@ -66,12 +66,10 @@ inline __m512i load(const void* p) {
 // large and the tokens few) and prefetch the block two ahead of the one they
 // compute, a few lines per step: the hardware prefetchers alone reach a
 // fraction of the bandwidth on these streams. prefetcht0, not prefetchnta:
-// on one host NTA had measured 2.5-4% faster decode, but on another it was
-// 15-19% slower (single decode on the bench model, 2 threads) and, with 2-8
-// tokens per pass (longer between prefetch and use), 1.1-1.9x slower, the
-// lines apparently leaving L1 before they were read. With NTA one block
-// ahead or three were slower than two (three by 2x); with T0 four ahead
-// measured no better than two.
+// NTA gained a few percent of decode on some CPUs but lost more on others,
+// up to 2x with several tokens per pass (longer between prefetch and use),
+// the lines apparently leaving L1 before they were read. Two blocks ahead
+// measured best (one or three slower with NTA, four no better with T0).
 //
 // The address is computed as an integer: past the end of the matrix it is
 // harmless (prefetches do not fault). Volatile asm rather than _mm_prefetch:
@@ -727,12 +725,11 @@ size_t legacy_bytes(int64_t nb, size_t pair, size_t one) {
 // Tile kernels for 1..kTile tokens (so a remainder costs one decode too),
 // one group at a time; and for the fewest tokens, kStreams groups side by
 // side. DRAM serves several interleaved streams per core faster than one
-// (two threads: 14-16 GB/s from one stream each, 18-22 from four in 512-byte
-// pieces, where measured). Coarser pieces lose it (a whole 2.3 KB block: 15-17 GB/s), so the
-// interleave lives inside the kernels. GEMV on a large matrix: Q4_K
-// 1.18-1.28x faster at 1-4 tokens (0.92-0.97x in cache); Q6_K 1.18-1.24x
-// at one token (0.8x in cache), but only 1.05x at two and none at four,
-// where its compute hides the memory: Q6_K streams one token only.
+// (four streams in 512-byte pieces read about a quarter faster than one
+// where measured); coarser pieces (a whole 2.3 KB block) lose most of it, so
+// the interleave lives inside the kernels. It pays on a large matrix for Q4_K
+// at 1-4 tokens and Q6_K at one token (a little slower in cache); from two
+// tokens on Q6_K's compute hides the memory, so Q6_K streams one token only.
 using TileFn = void (*)(int64_t, const uint8_t* const*, const ActBlock*, float* const*,
                         const int64_t*);
 

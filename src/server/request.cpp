@@ -6,7 +6,8 @@
 #include <random>
 
 #include "core/error.h"
-#include "runtime/json_constraint.h"
+#include "runtime/json_schema.h"
+#include "server/response_format.h"
 #include "server/tool_constraint.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
@@ -233,7 +234,7 @@ void parse_response_format(const ojson& body, GenRequest& g, const ModelContext&
     if (!rf) return;
     if (!rf->is_object()) throw type_error("response_format", "an object", *rf);
     try {
-        g.grammar = runtime::grammar_from_response_format(*rf);
+        g.grammar = grammar_from_response_format(*rf);
     } catch (const Error& e) {
         throw bad_request(std::string("response_format: ") + e.what(), "response_format");
     }

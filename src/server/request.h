@@ -33,13 +33,12 @@ class ChatFormat;
 }  // namespace glm5::text
 
 namespace glm5::runtime {
-class JsonGrammar;
+class Grammar;
 class JsonVocab;
+class ToolCallVocab;
 }  // namespace glm5::runtime
 
 namespace glm5::server {
-
-class ToolVocab;
 
 // What parsing needs to know about the served model and the server's defaults.
 struct ModelContext {
@@ -48,9 +47,9 @@ struct ModelContext {
     std::string id;                  // reported as "model"
     std::vector<std::string> names;  // accepted in a request's "model" (id first)
     int64_t n_ctx = 4096;
-    std::shared_ptr<const runtime::JsonVocab> json_vocab;  // response_format
-    std::shared_ptr<const ToolVocab> tool_vocab;           // tool_choice constraints
-    runtime::SamplerParams sampling;                       // defaults for absent fields
+    std::shared_ptr<const runtime::JsonVocab> json_vocab;      // response_format
+    std::shared_ptr<const runtime::ToolCallVocab> tool_vocab;  // tool_choice constraints
+    runtime::SamplerParams sampling;                           // defaults for absent fields
     bool seed_fixed = false;  // sampling.seed is a default seed, else one is drawn per choice
     int64_t default_max_tokens = 0;  // <= 0: up to the end of the context
     int max_choices = 16;            // n times the number of prompts
@@ -92,9 +91,9 @@ struct GenRequest {
     ToolChoice tool_choice = ToolChoice::Auto;
     std::string tool_name;  // ToolChoice::Named
     bool parallel_tool_calls = true;
-    std::shared_ptr<const runtime::JsonGrammar> grammar;  // response_format
-    std::optional<runtime::SpecParams> spec;              // "speculative"; none: the server's
-    std::vector<std::string> warnings;                    // options the format could not honour
+    std::shared_ptr<const runtime::Grammar> grammar;  // response_format
+    std::optional<runtime::SpecParams> spec;          // "speculative"; none: the server's
+    std::vector<std::string> warnings;                // options the format could not honour
 
     int choices() const { return int(prompts.size()) * n; }
 };

@@ -1,0 +1,189 @@
+// The CPU backend's caches and attention: storing rows, the lightning indexer's
+// scores and top-k, and MLA over latent rows (one query's heads split across
+// threads for decode, deep contexts split by rows, prefill one query a task).
+#include "backend/cpu_backend.h"
+
+namespace glm5::backend::cpu {
+
+void CpuBackend::cache_store(const CacheRows& c, const float* x, int64_t xs, int64_t n_tok,
+                             const int32_t* pos) {
+    OpTimer timer_(profile_, "cache_store", n_tok);
+    for (int64_t t = 0; t < n_tok; ++t) {
+        uint8_t* dst = c.data + size_t(pos[t]) * c.row_bytes();
+        const float* src = x + t * xs;
+        if (c.type == CacheType::F32) {
+            std::memcpy(dst, src, size_t(c.width) * sizeof(float));
+        } else {
+            simd().f32_to_f16(c.width, src, reinterpret_cast<uint16_t*>(dst));
+        }
+    }
+}
+
+void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
+                                int64_t top_k) {
+    OpTimer timer_(profile_, "indexer_select", int64_t(queries.size()));
+    // Scores for every (query, key chunk), then a top-k per query.
+    constexpr int64_t kChunk = 256;
+    std::vector<int64_t> first_task(queries.size() + 1, 0);
+    std::vector<int64_t> score_off(queries.size() + 1, 0);
+    for (size_t i = 0; i < queries.size(); ++i) {
+        first_task[i + 1] = first_task[i] + (queries[i].n_keys + kChunk - 1) / kChunk;
+        score_off[i + 1] = score_off[i] + queries[i].n_keys;
+    }
+    std::vector<float> scores(static_cast<size_t>(score_off.back()));
+    const quant::VecDotFn dot32 = quant::vec_dot_fn(quant::Type::F32);
+    pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int ith) {
+        std::vector<float>& kf = per_thread_[size_t(ith)].row;
+        kf.resize(size_t(dim));
+        for (int64_t task = b; task < e; ++task) {
+            const size_t qi = size_t(std::upper_bound(first_task.begin(), first_task.end(), task) -
+                                     first_task.begin() - 1);
+            const IndexerQuery& q = queries[qi];
+            const int64_t s0 = (task - first_task[qi]) * kChunk;
+            const int64_t s1 = std::min<int64_t>(q.n_keys, s0 + kChunk);
+            for (int64_t s = s0; s < s1; ++s) {
+                const float* k = load_row(q.keys, s, kf.data());
+                float score = 0.0f;
+                for (int64_t hh = 0; hh < n_heads; ++hh) {
+                    const float qk = dot32(dim, q.q + hh * dim, k);
+                    score += std::max(qk, 0.0f) * q.w[hh];
+                }
+                scores[size_t(score_off[qi] + s)] = score;
+            }
+        }
+    });
+    pool_.parallel_for(int64_t(queries.size()), 1, [&](int64_t b, int64_t e, int ith) {
+        std::vector<int32_t>& idx = per_thread_[size_t(ith)].idx;
+        for (int64_t qi = b; qi < e; ++qi) {
+            const IndexerQuery& q = queries[size_t(qi)];
+            const float* sc = scores.data() + score_off[size_t(qi)];
+            kernels::top_k_rows(sc, q.n_keys, top_k, idx, q.out_rows);
+        }
+    });
+}
+
+void CpuBackend::mla_attention(std::span<const AttentionQuery> queries, int64_t n_heads,
+                               int64_t v_width, float scale) {
+    OpTimer timer_(profile_, "mla_attention", int64_t(queries.size()));
+    // Few queries (decode): split each query's heads across threads, one
+    // group per thread (every group converts all the rows it reads, so
+    // more groups cost more conversions: two per thread measured slower
+    // decode deep in a context); many (prefill): one task per query, all
+    // heads sharing each row read.
+    const int64_t nq = int64_t(queries.size());
+    if (nq < pool_.size() && queries[0].cache.type == CacheType::F16) {
+        for (const AttentionQuery& q : queries) {
+            if (n_visible(q) < kWideRows)
+                attend_split({&q, 1}, pool_.size(), n_heads, v_width, scale);
+            else
+                attend_wide(q, n_heads, v_width, scale);
+        }
+        return;
+    }
+    attend_split(queries, std::clamp<int64_t>((pool_.size() + nq - 1) / nq, 1, n_heads), n_heads,
+                 v_width, scale);
+}
+
+void CpuBackend::attend_split(std::span<const AttentionQuery> queries, int64_t groups,
+                              int64_t n_heads, int64_t v_width, float scale) {
+    pool_.parallel_for(int64_t(queries.size()) * groups, 1, [&](int64_t b, int64_t e, int ith) {
+        PerThread& pt = per_thread_[size_t(ith)];
+        for (int64_t task = b; task < e; ++task) {
+            const int64_t g = task % groups;
+            attend(queries[size_t(task / groups)], g * n_heads / groups, (g + 1) * n_heads / groups,
+                   v_width, scale, pt);
+        }
+    });
+}
+
+void CpuBackend::attend_wide(const AttentionQuery& q, int64_t H, int64_t v_width, float scale) {
+    const CacheRows& c = q.cache;
+    const int64_t W = c.width;
+    const int64_t n = n_visible(q);
+    const int32_t* idx = q.visible.n_dense > 0 ? nullptr : q.visible.rows;
+    const SimdOps& sv = simd();
+    // Rows [j0, ..) of the visible set, columns from c0 on.
+    auto rows_from = [&](int64_t j0, int64_t c0) {
+        const uint8_t* base = c.data + size_t(c0) * sizeof(uint16_t);
+        if (idx) return F16Rows{base, c.row_bytes(), idx + j0};
+        return F16Rows{base + size_t(j0) * c.row_bytes(), c.row_bytes(), nullptr};
+    };
+    // Aligned: every thread's scores_f16 reads it in place.
+    float* const wq = reinterpret_cast<float*>(wide_q_.get(size_t(H * W) * sizeof(float)));
+    sv.round_f16(H * W, q.q, wq);
+    wide_scores_.resize(size_t(H * n));
+    float* sc = wide_scores_.data();
+    const int64_t T = pool_.size();
+    const int64_t rgrain = (n / (4 * T) + 15) / 16 * 16;
+    pool_.parallel_for(n, std::max<int64_t>(16, rgrain), [&](int64_t b, int64_t e, int) {
+        sv.scores_f16(wq, H, W, rows_from(b, 0), e - b, sc + b, n);
+        for (int64_t h = 0; h < H; ++h)
+            for (int64_t j = b; j < e; ++j) sc[h * n + j] *= scale;
+    });
+    pool_.parallel_for(H, 1, [&](int64_t b, int64_t e, int) {
+        for (int64_t h = b; h < e; ++h) sv.softmax(sc + h * n, n, true);
+    });
+    // Value columns in pieces of 64 (whole tiles), all heads per piece.
+    const int64_t cw = 64, pieces = (v_width + cw - 1) / cw;
+    pool_.parallel_for(pieces, 1, [&](int64_t b, int64_t e, int ith) {
+        std::vector<float>& part = per_thread_[size_t(ith)].acc;
+        for (int64_t k = b; k < e; ++k) {
+            const int64_t c0 = k * cw, w = std::min(cw, v_width - c0);
+            part.resize(size_t(H * w));
+            sv.weighted_sum_f16(sc, n, H, rows_from(0, c0), n, w, part.data());
+            for (int64_t h = 0; h < H; ++h)
+                std::memcpy(q.out + h * v_width + c0, part.data() + h * w,
+                            size_t(w) * sizeof(float));
+        }
+    });
+}
+
+void CpuBackend::attend(const AttentionQuery& q, int64_t h0, int64_t h1, int64_t v_width,
+                        float scale, PerThread& pt) {
+    const CacheRows& c = q.cache;
+    const int64_t W = c.width, nh = h1 - h0;
+    const bool f16 = c.type == CacheType::F16;
+    const int64_t n = n_visible(q);
+    const SimdOps& sv = simd();
+    const quant::VecDotFn dot32 = quant::vec_dot_fn(quant::Type::F32);
+    auto row_ptr = [&](int64_t j) {
+        const int64_t r = q.visible.n_dense > 0 ? j : q.visible.rows[j];
+        return c.data + size_t(r) * c.row_bytes();
+    };
+    // An F16 K cache makes the query F16 too (the activation of an F16
+    // product). 64-byte aligned: scores_f16 reads it in place.
+    float* const qh = reinterpret_cast<float*>(pt.q.get(size_t(nh * W) * sizeof(float)));
+    if (f16)
+        sv.round_f16(nh * W, q.q + h0 * W, qh);
+    else
+        std::memcpy(qh, q.q + h0 * W, size_t(nh * W) * sizeof(float));
+    pt.scores.resize(size_t(nh * n));
+    const F16Rows rows{c.data, c.row_bytes(), q.visible.n_dense > 0 ? nullptr : q.visible.rows};
+    if (f16) {
+        sv.scores_f16(qh, nh, W, rows, n, pt.scores.data(), n);
+        for (float& v : pt.scores) v *= scale;
+    } else {
+        for (int64_t j = 0; j < n; ++j) {
+            const uint8_t* r = row_ptr(j);
+            for (int64_t h = 0; h < nh; ++h)
+                pt.scores[size_t(h * n + j)] = dot32(W, qh + h * W, r) * scale;
+        }
+    }
+    for (int64_t h = 0; h < nh; ++h) sv.softmax(pt.scores.data() + h * n, n, f16);
+    if (f16) {
+        sv.weighted_sum_f16(pt.scores.data(), n, nh, rows, n, v_width, q.out + h0 * v_width);
+        return;
+    }
+    pt.acc.assign(size_t(nh * v_width), 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+        const uint8_t* r = row_ptr(j);
+        for (int64_t h = 0; h < nh; ++h)
+            sv.axpy_f32(v_width, pt.scores[size_t(h * n + j)], reinterpret_cast<const float*>(r),
+                        pt.acc.data() + h * v_width);
+    }
+    for (int64_t h = 0; h < nh; ++h)
+        std::memcpy(q.out + (h0 + h) * v_width, pt.acc.data() + h * v_width,
+                    size_t(v_width) * sizeof(float));
+}
+
+}  // namespace glm5::backend::cpu

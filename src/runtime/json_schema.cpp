@@ -1,0 +1,486 @@
+#include "runtime/json_schema.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "text/tokenizer.h"
+
+namespace glm5::runtime {
+
+using ojson = nlohmann::ordered_json;
+using namespace grammar;
+
+namespace {
+
+[[noreturn]] void refuse(const std::string& where, const std::string& msg) {
+    throw Error("json schema: " + msg + " (at " + where + ")");
+}
+
+const std::set<std::string> kAlwaysRefused = {"not",          "if",
+                                              "then",         "else",
+                                              "$dynamicRef",  "$recursiveRef",
+                                              "dependencies", "dependentSchemas"};
+const std::set<std::string> kNumberRefused = {"minimum", "maximum", "exclusiveMinimum",
+                                              "exclusiveMaximum", "multipleOf"};
+const std::set<std::string> kStringRefused = {"pattern"};
+const std::set<std::string> kArrayRefused = {"prefixItems", "contains",         "minContains",
+                                             "maxContains", "unevaluatedItems", "additionalItems"};
+const std::set<std::string> kObjectRefused = {"patternProperties", "propertyNames",
+                                              "dependentRequired"};
+// Keywords that restrict what is valid and that this compiler implements.
+const std::set<std::string> kValidity = {"type",
+                                         "enum",
+                                         "const",
+                                         "properties",
+                                         "required",
+                                         "items",
+                                         "additionalProperties",
+                                         "minLength",
+                                         "maxLength",
+                                         "minItems",
+                                         "maxItems",
+                                         "anyOf",
+                                         "oneOf",
+                                         "allOf",
+                                         "$ref",
+                                         "minProperties",
+                                         "maxProperties",
+                                         "uniqueItems",
+                                         "unevaluatedProperties"};
+
+enum TypeBit : unsigned {
+    T_NULL = 1,
+    T_BOOL = 2,
+    T_INT = 4,
+    T_NUM = 8,
+    T_STR = 16,
+    T_ARR = 32,
+    T_OBJ = 64,
+    T_ALL = 127,
+};
+
+unsigned type_bit(const std::string& t, const std::string& where) {
+    if (t == "null") return T_NULL;
+    if (t == "boolean") return T_BOOL;
+    if (t == "integer") return T_INT;
+    if (t == "number") return T_NUM;
+    if (t == "string") return T_STR;
+    if (t == "array") return T_ARR;
+    if (t == "object") return T_OBJ;
+    refuse(where, "unknown type '" + t + "'");
+}
+
+// Which type names a JSON value satisfies.
+unsigned value_types(const ojson& v) {
+    switch (v.type()) {
+        case ojson::value_t::null:
+            return T_NULL;
+        case ojson::value_t::boolean:
+            return T_BOOL;
+        case ojson::value_t::number_integer:
+        case ojson::value_t::number_unsigned:
+            return T_INT | T_NUM;
+        case ojson::value_t::number_float: {
+            const double d = v.get<double>();
+            return d == double(int64_t(d)) ? (T_INT | T_NUM) : T_NUM;
+        }
+        case ojson::value_t::string:
+            return T_STR;
+        case ojson::value_t::array:
+            return T_ARR;
+        case ojson::value_t::object:
+            return T_OBJ;
+        default:
+            return 0;
+    }
+}
+
+class Compiler {
+  public:
+    Compiler(const ojson& root, const GrammarLimits& lim, Grammar& g)
+        : root_(root), lim_(lim), g_(g) {}
+
+    int32_t compile(const ojson& s, const std::string& where, int depth) {
+        if (depth > 64) refuse(where, "schema nested too deeply");
+        if (s.is_boolean()) {
+            if (s.get<bool>()) return any();
+            refuse(where, "the schema 'false' accepts nothing");
+        }
+        if (!s.is_object()) refuse(where, "a schema must be an object or a boolean");
+
+        for (const auto& kw : kAlwaysRefused)
+            if (s.contains(kw)) refuse(where, "keyword '" + kw + "' is not supported");
+        auto others = [&](std::initializer_list<const char*> except) {
+            for (const auto& [k, v] : s.items()) {
+                if (!kValidity.count(k)) continue;
+                bool skip = false;
+                for (const char* e : except) skip = skip || k == e;
+                if (!skip) return k;
+            }
+            return std::string();
+        };
+
+        if (s.contains("$ref")) {
+            const std::string o = others({"$ref"});
+            if (!o.empty()) refuse(where, "'" + o + "' next to '$ref' is not supported");
+            if (!s["$ref"].is_string()) refuse(where, "'$ref' must be a string");
+            return ref(s["$ref"].get<std::string>(), where, depth);
+        }
+        if (s.contains("allOf")) {
+            const auto& all = s["allOf"];
+            if (!all.is_array() || all.size() != 1)
+                refuse(where, "'allOf' with other than one subschema is not supported");
+            const std::string o = others({"allOf"});
+            if (!o.empty()) refuse(where, "'" + o + "' next to 'allOf' is not supported");
+            return compile(all[0], where + "/allOf/0", depth + 1);
+        }
+        if (s.contains("anyOf") || s.contains("oneOf")) {
+            const bool one = s.contains("oneOf");
+            if (one && s.contains("anyOf")) refuse(where, "'anyOf' with 'oneOf' is not supported");
+            const char* kw = one ? "oneOf" : "anyOf";
+            const std::string o = others({kw});
+            if (!o.empty()) refuse(where, "'" + o + "' next to '" + kw + "' is not supported");
+            const auto& alts = s[kw];
+            if (!alts.is_array() || alts.empty())
+                refuse(where, std::string("'") + kw + "' must be a non-empty array");
+            Node u;
+            u.kind = Kind::Union;
+            u.where = where;
+            u.exclusive = one;
+            for (size_t i = 0; i < alts.size(); ++i)
+                u.alts.push_back(
+                    compile(alts[i], where + "/" + kw + "/" + std::to_string(i), depth + 1));
+            return add(std::move(u));
+        }
+
+        // The types this schema may produce.
+        unsigned types = 0;
+        if (s.contains("type")) {
+            const auto& t = s["type"];
+            if (t.is_string()) {
+                types = type_bit(t.get<std::string>(), where);
+            } else if (t.is_array() && !t.empty()) {
+                for (const auto& x : t) {
+                    if (!x.is_string()) refuse(where, "'type' must name types");
+                    types |= type_bit(x.get<std::string>(), where);
+                }
+            } else {
+                refuse(where, "'type' must be a string or a non-empty array");
+            }
+        } else if (s.contains("enum") || s.contains("const")) {
+            types = T_ALL;
+        } else if (s.contains("properties") || s.contains("required") ||
+                   s.contains("additionalProperties") || s.contains("minProperties") ||
+                   s.contains("maxProperties")) {
+            types = T_OBJ;
+        } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+            types = T_ARR;
+        } else if (s.contains("minLength") || s.contains("maxLength")) {
+            types = T_STR;
+        } else {
+            types = T_ALL;
+        }
+        auto check = [&](const std::set<std::string>& kws) {
+            for (const auto& kw : kws)
+                if (s.contains(kw)) refuse(where, "keyword '" + kw + "' is not supported");
+        };
+        if (types & (T_INT | T_NUM)) check(kNumberRefused);
+        if (types & T_STR) check(kStringRefused);
+        if (types & T_ARR) {
+            check(kArrayRefused);
+            if (s.contains("uniqueItems") && s["uniqueItems"] != false)
+                refuse(where, "keyword 'uniqueItems' is not supported");
+        }
+        if (types & T_OBJ) check(kObjectRefused);
+
+        if (s.contains("enum") || s.contains("const")) return literals(s, types, where, others);
+
+        if (types == T_ALL && !s.contains("type")) return any();
+
+        std::vector<int32_t> alts;
+        if (types & T_NULL) alts.push_back(lit({"null"}, where));
+        if (types & T_BOOL) alts.push_back(lit({"true", "false"}, where));
+        if (types & (T_INT | T_NUM)) {
+            Node n;
+            n.kind = Kind::Num;
+            n.where = where;
+            n.integer = !(types & T_NUM);
+            alts.push_back(add(std::move(n)));
+        }
+        if (types & T_STR) {
+            Node n;
+            n.kind = Kind::Str;
+            n.where = where;
+            n.min_len = count(s, "minLength", 0, where);
+            n.max_len = count(s, "maxLength", std::max(n.min_len, lim_.max_string_chars), where);
+            if (n.max_len < n.min_len) refuse(where, "maxLength is below minLength");
+            alts.push_back(add(std::move(n)));
+        }
+        if (types & T_ARR) alts.push_back(array(s, where, depth));
+        if (types & T_OBJ) alts.push_back(object(s, where, depth));
+        if (alts.size() == 1) return alts[0];
+        Node u;
+        u.kind = Kind::Union;
+        u.where = where;
+        u.alts = std::move(alts);
+        return add(std::move(u));
+    }
+
+    // Any JSON value: one shared node.
+    int32_t any() {
+        if (any_ >= 0) return any_;
+        auto node = [](Kind k) {
+            Node n;
+            n.kind = k;
+            n.where = "any value";
+            return n;
+        };
+        any_ = add(node(Kind::Union));  // first: the containers below refer to it
+        Node map = node(Kind::Map), arr = node(Kind::Arr), str = node(Kind::Str);
+        map.key = key_string();
+        map.value = arr.item = any_;
+        map.max_members = lim_.max_object_members;
+        arr.max_items = lim_.max_array_items;
+        str.max_len = lim_.max_string_chars;
+        const int32_t m = add(std::move(map)), a = add(std::move(arr)), s = add(std::move(str));
+        const int32_t n = add(node(Kind::Num));
+        const int32_t l = lit({"true", "false", "null"}, "any value");
+        g_.nodes[size_t(any_)].alts = {m, a, s, n, l};
+        return any_;
+    }
+
+    int32_t add(Node n) {
+        g_.nodes.push_back(std::move(n));
+        return int32_t(g_.nodes.size() - 1);
+    }
+
+  private:
+    int32_t key_string() {
+        if (key_ >= 0) return key_;
+        Node s;
+        s.kind = Kind::Str;
+        s.where = "object key";
+        s.max_len = lim_.max_string_chars;
+        key_ = add(std::move(s));
+        return key_;
+    }
+
+    int32_t lit(std::vector<std::string> values, const std::string& where) {
+        Node n;
+        n.kind = Kind::Lit;
+        n.where = where;
+        n.lits = std::move(values);
+        return add(std::move(n));
+    }
+
+    int32_t count(const ojson& s, const char* kw, int32_t dflt, const std::string& where) {
+        if (!s.contains(kw)) return dflt;
+        const auto& v = s[kw];
+        if (!v.is_number_integer() && !v.is_number_unsigned() &&
+            !(v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>()))))
+            refuse(where, std::string("'") + kw + "' must be a non-negative integer");
+        const double d = v.get<double>();
+        if (d < 0) refuse(where, std::string("'") + kw + "' must be a non-negative integer");
+        return int32_t(std::min(d, 1e6));  // beyond any budget anyway
+    }
+
+    template <class Others>
+    int32_t literals(const ojson& s, unsigned types, const std::string& where, Others& others) {
+        const std::string o = others({"enum", "const", "type"});
+        if (!o.empty()) refuse(where, "'" + o + "' next to 'enum' / 'const' is not supported");
+        std::vector<ojson> values;
+        if (s.contains("enum")) {
+            if (!s["enum"].is_array() || s["enum"].empty())
+                refuse(where, "'enum' must be a non-empty array");
+            for (const auto& v : s["enum"]) values.push_back(v);
+        }
+        if (s.contains("const")) {
+            if (s.contains("enum")) {
+                std::vector<ojson> both;
+                for (const auto& v : values)
+                    if (v == s["const"]) both.push_back(v);
+                values = std::move(both);
+            } else {
+                values.push_back(s["const"]);
+            }
+        }
+        std::vector<std::string> lits;
+        for (const auto& v : values) {
+            if (!(value_types(v) & types)) continue;
+            std::string d = v.dump();
+            if (std::find(lits.begin(), lits.end(), d) == lits.end()) lits.push_back(std::move(d));
+        }
+        if (lits.empty()) refuse(where, "no 'enum' / 'const' value has the schema's type");
+        return lit(std::move(lits), where);
+    }
+
+    int32_t array(const ojson& s, const std::string& where, int depth) {
+        Node n;
+        n.kind = Kind::Arr;
+        n.where = where;
+        if (s.contains("items")) {
+            if (s["items"].is_array())
+                refuse(where, "'items' as an array (tuple validation) is not supported");
+            n.item = compile(s["items"], where + "/items", depth + 1);
+        } else {
+            n.item = any();
+        }
+        n.min_items = count(s, "minItems", 0, where);
+        n.max_items = count(s, "maxItems", std::max(n.min_items, lim_.max_array_items), where);
+        if (n.max_items < n.min_items) refuse(where, "maxItems is below minItems");
+        return add(std::move(n));
+    }
+
+    int32_t object(const ojson& s, const std::string& where, int depth) {
+        const bool has_props = s.contains("properties");
+        if (has_props && !s["properties"].is_object())
+            refuse(where, "'properties' must be an object");
+        std::vector<std::string> required;
+        if (s.contains("required")) {
+            if (!s["required"].is_array()) refuse(where, "'required' must be an array");
+            for (const auto& r : s["required"]) {
+                if (!r.is_string()) refuse(where, "'required' must list property names");
+                required.push_back(r.get<std::string>());
+            }
+        }
+        const int32_t min_props = count(s, "minProperties", 0, where);
+        const int32_t max_props = count(s, "maxProperties", 1 << 30, where);
+
+        if (!has_props && required.empty() &&
+            !(s.contains("additionalProperties") && s["additionalProperties"] == false)) {
+            // An open map: string keys, values of additionalProperties.
+            if (min_props > 0) refuse(where, "'minProperties' is not supported here");
+            if (s.contains("unevaluatedProperties") && s["unevaluatedProperties"] != true)
+                refuse(where, "keyword 'unevaluatedProperties' is not supported");
+            Node n;
+            n.kind = Kind::Map;
+            n.where = where;
+            n.key = key_string();
+            n.max_members = std::min(lim_.max_object_members, max_props);
+            const int32_t value =
+                s.contains("additionalProperties")
+                    ? compile(s["additionalProperties"], where + "/additionalProperties", depth + 1)
+                    : any();
+            n.value = value;
+            return add(std::move(n));
+        }
+
+        Node n;
+        n.kind = Kind::Obj;
+        n.where = where;
+        std::set<std::string> req(required.begin(), required.end());
+        if (has_props) {
+            for (const auto& [name, sub] : s["properties"].items()) {
+                Prop p;
+                p.name = name;
+                p.key = ojson(name).dump();
+                p.required = req.count(name) > 0;
+                p.value = compile(sub, where + "/properties/" + name, depth + 1);
+                n.props.push_back(std::move(p));
+            }
+        }
+        for (const auto& r : required) {  // required but not declared: any value
+            bool found = false;
+            for (const auto& p : n.props) found = found || p.name == r;
+            if (found) continue;
+            Prop p;
+            p.name = r;
+            p.key = ojson(r).dump();
+            p.required = true;
+            p.value = any();
+            n.props.push_back(std::move(p));
+        }
+        if (min_props > int32_t(req.size()))
+            refuse(where,
+                   "'minProperties' above the number of required properties is not "
+                   "supported");
+        if (max_props < int32_t(n.props.size()))
+            refuse(where, "'maxProperties' below the number of properties is not supported");
+        return add(std::move(n));
+    }
+
+    int32_t ref(const std::string& r, const std::string& where, int depth) {
+        if (r.empty() || r[0] != '#')
+            refuse(where, "only local '$ref' (\"#/...\") is supported, not \"" + r + "\"");
+        if (auto it = refs_.find(r); it != refs_.end()) return it->second;
+        Node n;
+        n.kind = Kind::Ref;
+        n.where = r;
+        const int32_t id = add(std::move(n));
+        refs_[r] = id;
+        const std::string ptr = r.substr(1);
+        const ojson* target = &root_;
+        if (!ptr.empty()) {
+            if (ptr[0] != '/') refuse(where, "'$ref' anchors are not supported: \"" + r + "\"");
+            try {
+                target = &root_.at(ojson::json_pointer(ptr));
+            } catch (const std::exception&) {
+                refuse(where, "'$ref' target \"" + r + "\" does not exist");
+            }
+        }
+        const int32_t t = compile(*target, r, depth + 1);
+        g_.nodes[size_t(id)].target = t;
+        return id;
+    }
+
+    const ojson& root_;
+    const GrammarLimits& lim_;
+    Grammar& g_;
+    std::map<std::string, int32_t> refs_;
+    int32_t any_ = -1;
+    int32_t key_ = -1;
+};
+
+void check_limits(const GrammarLimits& L) {
+    if (L.max_string_chars < 0 || L.max_array_items < 0 || L.max_object_members < 0 ||
+        L.max_int_digits < 1 || L.max_frac_digits < 1 || L.max_exp_digits < 1 || L.max_depth < 0)
+        throw Error("json constraint: invalid limits");
+}
+
+// OpenAI's {"name", "schema", "strict"} wrapper, or a bare schema.
+const ojson& unwrap(const ojson& s) {
+    if (s.is_object() && s.contains("schema") && !s.contains("type") && !s.contains("properties") &&
+        (s["schema"].is_object() || s["schema"].is_boolean()))
+        return s["schema"];
+    return s;
+}
+
+}  // namespace
+
+std::shared_ptr<const Grammar> compile_json_schema(const ojson& schema, const GrammarLimits& lim) {
+    check_limits(lim);
+    const ojson& s = unwrap(schema);
+    auto g = std::make_shared<Grammar>();
+    g->lim = lim;
+    Compiler c(s, lim, *g);
+    g->root = c.compile(s, "#", 0);
+    link_grammar(*g);
+    return g;
+}
+
+std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::json& schema,
+                                                   const GrammarLimits& lim) {
+    return compile_json_schema(ojson::parse(schema.dump()), lim);
+}
+
+std::shared_ptr<const Grammar> json_object_grammar(const GrammarLimits& lim) {
+    return compile_json_schema(ojson{{"type", "object"}}, lim);
+}
+
+JsonVocab::JsonVocab(const text::Tokenizer& tok, std::vector<int32_t> stop_ids)
+    : TokenVocab(tok, [&] {
+          VocabOptions o;
+          o.stop_ids = std::move(stop_ids);
+          o.json_bytes = true;
+          return o;
+      }()) {}
+
+std::unique_ptr<TokenConstraint> make_json_constraint(std::shared_ptr<const Grammar> g,
+                                                      std::shared_ptr<const TokenVocab> v,
+                                                      bool after_think) {
+    return std::make_unique<GrammarConstraint>(std::move(g), std::move(v), after_think);
+}
+
+}  // namespace glm5::runtime
