@@ -255,13 +255,29 @@ void SplitModel::worst_memory(MemoryAvailable& avail, uint64_t& process) const {
     }
 }
 
-void SplitModel::wait_acks(const char* what) {
-    std::string first;
+std::string SplitModel::collect(std::string error) {
     for (int r = 1; r < comm_.size(); ++r) {
         Wire w(comm_.recv(r, kDone, comm_.timeout()));
         const std::string e = status_of(w);
-        if (!e.empty() && first.empty()) first = "rank " + std::to_string(r) + ": " + e;
+        if (!e.empty() && error.empty()) error = "rank " + std::to_string(r) + ": " + e;
     }
+    return error;
+}
+
+void SplitModel::finish(const std::string& error, std::span<const model::SeqInput> local,
+                        std::vector<float>& logits) {
+    if (!error.empty()) {
+        logits.clear();
+        throw Error(error);
+    }
+    local_->commit(local);
+    Wire c;
+    c.put(uint8_t(kCommit));
+    comm_.send_all(workers(), kCmd, c.bytes());
+}
+
+void SplitModel::wait_acks(const char* what) {
+    const std::string first = collect("");
     if (!first.empty()) throw Error(std::string(what) + " failed on " + first);
 }
 
@@ -324,19 +340,7 @@ void SplitModel::forward(std::span<const model::SeqInput> inputs, std::vector<fl
             } catch (const std::exception& e) {
                 error = e.what();
             }
-            for (int r = 1; r < comm_.size(); ++r) {
-                Wire w(comm_.recv(r, kDone, comm_.timeout()));
-                const std::string e = status_of(w);
-                if (!e.empty() && error.empty()) error = "rank " + std::to_string(r) + ": " + e;
-            }
-            if (!error.empty()) {
-                logits.clear();
-                throw Error(error);
-            }
-            local_->commit(local);
-            Wire c;
-            c.put(uint8_t(kCommit));
-            comm_.send_all(workers(), kCmd, c.bytes());
+            finish(collect(error), local, logits);
             return;
         }
         // This rank's layers for each micro-batch in turn, uncommitted until
@@ -375,14 +379,7 @@ void SplitModel::forward(std::span<const model::SeqInput> inputs, std::vector<fl
                 }
             }
         comm_.flush();
-        if (!error.empty()) {
-            logits.clear();
-            throw Error(error);
-        }
-        local_->commit(local);
-        Wire c;
-        c.put(uint8_t(kCommit));
-        comm_.send_all(workers(), kCmd, c.bytes());
+        finish(error, local, logits);
     } catch (const RankError& e) {
         lost_rank(comm_, e);
     }
@@ -415,11 +412,7 @@ void SplitModel::draft(std::span<model::DraftRequest> reqs) {
             } catch (const std::exception& e) {
                 error = e.what();
             }
-            for (int r = 1; r < comm_.size(); ++r) {
-                Wire w(comm_.recv(r, kDone, comm_.timeout()));
-                const std::string e = status_of(w);
-                if (!e.empty() && error.empty()) error = "rank " + std::to_string(r) + ": " + e;
-            }
+            error = collect(error);
             if (!error.empty()) throw Error("drafting: " + error);
             for (size_t i = 0; i < reqs.size(); ++i) reqs[i].out = std::move(mine[i].out);
             return;

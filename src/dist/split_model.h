@@ -85,6 +85,12 @@ class SplitModel final : public model::Model {
 
   private:
     void wait_acks(const char* what);
+    // Every other rank's reply to the last command, in rank order: the first
+    // failure (`error`, this rank's, before any), naming its rank; "" if none.
+    std::string collect(std::string error);
+    // A forward's end: throws `error` (no rank commits), or commits on every rank.
+    void finish(const std::string& error, std::span<const model::SeqInput> local,
+                std::vector<float>& logits);
     std::vector<int> workers() const;
 
     Comm& comm_;

@@ -216,13 +216,10 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
         tp_rank_ = opt.tp_rank;
         if (hp_.n_expert > 0) {
             // Experts split when each strip is whole quant blocks of ffn_down_exps.
-            const gguf::TensorInfo* down =
-                f.find_tensor("blk." + std::to_string(hp_.n_layer - 1) + ".ffn_down_exps.weight");
-            const int64_t block = down ? quant::traits(down->type).block_size : 1;
-            const int64_t F = hp_.n_ff_exp, n = F / opt.tp_size;
-            ff_split_ = F % opt.tp_size == 0 && n % block == 0;
-            ff_local_ = ff_split_ ? n : F;
-            ff_first_ = ff_split_ ? n * opt.tp_rank : 0;
+            const ExpertStrip es = expert_strip(f, hp_.n_ff_exp, opt.tp_rank, opt.tp_size);
+            ff_split_ = es.split;
+            ff_first_ = es.first;
+            ff_local_ = es.n;
         }
     }
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);

@@ -247,6 +247,19 @@ backend::Weight columns_of(const backend::Weight& w, int64_t c0, int64_t n,
     return v;
 }
 
+ExpertStrip expert_strip(const gguf::File& f, int64_t n_ff_exp, int rank, int size) {
+    int64_t block = 1;
+    for (const auto& t : f.tensors())
+        if (t.name.ends_with(".ffn_down_exps.weight"))
+            block = std::max(block, quant::traits(t.type).block_size);
+    ExpertStrip s;
+    const int64_t n = n_ff_exp / std::max(size, 1);
+    s.split = size > 1 && n_ff_exp % size == 0 && n % block == 0;
+    s.n = s.split ? n : n_ff_exp;
+    s.first = s.split ? n * rank : 0;
+    return s;
+}
+
 backend::MoeWeights load_moe(TensorSource& ts, const std::string& p, int64_t E, int64_t F,
                              int64_t X, int64_t n_shared, bool bias_required,
                              TensorSource::Layout experts) {

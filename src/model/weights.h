@@ -126,6 +126,15 @@ backend::Weight slices_of(const backend::Weight& w, int64_t s0, int64_t n, const
 backend::Weight columns_of(const backend::Weight& w, int64_t c0, int64_t n,
                            const std::string& what);
 
+// Tensor parallelism's share of every routed expert's hidden units for rank
+// `rank` of `size`: a strip when every rank's strip is whole quant blocks of
+// every ffn_down_exps stack in the file, else the whole expert (split false).
+struct ExpertStrip {
+    bool split = false;
+    int64_t first = 0, n = 0;
+};
+ExpertStrip expert_strip(const gguf::File& f, int64_t n_ff_exp, int rank, int size);
+
 // The MoE tensors of one block (p = "blk.N."): router, selection bias,
 // expert stacks and, when n_shared > 0, the shared expert. The routing
 // parameters (experts used, normalisation, scale, clamps) are the caller's.
