@@ -164,7 +164,7 @@ faults)
     mode=(--model "$work/m.gguf" --layer-split 3)
     [[ $sig == TP-STOP ]] && mode=(--model "$work/h6.gguf" --tp 3) && sig=STOP
     "$mpi" 3 "$glm5" run "${mode[@]}" -t 1 --tokens 1,2,3 \
-      --print-ids -n 200000 --ctx-size 262144 --ignore-eos --rank-timeout 3 \
+      --print-ids -n 200000 --ctx-size 262144 --ignore-eos --rank-timeout 5 \
       >"$work/f.out" 2>"$work/f.err" &
     job=$!
     pid=""
@@ -187,7 +187,7 @@ faults)
     took=$((($(date +%s%N) - t0) / 1000000))
     [[ $rc != 0 ]] || fail "SIG$sig: the job exited 0"
     if [[ $sig == STOP ]]; then
-      grep -q "rank $victim: .*within 3 s (--rank-timeout)" "$work/f.err" ||
+      grep -q "rank $victim: .*within 5 s (--rank-timeout)" "$work/f.err" ||
         { cat "$work/f.err"; fail "rank 0 did not name the stopped rank"; }
       kill -9 "$pid" 2>/dev/null
     else
