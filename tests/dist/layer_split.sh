@@ -316,6 +316,19 @@ tp)
       echo "$(basename "$m") --tp $np: logits within $d of one process's; greedy output identical"
     done
   done
+  # Quantized strips: a Q4_K_M mix (Q6_K expert downs, Q5_0 attention outputs) whose experts'
+  # 1536 hidden units are whole 256-value blocks at 2 and 3 ranks.
+  "$glm5" make-model --quiet --type Q4_K_M --n-embd 256 --n-head 6 --n-ff-exp 1536 --n-expert 4 \
+    --n-expert-used 2 --n-layer 4 -o "$work/kq.gguf" >/dev/null || fail "make-model Q4_K_M"
+  "$glm5" logits --model "$work/kq.gguf" -t 1 --cache-type f32 --tokens 5,9,17,33,65 --all \
+    >"$work/one.json" 2>/dev/null || fail "kq: one process"
+  for np in 2 3; do
+    "$mpi" "$np" "$glm5" logits --model "$work/kq.gguf" --tp "$np" -t 1 --cache-type f32 \
+      --tokens 5,9,17,33,65 --all >"$work/tp.json" 2>"$work/err" || { cat "$work/err"; fail "kq --tp $np"; }
+    [[ $(grep -c "of every routed expert" "$work/err") == "$np" ]] || fail "kq: experts not split"
+    d=$(close "$work/one.json" "$work/tp.json" 1e-4) || fail "kq --tp $np: logits differ by $d"
+    echo "Q4_K_M --tp $np (experts in 256-value strips): logits within $d of one process's"
+  done
   # Each rank reads its share of the heads and the replicated rest.
   m="$work/h6.gguf"
   "$glm5" bench --model "$m" -t 1 -p 0 -n 16 -r 1 >"$work/one.txt" 2>/dev/null || fail "bench"
