@@ -337,3 +337,63 @@ TEST(LayerSplit, CutsAreContiguousAllowedAndBalanced) {
                      Error);
     }
 }
+
+// Tensor parallelism reads each rank's share: a decoded token costs a rank the
+// bytes one process reads, less (1 - 1/N) of the split tensors (every layer's
+// attn_q_b / attn_k_b / attn_v_b / attn_output, and the used experts' strips)
+// and, off rank 0, the shared experts. Counted by the kernels; the values are
+// not summed across ranks here (no reducer), which changes no byte count.
+TEST(TensorParallel, EachRankReadsTheReplicatedWeightsAndItsShare) {
+    const std::string path = data_path("glm-dsa/tiny.gguf");
+    const auto file = gguf::File::open(path);
+    const int64_t n_layer = int64_t(file->get_uint("glm-dsa.block_count")) -
+                            int64_t(file->get_uint("glm-dsa.nextn_predict_layers", 0));
+    const int64_t n_dense = int64_t(file->get_uint("glm-dsa.leading_dense_block_count"));
+    const int64_t n_used = int64_t(file->get_uint("glm-dsa.expert_used_count"));
+    const int64_t n_expert = int64_t(file->get_uint("glm-dsa.expert_count"));
+    auto bytes = [&](int64_t il, const char* t) {
+        const auto* ti = file->find_tensor("blk." + std::to_string(il) + "." + t);
+        return ti ? uint64_t(ti->nbytes) : 0;
+    };
+    uint64_t split = 0, shared = 0;
+    for (int64_t il = 0; il < n_layer; ++il) {
+        for (const char* t :
+             {"attn_q_b.weight", "attn_k_b.weight", "attn_v_b.weight", "attn_output.weight"})
+            split += bytes(il, t);
+        if (il < n_dense) continue;
+        for (const char* t : {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"})
+            split += bytes(il, t) / uint64_t(n_expert) * uint64_t(n_used);
+        for (const char* t :
+             {"ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"})
+            shared += bytes(il, t);
+    }
+    ASSERT_GT(split, 0u);
+    ASSERT_GT(shared, 0u);
+    const auto prompt = random_ids(11, 12, 768);
+    auto decode_bytes = [&](int rank, int size) {
+        TestModel m(path, backend::CacheType::F32, 1);
+        if (size > 1) {
+            model::LoadOptions lo;
+            lo.cache_type = backend::CacheType::F32;
+            lo.tp_rank = rank;
+            lo.tp_size = size;
+            m.model = model::load_model(*m.file, *m.be, lo);
+        }
+        auto st = m.model->new_state(64);
+        std::vector<float> lg;
+        model::SeqInput in{st.get(), prompt, false, true};
+        m.model->forward({&in, 1}, lg);
+        const std::vector<int32_t> one = {5};
+        model::SeqInput next{st.get(), one, false, true};
+        m.be->reset_counters();
+        m.model->forward({&next, 1}, lg);
+        return m.be->counters().weight_bytes;
+    };
+    const uint64_t whole = decode_bytes(0, 1);
+    for (int N : {2}) {  // 4 heads, 32 expert hidden units
+        for (int r = 0; r < N; ++r) {
+            const uint64_t want = whole - split + split / uint64_t(N) - (r ? shared : 0);
+            EXPECT_EQ(decode_bytes(r, N), want) << "rank " << r << " of " << N;
+        }
+    }
+}
