@@ -18,6 +18,7 @@
 #include "model/layer_split.h"
 #include "model_setup.h"
 #include "quant/quant.h"
+#include "split_setup.h"
 
 namespace glm5::app {
 
@@ -245,9 +246,7 @@ int print_plan(const Args& a) {
         pr.ubatch = ubatch;
         pr.draft_max = draft;
         pr.retained = budget;
-        pr.n_ctx = a.is_set("ctx-size") && a.get_int("ctx-size", 0, int64_t(1) << 24) > 0
-                       ? a.get_int("ctx-size", 0, int64_t(1) << 24)
-                       : 4096;
+        pr.n_ctx = split_context(a);
         return print_split_plan(a, *f, *be, lo, parts, pr);
     }
     auto m = model::load_model(*f, *be, lo);

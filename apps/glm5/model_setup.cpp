@@ -18,12 +18,10 @@
 
 namespace glm5::app {
 
-namespace {
-
 // Reads every tensor's pages into memory once, with a progress bar on a
 // terminal: the weights stay file-backed, but the first token does not pay
 // for the disk, and a big model's load is visible.
-void load_pages(const gguf::File& f, const model::HeldLayers& held) {
+void load_weight_pages(const gguf::File& f, const model::HeldLayers& held) {
     uint64_t total = 0;
     for (const auto& t : f.tensors())
         if (held.n_layer == 0 || held.holds(t.name)) total += t.nbytes;
@@ -48,12 +46,6 @@ void load_pages(const gguf::File& f, const model::HeldLayers& held) {
         }
     }
     if (bar) std::fprintf(stderr, "\n");
-}
-
-}  // namespace
-
-void load_weight_pages(const gguf::File& f, const model::HeldLayers& held) {
-    load_pages(f, held);
 }
 
 void add_model_flags(Args& a, bool model_required) {
@@ -137,7 +129,7 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
         m = open_split_model(a, path, lo, bo, parts, tp);
     } else {
         m.file = gguf::File::open(path);
-        load_pages(*m.file, {});
+        load_weight_pages(*m.file, {});
         m.backend = backend::make_cpu_backend(bo);
         m.model = model::load_model(*m.file, *m.backend, lo);
     }

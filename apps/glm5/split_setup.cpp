@@ -24,6 +24,11 @@ int launched_ranks() {
     return v ? std::atoi(v) : 0;
 }
 
+int64_t split_context(const Args& a) {
+    const int64_t ctx = a.is_set("ctx-size") ? a.get_int("ctx-size", 0, int64_t(1) << 24) : 0;
+    return ctx > 0 ? ctx : 4096;
+}
+
 int launched_rank() {
     const char* v = std::getenv("OMPI_COMM_WORLD_RANK");
     return v ? std::atoi(v) : 0;
@@ -77,21 +82,37 @@ LoadedModel open_split_model(const Args& a, const std::string& path, model::Load
     dist::agree_identity(comm, file_identity(*m.file), "model file (size and header)");
 
     m.backend = backend::make_cpu_backend(bo);
+    model::SplitPlan plan;
     if (tensor) {
-        // Every rank holds every layer and its share of the heads; the
-        // partial attention outputs meet in the reducer.
+        // Every rank holds every layer and its share of the heads and expert
+        // strips; the partial sums meet in the reducer.
         static dist::TensorReducer reducer(comm);
         m.backend->set_reducer(&reducer);
         lo.tp_rank = rank;
         lo.tp_size = tp;
+    } else {
         try {
-            m.model = model::load_model(*m.file, *m.backend, lo);
+            plan = model::split_layers(*m.file, *m.backend, lo, parts, split_context(a));
         } catch (const Error& e) {
             err = e.what();
         }
-        dist::agree(comm, err, "loading");
-        const model::ModelInfo& info = m.model->info();
-        const MemoryAvailable avail = available_memory();
+        dist::agree(comm, err, "splitting the layers");
+        lo.layers = plan.parts[size_t(rank)].range;
+    }
+    try {
+        // A layer split pages in its own layers; under TP pages fault in as
+        // read, so a rank's resident weights are what it reads.
+        if (!tensor) load_weight_pages(*m.file, model::resolve_layers(lo, plan.n_layer, path));
+        m.model = model::load_model(*m.file, *m.backend, lo);
+    } catch (const Error& e) {
+        err = e.what();
+    }
+    dist::agree(comm, err, "loading");
+
+    // The banner: what this rank holds, its caches and memory.
+    const model::ModelInfo& info = m.model->info();
+    std::string holds;
+    if (tensor) {
         const bool split_ff = info.ff_end - info.ff_first < info.n_ff_exp;
         const std::string experts =
             info.n_ff_exp == 0 ? ""
@@ -100,55 +121,25 @@ LoadedModel open_split_model(const Args& a, const std::string& path, model::Load
                        : ", every expert whole (its " + std::to_string(info.n_ff_exp) +
                              " hidden units cannot be cut in " + std::to_string(tp) +
                              " strips of whole quant blocks: exact, slower)";
-        log_info(
-            "glm5: rank %d/%d: attention heads %lld-%lld of every layer%s (tensor parallel; "
-            "indexer, router, shared expert, dense layers, norms, embedding and head "
-            "replicated), %s of weights in the file; caches %s per token; %s available here\n",
-            rank, tp, (long long)info.head_first, (long long)info.head_end - 1, experts.c_str(),
-            human_bytes(double(info.weight_bytes)).c_str(),
-            human_bytes(double(m.model->state_cost().per_token)).c_str(),
-            avail.bytes ? human_bytes(double(avail.bytes)).c_str() : "unknown");
-        const auto ranks = dist::exchange_rank_info(
-            comm, dist::describe_rank(*m.model, avail.bytes, rss_anon_bytes()));
-        if (rank != 0) std::exit(dist::serve_rank(comm, *m.model, true));
-        m.model = std::make_unique<dist::SplitModel>(comm, std::move(m.model), ranks, 1, true);
-        return m;
+        holds = "attention heads " + std::to_string(info.head_first) + "-" +
+                std::to_string(info.head_end - 1) + " of every layer" + experts +
+                " (tensor parallel; indexer, router, shared expert, dense layers, norms, "
+                "embedding and head replicated), " +
+                human_bytes(double(info.weight_bytes)) + " of weights in the file";
+    } else {
+        holds = plan.describe(size_t(rank)) + "; " + human_bytes(double(info.skipped_bytes)) +
+                " of weights read by other ranks";
     }
-    model::SplitPlan plan;
-    try {
-        const int64_t ctx = a.is_set("ctx-size") ? a.get_int("ctx-size", 0, int64_t(1) << 24) : 0;
-        plan = model::split_layers(*m.file, *m.backend, lo, parts, ctx > 0 ? ctx : 4096);
-    } catch (const Error& e) {
-        err = e.what();
-    }
-    dist::agree(comm, err, "splitting the layers");
-    lo.layers = plan.parts[size_t(rank)].range;
-    try {
-        model::LoadOptions probe = lo;
-        probe.plan_only = false;
-        load_weight_pages(*m.file, model::resolve_layers(probe, plan.n_layer, path));
-        m.model = model::load_model(*m.file, *m.backend, lo);
-    } catch (const Error& e) {
-        err = e.what();
-    }
-    dist::agree(comm, err, "loading");
-
-    const model::ModelInfo& info = m.model->info();
     const MemoryAvailable avail = available_memory();
-    const uint64_t process = rss_anon_bytes();
-    log_info(
-        "glm5: rank %d/%d: %s; caches %s per token; %s of weights read by other ranks; "
-        "%s available here\n",
-        rank, parts, plan.describe(size_t(rank)).c_str(),
-        human_bytes(double(m.model->state_cost().per_token)).c_str(),
-        human_bytes(double(info.skipped_bytes)).c_str(),
-        avail.bytes ? human_bytes(double(avail.bytes)).c_str() : "unknown");
-    const auto ranks =
-        dist::exchange_rank_info(comm, dist::describe_rank(*m.model, avail.bytes, process));
-    if (rank != 0) std::exit(dist::serve_rank(comm, *m.model));
+    log_info("glm5: rank %d/%d: %s; caches %s per token; %s available here\n", rank, degree,
+             holds.c_str(), human_bytes(double(m.model->state_cost().per_token)).c_str(),
+             avail.bytes ? human_bytes(double(avail.bytes)).c_str() : "unknown");
+    const auto ranks = dist::exchange_rank_info(
+        comm, dist::describe_rank(*m.model, avail.bytes, rss_anon_bytes()));
+    if (rank != 0) std::exit(dist::serve_rank(comm, *m.model, tensor));
     const int batches = int(a.get_int("layer-split-batches", 0, 1024));
     m.model = std::make_unique<dist::SplitModel>(comm, std::move(m.model), ranks,
-                                                 batches > 0 ? batches : parts);
+                                                 batches > 0 ? batches : parts, tensor);
     return m;
 }
 

@@ -17,6 +17,9 @@ struct LoadedModel;
 bool dist_launch();
 int launched_ranks();
 int launched_rank();  // 0 when not under mpirun: only rank 0 talks to the user
+// The context (tokens) a layer split is balanced for: --ctx-size, or 4096
+// when the context is automatic.
+int64_t split_context(const Args& a);
 
 // Every rank: checks the launch (ranks = parts, the same file everywhere),
 // cuts the layers, loads this rank's and agrees with the others on each step

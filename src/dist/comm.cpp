@@ -80,40 +80,8 @@ void Comm::send(int to, int tag, std::span<const uint8_t> data) {
 }
 
 void Comm::send_all(const std::vector<int>& to, int tag, std::span<const uint8_t> data) {
-    if (data.size() > size_t(INT_MAX))
-        throw Error("a message between ranks is over 2 GiB (" + std::to_string(data.size()) +
-                    " bytes)");
-    const auto t0 = Clock::now();
-    std::vector<MPI_Request> reqs(to.size(), MPI_REQUEST_NULL);
-    for (size_t i = 0; i < to.size(); ++i) {
-        const int rc = MPI_Isend(data.data(), int(data.size()), MPI_BYTE, to[i], tag,
-                                 MPI_COMM_WORLD, &reqs[i]);
-        if (rc != MPI_SUCCESS)
-            throw RankError(to[i], "rank " + std::to_string(rank_) + " cannot send to rank " +
-                                       std::to_string(to[i]) + ": " + mpi_error(rc));
-    }
-    const auto deadline =
-        t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_));
-    for (size_t i = 0; i < to.size(); ++i) {
-        int rc = MPI_SUCCESS;
-        const bool ok = poll_until(
-            [&] {
-                int flag = 0;
-                rc = MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE);
-                return flag || rc != MPI_SUCCESS;
-            },
-            deadline, false);
-        if (rc != MPI_SUCCESS)
-            throw RankError(
-                to[i], "rank " + std::to_string(to[i]) + " cannot be reached: " + mpi_error(rc));
-        if (!ok)
-            throw RankError(to[i], "rank " + std::to_string(to[i]) + " took no message within " +
-                                       std::to_string(int(timeout_)) +
-                                       " s (--rank-timeout): stopped, hung or gone");
-        stats_.bytes_sent += data.size();
-        ++stats_.messages_sent;
-    }
-    stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    for (int r : to) isend(r, tag, std::vector<uint8_t>(data.begin(), data.end()));
+    flush();
 }
 
 struct Comm::Outgoing {

@@ -48,15 +48,16 @@ class Comm {
     int size() const { return size_; }
     double timeout() const { return timeout_; }
 
-    // Sends `data` to `to`; throws RankError when it is not taken within the
-    // timeout. Several destinations: all sends are in flight at once.
-    void send(int to, int tag, std::span<const uint8_t> data);
-    void send_all(const std::vector<int>& to, int tag, std::span<const uint8_t> data);
     // Starts sending `data` without waiting for it to be taken (messages to
     // one rank with one tag arrive in the order sent); flush() waits, within
-    // the timeout, for every send started.
+    // the timeout, for every send started, and throws RankError naming a rank
+    // that took nothing.
     void isend(int to, int tag, std::vector<uint8_t> data);
     void flush();
+    // Sends `data` to `to` (to each of them, all in flight at once) and
+    // flushes.
+    void send(int to, int tag, std::span<const uint8_t> data);
+    void send_all(const std::vector<int>& to, int tag, std::span<const uint8_t> data);
     // The next message from `from` with `tag`; waits at most timeout_s
     // seconds (<= 0: for ever), then throws RankError.
     std::vector<uint8_t> recv(int from, int tag, double timeout_s);

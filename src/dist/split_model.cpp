@@ -55,10 +55,6 @@ RankInfo get_info(Wire& w) {
     return r;
 }
 
-void put_stats(Wire& w, const CommStats& s) {
-    w.put(s);
-}
-
 // A rank's reply: ok, or the reason it failed.
 Wire reply(const std::string& error) {
     Wire w;
@@ -474,6 +470,14 @@ int serve_rank(Comm& comm, model::Model& local, bool tp) {
         return *it->second;
     };
     auto ack = [&](const std::string& error) { comm.send(0, kDone, reply(error).bytes()); };
+    // A forward's inputs, committed on rank 0's word once every rank has
+    // succeeded (nothing to commit when this rank failed).
+    auto keep_pending = [&](std::vector<std::vector<int32_t>> toks,
+                            const std::vector<model::SeqInput>& in, const std::string& error) {
+        pending_tokens = std::move(toks);
+        pending = error.empty() ? in : std::vector<model::SeqInput>{};
+        for (size_t i = 0; i < pending.size(); ++i) pending[i].tokens = pending_tokens[i];
+    };
 
     try {
         while (true) {
@@ -511,10 +515,7 @@ int serve_rank(Comm& comm, model::Model& local, bool tp) {
                         }
                     }
                     ack(error);
-                    pending_tokens = std::move(toks);
-                    pending = error.empty() ? in : std::vector<model::SeqInput>{};
-                    for (size_t i = 0; i < pending.size(); ++i)
-                        pending[i].tokens = pending_tokens[i];
+                    keep_pending(std::move(toks), in, error);
                     continue;
                 }
                 uint32_t begin = 0;
@@ -549,10 +550,7 @@ int serve_rank(Comm& comm, model::Model& local, bool tp) {
                     begin = end;
                 }
                 comm.flush();
-                // Committed on rank 0's word, once every rank has succeeded.
-                pending_tokens = std::move(toks);
-                pending = error.empty() ? in : std::vector<model::SeqInput>{};
-                for (size_t i = 0; i < pending.size(); ++i) pending[i].tokens = pending_tokens[i];
+                keep_pending(std::move(toks), in, error);
                 continue;
             }
             if (op == kCommit) {
@@ -601,7 +599,7 @@ int serve_rank(Comm& comm, model::Model& local, bool tp) {
             if (op == kStats) {
                 const bool reset = w.get<uint8_t>() != 0;
                 Wire out = reply("");
-                put_stats(out, comm.stats());
+                out.put(comm.stats());
                 out.put(uint64_t(local.backend().counters().weight_bytes));
                 comm.send(0, kDone, out.bytes());
                 if (reset) {
