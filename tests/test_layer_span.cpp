@@ -289,11 +289,7 @@ TEST(LayerSplit, CutsAreContiguousAllowedAndBalanced) {
             else if (il < 0 && t.name != "token_embd.weight")
                 head += t.nbytes;
         }
-        for (int64_t l = 0; l < L; ++l) {
-            const model::StateCost c = m.model->layer_cost(l);
-            cost[size_t(l)] += c.fixed + c.per_token * tokens +
-                               c.per_pool * uint64_t((tokens + c.pool - 1) / c.pool);
-        }
+        for (int64_t l = 0; l < L; ++l) cost[size_t(l)] += m.model->layer_cost(l).bytes(tokens);
         std::vector<int64_t> starts;
         for (int64_t l = 1; l < L; ++l)
             if (m.model->can_split_before(l)) starts.push_back(l);

@@ -35,7 +35,7 @@ enum Op : uint8_t {
 
 void put_info(Wire& w, const RankInfo& r) {
     w.put(r.layer_first).put(r.layer_end).put(uint8_t(r.head)).put(uint8_t(r.can_draft));
-    w.put(r.weight_bytes).put(r.mapped_bytes).put(r.copied_bytes).put(r.skipped_bytes);
+    w.put(r.weight_bytes).put(r.mapped_bytes).put(r.copied_bytes);
     w.put(r.cost).put(r.available).put(r.process);
 }
 
@@ -48,7 +48,6 @@ RankInfo get_info(Wire& w) {
     r.weight_bytes = w.get<uint64_t>();
     r.mapped_bytes = w.get<uint64_t>();
     r.copied_bytes = w.get<uint64_t>();
-    r.skipped_bytes = w.get<uint64_t>();
     r.cost = w.get<model::StateCost>();
     r.available = w.get<uint64_t>();
     r.process = w.get<uint64_t>();
@@ -180,7 +179,6 @@ RankInfo describe_rank(const model::Model& m, uint64_t available, uint64_t proce
     r.weight_bytes = i.weight_bytes;
     r.mapped_bytes = i.mapped_bytes;
     r.copied_bytes = i.copied_bytes;
-    r.skipped_bytes = i.skipped_bytes;
     r.cost = m.state_cost();
     r.available = available;
     r.process = process;

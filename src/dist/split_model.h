@@ -32,7 +32,7 @@ struct RankInfo {
     int64_t layer_first = 0, layer_end = 0;
     bool head = false;
     bool can_draft = false;
-    uint64_t weight_bytes = 0, mapped_bytes = 0, copied_bytes = 0, skipped_bytes = 0;
+    uint64_t weight_bytes = 0, mapped_bytes = 0, copied_bytes = 0;
     model::StateCost cost;
     uint64_t available = 0;  // its MemoryAvailable::bytes (0: unknown)
     uint64_t process = 0;    // its anonymous memory after loading

@@ -31,7 +31,7 @@ SplitPlan split_layers(const gguf::File& file, backend::Backend& be, const LoadO
     if (n_parts < 1) throw Error("a layer split needs at least one part");
 
     // Each layer's bytes: its tensors, and its caches for `tokens` positions.
-    std::vector<uint64_t> cost(size_t(L), 0), weights(size_t(L), 0), caches(size_t(L), 0);
+    std::vector<uint64_t> cost(size_t(L), 0), weights(size_t(L), 0);
     uint64_t head = 0;
     const bool tied = file.find_tensor("output.weight") == nullptr;
     for (const auto& t : file.tensors()) {
@@ -48,12 +48,8 @@ SplitPlan split_layers(const gguf::File& file, backend::Backend& be, const LoadO
             head += t.nbytes;
         }
     }
-    for (int64_t l = 0; l < L; ++l) {
-        const StateCost c = m->layer_cost(l);
-        caches[size_t(l)] = c.bytes(0) + c.per_token * uint64_t(tokens) +
-                            c.per_pool * uint64_t((tokens + c.pool - 1) / c.pool);
-        cost[size_t(l)] = weights[size_t(l)] + caches[size_t(l)];
-    }
+    for (int64_t l = 0; l < L; ++l)
+        cost[size_t(l)] = weights[size_t(l)] + m->layer_cost(l).bytes(tokens);
     std::vector<int64_t> starts;  // where a part may begin
     for (int64_t l = 1; l < L; ++l)
         if (m->can_split_before(l)) starts.push_back(l);
@@ -93,7 +89,6 @@ SplitPlan split_layers(const gguf::File& file, backend::Backend& be, const LoadO
             }
     SplitPlan plan;
     plan.n_layer = L;
-    plan.tokens = tokens;
     plan.parts.resize(size_t(n_parts));
     size_t j = P - 1;
     for (int k = n_parts; k >= 1; --k) {
@@ -101,10 +96,7 @@ SplitPlan split_layers(const gguf::File& file, backend::Backend& be, const LoadO
         LayerPart& p = plan.parts[size_t(k - 1)];
         p.range.first = pts[i];
         p.range.end = j == P - 1 ? -1 : pts[j];
-        for (int64_t l = pts[i]; l < pts[j]; ++l) {
-            p.weight_bytes += weights[size_t(l)];
-            p.cache_bytes += caches[size_t(l)];
-        }
+        for (int64_t l = pts[i]; l < pts[j]; ++l) p.weight_bytes += weights[size_t(l)];
         if (j == P - 1) p.weight_bytes += head;
         j = i;
     }

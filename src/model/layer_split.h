@@ -19,13 +19,11 @@ namespace glm5::model {
 struct LayerPart {
     LayerRange range;           // the layers; range.end = -1 for the last part (with the head)
     uint64_t weight_bytes = 0;  // of the tensors it holds
-    uint64_t cache_bytes = 0;   // its caches for the context it was balanced for
 };
 
 struct SplitPlan {
     std::vector<LayerPart> parts;
     int64_t n_layer = 0;
-    int64_t tokens = 0;  // the cached tokens the caches were counted for (all slots)
     std::string describe(size_t part) const;  // "layers 0-5 (6 of 24), 1.2 GiB of weights ..."
 };
 
