@@ -15,6 +15,8 @@
 #include "backend/cpu_kernels.h"
 #include "backend/cpu_simd.h"
 #include "core/fp16.h"
+#include "quant/ops.h"
+#include "quant/quant.h"
 
 using namespace glm5;
 using namespace glm5::backend;
@@ -232,6 +234,109 @@ TEST(AttentionSimd, RmsNormHasTheBitsOfTheScalarRow) {
             for (int64_t i = 0; i < n; ++i)
                 ASSERT_NEAR(got[size_t(i)], x[size_t(i)] * scale * (wp ? wp[i] : 1.0f),
                             1e-5 * std::fabs(x[size_t(i)] * scale) + 1e-7);
+        }
+    }
+}
+
+// The AVX2 tiles against the row helpers they replaced, bit for bit: every
+// (head, row) score is dot_f32_f16 of the two, every output value the chain
+// of axpy_f16 over the rows, at tails of every kind (an odd number of 8-value
+// chunks, a width not a multiple of 8, fewer rows or heads than a tile).
+TEST(AttentionSimd, Avx2TilesHaveTheBitsOfTheRowHelpers) {
+    if (!quant::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+    for (int64_t w : {kWidth, int64_t(584), int64_t(100), int64_t(8), int64_t(3)}) {
+        for (int64_t nh : {1, 2, 4, 7, 16}) {
+            const int64_t n = 37;
+            const Cache c(n, w, 11);
+            const auto q = f16_floats(size_t(nh * w), 12);
+            const std::vector<int32_t> idx = {30, 2, 17, 36, 0, 9, 11, 3, 4, 5, 6};
+            for (bool listed : {false, true}) {
+                const int64_t m = listed ? int64_t(idx.size()) : n;
+                const F16Rows rows = c.rows(listed ? idx.data() : nullptr);
+                std::vector<float> got(size_t(nh * m));
+                cpu::avx2::scores_f16(q.data(), nh, w, rows, m, got.data(), m);
+                for (int64_t h = 0; h < nh; ++h)
+                    for (int64_t j = 0; j < m; ++j) {
+                        const float want = cpu::avx2::dot_f32_f16(w, q.data() + h * w, rows.row(j));
+                        ASSERT_TRUE(same_bits(&got[size_t(h * m + j)], &want, 1))
+                            << "w " << w << " heads " << nh << " head " << h << " row " << j;
+                    }
+            }
+        }
+    }
+    for (int64_t vw : {kValue, int64_t(100), int64_t(24), int64_t(5)}) {
+        for (int64_t nh : {1, 3, 5, 16}) {
+            const int64_t n = 41, w = vw + 64;
+            const Cache c(n, w, 13);
+            const auto p = f16_floats(size_t(nh * n), 14);
+            std::vector<float> got(size_t(nh * vw)), want(size_t(nh * vw), 0.0f);
+            cpu::avx2::weighted_sum_f16(p.data(), n, nh, c.rows(), n, vw, got.data());
+            for (int64_t j = 0; j < n; ++j)
+                for (int64_t h = 0; h < nh; ++h)
+                    cpu::avx2::axpy_f16(vw, p[size_t(h * n + j)], c.bits.data() + j * w,
+                                        want.data() + h * vw);
+            EXPECT_TRUE(same_bits(got.data(), want.data(), got.size()))
+                << "v width " << vw << " heads " << nh;
+        }
+    }
+}
+
+// The indexer's (key, head) dot products: the bits of quant's F32 dot on
+// this machine, through the tiles where dim allows and the pairs where not.
+TEST(AttentionSimd, IndexerDotsHaveTheBitsOfTheF32Dot) {
+    const quant::VecDotFn dot = quant::vec_dot_fn(quant::Type::F32);
+    for (int64_t dim : {128, 64, 256, 96, 40}) {
+        for (int64_t nq : {1, 2, 3, 8}) {
+            const int64_t nk = 10, ks = dim + 16;
+            const auto q = f16_floats(size_t(nq * dim), 15);
+            const auto k = f16_floats(size_t(nk * ks), 16);
+            std::vector<float> got(size_t(nk * nq));
+            cpu::simd().dots_f32(q.data(), nq, k.data(), ks, nk, dim, got.data(), nq);
+            for (int64_t j = 0; j < nk; ++j)
+                for (int64_t a = 0; a < nq; ++a) {
+                    const float want = dot(dim, q.data() + a * dim, k.data() + j * ks);
+                    ASSERT_TRUE(same_bits(&got[size_t(j * nq + a)], &want, 1))
+                        << "dim " << dim << " queries " << nq << " key " << j << " query " << a;
+                }
+        }
+    }
+}
+
+// The AVX2 softmax: its e^x has the bits of the C library's expf (checked at
+// startup; on Debian's glibc it must hold, or decode deep in a context loses
+// its vectorised softmax), so it has scalar::softmax's bits: a million
+// differences spread over e^x's whole float range and below it, tails of
+// every length, and infinities.
+TEST(AttentionSimd, Avx2SoftmaxHasTheBitsOfTheScalarOne) {
+    if (!quant::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+    ASSERT_TRUE(cpu::avx2::exp_matches_libm());
+    std::mt19937 rng(17);
+    std::uniform_real_distribution<float> d(-110.f, 0.f);
+    std::vector<float> big(size_t(1) << 20);
+    for (auto& v : big) v = d(rng);
+    big[5] = 0.0f;  // the maximum: every difference is the value itself
+    for (bool r16 : {false, true}) {
+        auto got = big, want = big;
+        cpu::avx2::softmax(got.data(), int64_t(got.size()), r16);
+        cpu::scalar::softmax(want.data(), int64_t(want.size()), r16);
+        ASSERT_TRUE(same_bits(got.data(), want.data(), got.size()));
+    }
+    // Every tail length, with values that underflow and scores that are infinite.
+    std::normal_distribution<float> g(0.f, 30.f);
+    for (int64_t n = 1; n <= 40; ++n) {
+        std::vector<float> x(static_cast<size_t>(n));
+        for (auto& v : x) v = g(rng);
+        if (n > 3) x[2] = -300.0f;
+        if (n == 33) x[7] = INFINITY;
+        if (n == 34) x[9] = -INFINITY;
+        for (bool r16 : {false, true}) {
+            auto got = x, want = x;
+            cpu::avx2::softmax(got.data(), n, r16);
+            cpu::scalar::softmax(want.data(), n, r16);
+            for (int64_t j = 0; j < n; ++j)
+                ASSERT_TRUE(same_bits(&got[size_t(j)], &want[size_t(j)], 1) ||
+                            (std::isnan(got[size_t(j)]) && std::isnan(want[size_t(j)])))
+                    << "n " << n << " value " << j;
         }
     }
 }

@@ -31,23 +31,40 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
         score_off[i + 1] = score_off[i] + queries[i].n_keys;
     }
     std::vector<float> scores(static_cast<size_t>(score_off.back()));
-    const quant::VecDotFn dot32 = quant::vec_dot_fn(quant::Type::F32);
+    const SimdOps& sv = simd();
     pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int ith) {
-        std::vector<float>& kf = per_thread_[size_t(ith)].row;
-        kf.resize(size_t(dim));
+        PerThread& pt = per_thread_[size_t(ith)];
+        std::vector<float>& kf = pt.row;
+        std::vector<float>& qk = pt.acc;
+        kf.resize(size_t(kChunk * dim));
+        qk.resize(size_t(kChunk * n_heads));
         for (int64_t task = b; task < e; ++task) {
             const size_t qi = size_t(std::upper_bound(first_task.begin(), first_task.end(), task) -
                                      first_task.begin() - 1);
             const IndexerQuery& q = queries[qi];
             const int64_t s0 = (task - first_task[qi]) * kChunk;
             const int64_t s1 = std::min<int64_t>(q.n_keys, s0 + kChunk);
+            // The chunk's keys as floats, then every (key, head) dot product
+            // in one tiled call: each key is read once for all the heads.
+            const float* keys = nullptr;
+            int64_t ks = dim;
+            if (q.keys.type == CacheType::F32) {
+                keys =
+                    reinterpret_cast<const float*>(q.keys.data + size_t(s0) * q.keys.row_bytes());
+                ks = int64_t(q.keys.row_bytes() / sizeof(float));
+            } else {
+                for (int64_t s = s0; s < s1; ++s)
+                    sv.f16_to_f32(dim,
+                                  reinterpret_cast<const uint16_t*>(q.keys.data +
+                                                                    size_t(s) * q.keys.row_bytes()),
+                                  kf.data() + (s - s0) * dim);
+                keys = kf.data();
+            }
+            sv.dots_f32(q.q, n_heads, keys, ks, s1 - s0, dim, qk.data(), n_heads);
             for (int64_t s = s0; s < s1; ++s) {
-                const float* k = load_row(q.keys, s, kf.data());
+                const float* d = qk.data() + (s - s0) * n_heads;
                 float score = 0.0f;
-                for (int64_t hh = 0; hh < n_heads; ++hh) {
-                    const float qk = dot32(dim, q.q + hh * dim, k);
-                    score += std::max(qk, 0.0f) * q.w[hh];
-                }
+                for (int64_t hh = 0; hh < n_heads; ++hh) score += std::max(d[hh], 0.0f) * q.w[hh];
                 scores[size_t(score_off[qi] + s)] = score;
             }
         }

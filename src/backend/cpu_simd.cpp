@@ -86,6 +86,23 @@ void weighted_sum_by_rows(const float* p, int64_t ld, int64_t nh, const F16Rows&
     }
 }
 
+void dots_by_pairs(const float* q, int64_t nq, const float* k, int64_t ks, int64_t nk, int64_t dim,
+                   float* out, int64_t ld) {
+    const quant::VecDotFn dot = quant::vec_dot_fn(quant::Type::F32);
+    for (int64_t j = 0; j < nk; ++j)
+        for (int64_t a = 0; a < nq; ++a) out[j * ld + a] = dot(dim, q + a * dim, k + j * ks);
+}
+
+// quant's AVX2 F32 dot has no tail when dim is a multiple of 32: the tiles
+// reproduce exactly that case.
+void dots_avx2(const float* q, int64_t nq, const float* k, int64_t ks, int64_t nk, int64_t dim,
+               float* out, int64_t ld) {
+    if (dim % 32 == 0)
+        avx2::dots_f32(q, nq, k, ks, nk, dim, out, ld);
+    else
+        dots_by_pairs(q, nq, k, ks, nk, dim, out, ld);
+}
+
 SimdOps pick() {
     if (!quant::cpu_has_avx2())
         return {scalar::axpy_f32,
@@ -98,19 +115,14 @@ SimdOps pick() {
                 scalar::softmax,
                 weighted_sum_by_rows<scalar::axpy_f16>,
                 scalar::swiglu,
-                kernels::rms_norm_row};
-    SimdOps ops{avx2::axpy_f32,
-                avx2::axpy_f16,
-                avx2::f16_to_f32,
-                avx2::dot_f32_f16,
-                avx2::f32_to_f16,
-                avx2::round_f16,
-                scores_by_rows<avx2::dot_f32_f16>,
-                scalar::softmax,
-                weighted_sum_by_rows<avx2::axpy_f16>,
-                scalar::swiglu,
-                avx2::rms_norm};
+                kernels::rms_norm_row,
+                dots_by_pairs};
+    SimdOps ops{avx2::axpy_f32,         avx2::axpy_f16,  avx2::f16_to_f32, avx2::dot_f32_f16,
+                avx2::f32_to_f16,       avx2::round_f16, avx2::scores_f16, scalar::softmax,
+                avx2::weighted_sum_f16, scalar::swiglu,  avx2::rms_norm,   dots_avx2};
+    if (avx2::exp_matches_libm()) ops.softmax = avx2::softmax;
     if (quant::cpu_has_avx512()) {
+        ops.dots_f32 = dots_by_pairs;
         ops.scores_f16 = avx512::scores_f16;
         ops.weighted_sum_f16 = avx512::weighted_sum_f16;
         ops.softmax = avx512::softmax;

@@ -52,6 +52,11 @@ struct SimdOps {
     void (*swiglu)(int64_t n, const float* g, const float* u, float clamp, float* out);
     // y = x / sqrt(mean(x^2) + eps) [* w] (kernels::rms_norm_row, same bits)
     void (*rms_norm)(const float* x, const float* w, int64_t n, float eps, float* y);
+    // out[j*ld + a] = q row a . k row j (rows dim floats; q rows dim apart, k
+    // rows ks apart) for a < nq, j < nk: each value the F32 dot product of
+    // quant::vec_dot_fn(F32) on this machine, bit for bit.
+    void (*dots_f32)(const float* q, int64_t nq, const float* k, int64_t ks, int64_t nk,
+                     int64_t dim, float* out, int64_t ld);
 };
 
 const SimdOps& simd();
@@ -75,6 +80,18 @@ void f16_to_f32(int64_t n, const uint16_t* src, float* dst);
 float dot_f32_f16(int64_t n, const float* a, const uint16_t* b);
 void f32_to_f16(int64_t n, const float* src, uint16_t* dst);
 void round_f16(int64_t n, const float* x, float* y);
+// The attention tiles (same bits as the row helpers above, row after row)
+// and dots_f32 for dims that are a multiple of 32.
+void scores_f16(const float* q, int64_t nh, int64_t w, const F16Rows& rows, int64_t n, float* s,
+                int64_t ld);
+void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& rows, int64_t n,
+                      int64_t vw, float* out);
+void dots_f32(const float* q, int64_t nq, const float* k, int64_t ks, int64_t nk, int64_t dim,
+              float* out, int64_t ld);
+// scalar::softmax with e^x vectorised: valid only where exp_matches_libm()
+// (its e^x has the bits of this C library's expf, checked once at startup).
+void softmax(float* x, int64_t n, bool round_f16);
+bool exp_matches_libm();
 }  // namespace avx2
 // The AVX-512 attention tiles and elementwise helpers (cpu_simd_avx512.cpp).
 namespace avx512 {

@@ -2,7 +2,10 @@
 // only: no inline function here is shared with baseline code.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "backend/cpu_simd.h"
 
@@ -17,6 +20,149 @@ inline float h2f(uint16_t h) {
 }
 inline float fma1(float a, float b, float c) {
     return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+inline float hsum(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+// Per-thread buffers of the attention tiles: cache rows converted to floats
+// and padded output sums.
+struct Scratch {
+    std::vector<float> rows, out, part;
+};
+Scratch& scratch() {
+    thread_local Scratch s;
+    return s;
+}
+
+// Tiles of A query rows by B key rows, 9 accumulators at most: with the
+// A + B loads of a step that fits the 16 vector registers, and every load
+// feeds A or B fused multiply-adds. One tile pass computes one of a dot
+// product's lane accumulators (those that sum every `step`-th 8-value chunk
+// from chunk `first` on); the caller combines them in the row helpers'
+// order, so each result has the bits of the one-pair helper.
+template <int A, int B>
+void lane_tile(const float* q, int64_t qs, const float* k, int64_t ks, int64_t first, int64_t step,
+               int64_t nc, __m256* part) {
+    __m256 acc[A][B];
+#pragma GCC unroll 4
+    for (int a = 0; a < A; ++a)
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) acc[a][b] = _mm256_setzero_ps();
+    for (int64_t c = first; c < nc; c += step) {
+        __m256 kv[B];
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) kv[b] = _mm256_loadu_ps(k + b * ks + c * 8);
+#pragma GCC unroll 4
+        for (int a = 0; a < A; ++a) {
+            const __m256 qa = _mm256_loadu_ps(q + a * qs + c * 8);
+#pragma GCC unroll 4
+            for (int b = 0; b < B; ++b) acc[a][b] = _mm256_fmadd_ps(qa, kv[b], acc[a][b]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < A; ++a)
+#pragma GCC unroll 4
+        for (int b = 0; b < B; ++b) part[a * 3 + b] = acc[a][b];
+}
+
+using LaneTile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
+                          __m256*);
+constexpr LaneTile kLaneTiles[3][3] = {{lane_tile<1, 1>, lane_tile<1, 2>, lane_tile<1, 3>},
+                                       {lane_tile<2, 1>, lane_tile<2, 2>, lane_tile<2, 3>},
+                                       {lane_tile<3, 1>, lane_tile<3, 2>, lane_tile<3, 3>}};
+
+// out[h][c0 .. c0 + 8C) += p[h][r] * v[r][..] over nr rows in order, H heads:
+// each output value is a chain of fused multiply-adds over the rows, as
+// axpy_f16 row after row makes it.
+template <int H, int C>
+void value_tile(const float* p, int64_t ld, const float* v, int64_t nr, int64_t vp, float* out,
+                int64_t c0) {
+    __m256 acc[H][C];
+#pragma GCC unroll 4
+    for (int h = 0; h < H; ++h)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) acc[h][c] = _mm256_loadu_ps(out + h * vp + c0 + c * 8);
+    for (int64_t r = 0; r < nr; ++r) {
+        __m256 vv[C];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) vv[c] = _mm256_loadu_ps(v + r * vp + c0 + c * 8);
+#pragma GCC unroll 4
+        for (int h = 0; h < H; ++h) {
+            const __m256 ph = _mm256_broadcast_ss(p + h * ld + r);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; ++c) acc[h][c] = _mm256_fmadd_ps(ph, vv[c], acc[h][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < H; ++h)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + h * vp + c0 + c * 8, acc[h][c]);
+}
+
+using ValueTile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+constexpr ValueTile kValueTiles[4][3] = {{value_tile<1, 1>, value_tile<1, 2>, value_tile<1, 3>},
+                                         {value_tile<2, 1>, value_tile<2, 2>, value_tile<2, 3>},
+                                         {value_tile<3, 1>, value_tile<3, 2>, value_tile<3, 3>},
+                                         {value_tile<4, 1>, value_tile<4, 2>, value_tile<4, 3>}};
+
+// e^x for 8 floats with the bits of the C library's expf (glibc's method on
+// FMA machines: x/ln2 scaled by 32 rounded to an integer k, 2^(k/32) from a
+// table of 2^(i/32) with the exponent bits of k added, 2^(r/32) by a cubic in
+// double, the product rounded to float once). Valid for
+// x in [-0x1.9fe368p6, 0x1.62e42ep6]; the caller takes other values through
+// std::exp. table[i] = bits of 2^(i/32) minus i << 52 / 32.
+constexpr uint64_t kExp2Table[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
+    0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
+    0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
+    0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
+    0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
+    0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+constexpr float kExpLow = -0x1.9fe368p6f, kExpHigh = 0x1.62e42ep6f;
+
+inline __m128 exp4(__m128 x) {
+    const __m256d z = _mm256_mul_pd(_mm256_cvtps_pd(x), _mm256_set1_pd(0x1.71547652b82fep+0 * 32));
+    // Adding 1.5 * 2^52 rounds z to an integer (to nearest even) held in
+    // the low bits of the sum.
+    const __m256d shift = _mm256_set1_pd(0x1.8p+52);
+    const __m256d kd = _mm256_add_pd(z, shift);
+    const __m256i ki = _mm256_castpd_si256(kd);
+    const __m256d r = _mm256_sub_pd(z, _mm256_sub_pd(kd, shift));
+    const __m256i t =
+        _mm256_add_epi64(_mm256_i64gather_epi64(reinterpret_cast<const long long*>(kExp2Table),
+                                                _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8),
+                         _mm256_slli_epi64(ki, 47));
+    const __m256d p2 = _mm256_fmadd_pd(_mm256_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32), r,
+                                       _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32));
+    __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(0x1.62e42ff0c52d6p-1 / 32), r, _mm256_set1_pd(1.0));
+    y = _mm256_fmadd_pd(p2, _mm256_mul_pd(r, r), y);
+    return _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)));
+}
+
+inline __m256 exp8(__m256 x) {
+    return _mm256_set_m128(exp4(_mm256_extractf128_ps(x, 1)), exp4(_mm256_castps256_ps128(x)));
+}
+
+// Rows converted per block: 16 rows of the MLA width (36 KB) stay near L1.
+constexpr int64_t kBlockRows = 16;
+
+// dst[r][0..wp) = row j0 + r's values [0, w) as floats, zeros up to wp.
+void convert(const F16Rows& rows, int64_t j0, int64_t nr, int64_t w, int64_t wp, float* dst) {
+    const int64_t w8 = w / 8 * 8;
+    for (int64_t r = 0; r < nr; ++r) {
+        const uint16_t* src = rows.row(j0 + r);
+        float* d = dst + r * wp;
+        int64_t i = 0;
+        for (; i < w8; i += 8) _mm256_storeu_ps(d + i, load_h(src + i));
+        for (; i < w; ++i) d[i] = h2f(src[i]);
+        for (; i < wp; ++i) d[i] = 0.0f;
+    }
 }
 }  // namespace
 
@@ -112,6 +258,148 @@ float dot_f32_f16(int64_t n, const float* a, const uint16_t* b) {
     float s = _mm_cvtss_f32(h);
     for (; i < n; ++i) s = fma1(a[i], h2f(b[i]), s);
     return s;
+}
+
+bool exp_matches_libm() {
+    // Every power of two's neighbourhood from the lowest valid input up, and
+    // the interval's ends.
+    for (float base = kExpLow; base < kExpHigh; base = base < -1.0f  ? base * 0.75f
+                                                       : base < 0.0f ? base + 0.0625f
+                                                                     : base * 1.25f + 0.01f) {
+        alignas(32) float x[8], got[8];
+        for (int k = 0; k < 8; ++k)
+            x[k] = std::min(std::nextafter(base, 0.0f) + 1e-3f * k, kExpHigh);
+        _mm256_store_ps(got, exp8(_mm256_load_ps(x)));
+        for (int k = 0; k < 8; ++k) {
+            const float want = std::exp(x[k]);
+            if (std::memcmp(&got[k], &want, sizeof want) != 0) return false;
+        }
+    }
+    return true;
+}
+
+// scalar::softmax's arithmetic: e^(x - max) with expf's bits, their sum in
+// double in index order (a dependent chain, but of adds only), then the
+// scaled values rounded through F16 by F16C (the software rounding's bits).
+void softmax(float* x, int64_t n, bool round_f16) {
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + j));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, mv);
+    float mx = -INFINITY;
+    for (float v : lanes) mx = std::max(mx, v);
+    for (; j < n; ++j) mx = std::max(mx, x[j]);
+    if (!std::isfinite(mx)) {  // infinities or NaN: the plain loop's semantics
+        scalar::softmax(x, n, round_f16);
+        return;
+    }
+    const __m256 vm = _mm256_set1_ps(mx), low = _mm256_set1_ps(kExpLow);
+    for (j = 0; j + 8 <= n; j += 8) {
+        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + j), vm);
+        // Below the table's range (or NaN): the library's own e^x per value.
+        if (_mm256_movemask_ps(_mm256_cmp_ps(d, low, _CMP_NGE_UQ)) != 0) {
+            _mm256_storeu_ps(lanes, d);
+            for (int k = 0; k < 8; ++k) x[j + k] = std::exp(lanes[k]);
+        } else {
+            _mm256_storeu_ps(x + j, exp8(d));
+        }
+    }
+    for (; j < n; ++j) x[j] = std::exp(x[j] - mx);
+    double sum = 0.0;
+    for (j = 0; j < n; ++j) sum += double(x[j]);
+    const float inv = float(1.0 / sum);
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (j = 0; j + 8 <= n; j += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j), vi);
+        if (round_f16) v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        _mm256_storeu_ps(x + j, v);
+    }
+    for (; j < n; ++j)
+        x[j] = round_f16 ? h2f(_cvtss_sh(x[j] * inv, _MM_FROUND_TO_NEAREST_INT)) : x[j] * inv;
+}
+
+// dot_f32_f16's order for every (head, row): the even 8-value chunks chain
+// in one lane accumulator, the odd ones in another; their sum is reduced
+// like its horizontal sum, and the last w % 8 values are added one by one.
+void scores_f16(const float* q, int64_t nh, int64_t w, const F16Rows& rows, int64_t n, float* s,
+                int64_t ld) {
+    Scratch& sc = scratch();
+    const int64_t nc = w / 8, w8 = nc * 8;
+    sc.rows.resize(size_t(kBlockRows * std::max<int64_t>(w8, 8)));
+    float* const kr = sc.rows.data();
+    __m256 part[2][9];
+    for (int64_t j0 = 0; j0 < n; j0 += kBlockRows) {
+        const int64_t nr = std::min(kBlockRows, n - j0);
+        convert(rows, j0, nr, w8, w8, kr);
+        for (int64_t h0 = 0; h0 < nh; h0 += 3) {
+            const int64_t a = std::min<int64_t>(3, nh - h0);
+            for (int64_t b0 = 0; b0 < nr; b0 += 3) {
+                const int64_t b = std::min<int64_t>(3, nr - b0);
+                const LaneTile tile = kLaneTiles[a - 1][b - 1];
+                tile(q + h0 * w, w, kr + b0 * w8, w8, 0, 2, nc, part[0]);
+                tile(q + h0 * w, w, kr + b0 * w8, w8, 1, 2, nc, part[1]);
+                for (int64_t x = 0; x < a; ++x)
+                    for (int64_t y = 0; y < b; ++y) {
+                        float v = hsum(_mm256_add_ps(part[0][x * 3 + y], part[1][x * 3 + y]));
+                        const float* qh = q + (h0 + x) * w;
+                        const uint16_t* r = rows.row(j0 + b0 + y);
+                        for (int64_t i = w8; i < w; ++i) v = fma1(qh[i], h2f(r[i]), v);
+                        s[(h0 + x) * ld + j0 + b0 + y] = v;
+                    }
+            }
+        }
+    }
+}
+
+void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& rows, int64_t n,
+                      int64_t vw, float* out) {
+    Scratch& sc = scratch();
+    const int64_t vp = (vw + 7) / 8 * 8;
+    const bool direct = vp == vw;
+    if (!direct) sc.out.resize(size_t(nh * vp));
+    float* const so = direct ? out : sc.out.data();
+    std::fill(so, so + nh * vp, 0.0f);
+    sc.rows.resize(size_t(kBlockRows * vp));
+    float* const vr = sc.rows.data();
+    for (int64_t j0 = 0; j0 < n; j0 += kBlockRows) {
+        const int64_t nr = std::min(kBlockRows, n - j0);
+        convert(rows, j0, nr, vw, vp, vr);
+        for (int64_t h0 = 0; h0 < nh; h0 += 4) {
+            const int64_t hh = std::min<int64_t>(4, nh - h0);
+            for (int64_t c0 = 0; c0 < vp; c0 += 24) {
+                const int64_t cc = std::min<int64_t>(3, (vp - c0) / 8);
+                kValueTiles[hh - 1][cc - 1](p + h0 * ld + j0, ld, vr, nr, vp, so + h0 * vp, c0);
+            }
+        }
+    }
+    if (!direct)
+        for (int64_t h = 0; h < nh; ++h)
+            std::memcpy(out + h * vw, so + h * vp, size_t(vw) * sizeof(float));
+}
+
+// The F32 dot product of quant's AVX2 kernel (four lane accumulators over
+// 32-value steps, summed pairwise, then horizontally) for every (key,
+// query) pair; dim a multiple of 32, where that kernel has no tail.
+void dots_f32(const float* q, int64_t nq, const float* k, int64_t ks, int64_t nk, int64_t dim,
+              float* out, int64_t ld) {
+    const int64_t nc = dim / 8;
+    __m256 part[4][9];
+    for (int64_t a0 = 0; a0 < nq; a0 += 3) {
+        const int64_t a = std::min<int64_t>(3, nq - a0);
+        for (int64_t b0 = 0; b0 < nk; b0 += 3) {
+            const int64_t b = std::min<int64_t>(3, nk - b0);
+            const LaneTile tile = kLaneTiles[a - 1][b - 1];
+            for (int l = 0; l < 4; ++l) tile(q + a0 * dim, dim, k + b0 * ks, ks, l, 4, nc, part[l]);
+            for (int64_t x = 0; x < a; ++x)
+                for (int64_t y = 0; y < b; ++y) {
+                    const int64_t t = x * 3 + y;
+                    out[(b0 + y) * ld + a0 + x] =
+                        hsum(_mm256_add_ps(_mm256_add_ps(part[0][t], part[1][t]),
+                                           _mm256_add_ps(part[2][t], part[3][t])));
+                }
+        }
+    }
 }
 
 }  // namespace glm5::backend::cpu::avx2

@@ -1,0 +1,129 @@
+// The attention and indexer helpers of the CPU backend, one thread, at the
+// shapes of one decode step deep in a context (GLM-5's per-head dims): MLA
+// scores and output sums for 8 heads over 2048 selected latent rows, their
+// softmax, and the lightning indexer's dot products for 8 heads over 256 keys.
+// Each tiled helper is timed beside the row-at-a-time form it must match bit
+// for bit (the row helpers it replaced), so the two figures come from one run.
+// Prints GFLOP/s (2 per multiply-add); there is no pass/fail.
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "backend/cpu_simd.h"
+#include "core/fp16.h"
+#include "quant/quant.h"
+
+namespace {
+
+using namespace glm5;
+using namespace glm5::backend::cpu;
+
+constexpr int64_t kHeads = 8, kWidth = 576, kValue = 512, kRows = 2048;
+constexpr int64_t kIdxHeads = 8, kIdxDim = 128, kKeys = 256;
+
+std::vector<float> floats(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.f, 1.f);
+    std::vector<float> v(n);
+    for (auto& x : v) x = round_fp16(d(rng));
+    return v;
+}
+
+std::vector<uint16_t> halves(size_t n, uint32_t seed) {
+    std::vector<uint16_t> h(n);
+    const auto f = floats(n, seed);
+    for (size_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(f[i]);
+    return h;
+}
+
+void set_flops(benchmark::State& st, double macs) {
+    st.counters["GFLOP/s"] = benchmark::Counter(
+        2 * macs, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
+void BM_scores(benchmark::State& st) {
+    const auto q = floats(size_t(kHeads * kWidth), 1);
+    const auto c = halves(size_t(kRows * kWidth), 2);
+    const F16Rows rows{reinterpret_cast<const uint8_t*>(c.data()), size_t(kWidth) * 2, nullptr};
+    std::vector<float> s(size_t(kHeads * kRows));
+    const SimdOps& sv = simd();
+    const bool tiled = st.range(0) != 0;
+    for (auto _ : st) {
+        if (tiled) {
+            sv.scores_f16(q.data(), kHeads, kWidth, rows, kRows, s.data(), kRows);
+        } else {
+            for (int64_t j = 0; j < kRows; ++j)
+                for (int64_t h = 0; h < kHeads; ++h)
+                    s[size_t(h * kRows + j)] =
+                        sv.dot_f32_f16(kWidth, q.data() + h * kWidth, rows.row(j));
+        }
+        benchmark::DoNotOptimize(s.data());
+    }
+    set_flops(st, double(kHeads * kWidth * kRows));
+}
+BENCHMARK(BM_scores)->ArgName("tiled")->Arg(0)->Arg(1);
+
+void BM_weighted_sum(benchmark::State& st) {
+    const auto p = floats(size_t(kHeads * kRows), 3);
+    const auto c = halves(size_t(kRows * kWidth), 4);
+    const F16Rows rows{reinterpret_cast<const uint8_t*>(c.data()), size_t(kWidth) * 2, nullptr};
+    std::vector<float> out(size_t(kHeads * kValue));
+    const SimdOps& sv = simd();
+    const bool tiled = st.range(0) != 0;
+    for (auto _ : st) {
+        if (tiled) {
+            sv.weighted_sum_f16(p.data(), kRows, kHeads, rows, kRows, kValue, out.data());
+        } else {
+            std::fill(out.begin(), out.end(), 0.0f);
+            for (int64_t j = 0; j < kRows; ++j)
+                for (int64_t h = 0; h < kHeads; ++h)
+                    sv.axpy_f16(kValue, p[size_t(h * kRows + j)], rows.row(j),
+                                out.data() + h * kValue);
+        }
+        benchmark::DoNotOptimize(out.data());
+    }
+    set_flops(st, double(kHeads * kValue * kRows));
+}
+BENCHMARK(BM_weighted_sum)->ArgName("tiled")->Arg(0)->Arg(1);
+
+void BM_softmax(benchmark::State& st) {
+    const auto x0 = floats(size_t(kHeads * kRows), 5);
+    std::vector<float> x(x0.size());
+    const SimdOps& sv = simd();
+    for (auto _ : st) {
+        x = x0;
+        for (int64_t h = 0; h < kHeads; ++h) sv.softmax(x.data() + h * kRows, kRows, true);
+        benchmark::DoNotOptimize(x.data());
+    }
+    st.counters["values/s"] =
+        benchmark::Counter(double(kHeads * kRows), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_softmax);
+
+void BM_indexer_dots(benchmark::State& st) {
+    const auto q = floats(size_t(kIdxHeads * kIdxDim), 6);
+    const auto k = floats(size_t(kKeys * kIdxDim), 7);
+    std::vector<float> out(size_t(kKeys * kIdxHeads));
+    const SimdOps& sv = simd();
+    const quant::VecDotFn dot = quant::vec_dot_fn(quant::Type::F32);
+    const bool tiled = st.range(0) != 0;
+    for (auto _ : st) {
+        if (tiled) {
+            sv.dots_f32(q.data(), kIdxHeads, k.data(), kIdxDim, kKeys, kIdxDim, out.data(),
+                        kIdxHeads);
+        } else {
+            for (int64_t j = 0; j < kKeys; ++j)
+                for (int64_t a = 0; a < kIdxHeads; ++a)
+                    out[size_t(j * kIdxHeads + a)] =
+                        dot(kIdxDim, q.data() + a * kIdxDim, k.data() + j * kIdxDim);
+        }
+        benchmark::DoNotOptimize(out.data());
+    }
+    set_flops(st, double(kIdxHeads * kIdxDim * kKeys));
+}
+BENCHMARK(BM_indexer_dots)->ArgName("tiled")->Arg(0)->Arg(1);
+
+}  // namespace
+
+BENCHMARK_MAIN();
