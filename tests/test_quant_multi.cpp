@@ -16,7 +16,7 @@ namespace {
 
 // The formats with a multi-activation kernel at the kernel level in force
 // (GLM5_CPU or the CPU's): the AVX-512 VNNI level, and the AVX2 level for the
-// float formats (F32, F16, BF16); the scalar level has none.
+// float formats (F32, F16, BF16) and Q4_K, Q5_K, Q6_K; the scalar level has none.
 int expected_multi_kernels() {
     int n = 0;
     for (uint32_t raw = 0; raw < 40; ++raw) {
@@ -85,7 +85,8 @@ TEST(QuantMulti, BitIdenticalToSingleRowKernel) {
     if (cpu_has_avx512()) {
         EXPECT_GT(checked, 0) << "no multi-activation kernel at the VNNI level";
     } else if (cpu_has_avx2()) {
-        EXPECT_EQ(checked, 3) << "the AVX2 level has the F32, F16 and BF16 multi kernels";
+        EXPECT_EQ(checked, 6)
+            << "the AVX2 level has the F32, F16, BF16, Q4_K, Q5_K and Q6_K multi kernels";
     }
 }
 

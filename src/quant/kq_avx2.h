@@ -9,6 +9,8 @@
 // simd_avx2.h); matmul kernels may reuse the per-block functions.
 #pragma once
 
+#include <algorithm>
+
 #include "quant/simd_avx2.h"
 
 namespace glm5::quant::avx2 {
@@ -297,6 +299,185 @@ inline float kq_dot_row(int64_t n, const Block* x, const BlockQ8_K* y) {
             sum = kq_finish(sum, fp16_scalar(x[i].d) * y[i].d, s.isum);
     }
     return sum;
+}
+
+// ---- several activation rows against one weight row (prefill) ----------
+// A super-block decoded once: the unsigned quant bytes of its eight 32-value
+// groups and the int16 scale of each group's lanes, plus what the activation
+// side's correction needs (Q4_K/Q5_K mins, Q6_K scales). Every activation
+// row then costs only its multiplies; the integer sums are exact, so they
+// equal the single-row kernel's whatever the order of the additions.
+struct KDecoded {
+    __m256i q[8];
+    __m256i sc[8];
+    __m256i sc16;
+    uint32_t mn[2];
+};
+
+template <bool kFive, typename Block>
+inline void decode_q45_K(const Block& x, KDecoded& d) {
+    uint32_t sc[2];
+    k4_scales_mins(x.scales, sc, d.mn);
+    const __m256i scales =
+        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_set_epi32(0, 0, int(sc[1]), int(sc[0]))));
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFive) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh));
+    auto step = [&]<int k>() {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * k));
+        __m256i lo = _mm256_and_si256(q, low4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        if constexpr (kFive) {
+            lo = _mm256_or_si256(lo, move_bit<2 * k, 4>(qh));
+            hi = _mm256_or_si256(hi, move_bit<2 * k + 1, 4>(qh));
+        }
+        d.q[2 * k] = lo;
+        d.q[2 * k + 1] = hi;
+        d.sc[2 * k] = _mm256_shuffle_epi8(scales, scale_one_mask(2 * k));
+        d.sc[2 * k + 1] = _mm256_shuffle_epi8(scales, scale_one_mask(2 * k + 1));
+    };
+    step.template operator()<0>();
+    step.template operator()<1>();
+    step.template operator()<2>();
+    step.template operator()<3>();
+}
+inline void decode_q4_K(const BlockQ4_K& x, KDecoded& d) {
+    decode_q45_K<false>(x, d);
+}
+inline void decode_q5_K(const BlockQ5_K& x, KDecoded& d) {
+    decode_q45_K<true>(x, d);
+}
+
+inline void decode_q6_K(const BlockQ6_K& x, KDecoded& d) {
+    d.sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i top2 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+        const __m256i sc = scales_of_half(d.sc16, h);
+        const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.ql + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.ql + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh + 32 * h));
+        d.q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, low4),
+                                         _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
+        d.q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                         _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
+        d.q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                         _mm256_and_si256(qh, top2));
+        d.q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                         _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
+        for (int g = 0; g < 4; ++g) d.sc[4 * h + g] = _mm256_shuffle_epi8(sc, scale_pair_mask(g));
+    }
+}
+
+// The KVec of a decoded block against one Q8_K block: Q4_K/Q5_K with their
+// mins, Q6_K with its -32 offset taken from the activation sums.
+template <bool kSix>
+inline KVec apply_decoded(const KDecoded& d, const BlockQ8_K& y) {
+    __m256i acc = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+        const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 32 * g));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(d.q[g], yv), d.sc[g]));
+    }
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+    if constexpr (kSix)
+        return {_mm256_sub_epi32(acc, _mm256_slli_epi32(_mm256_madd_epi16(bsums, d.sc16), 5)),
+                _mm256_setzero_si256()};
+    else
+        return {acc, mins_times_bsums(d.mn, y.bsums)};
+}
+
+// apply_decoded for two activation rows at once: each decoded vector is
+// loaded once for both.
+template <bool kSix>
+inline void apply_decoded2(const KDecoded& d, const BlockQ8_K& y0, const BlockQ8_K& y1, KVec& r0,
+                           KVec& r1) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+        const __m256i q = d.q[g], sc = d.sc[g];
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y0.qs + 32 * g));
+        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y1.qs + 32 * g));
+        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_maddubs_epi16(q, v0), sc));
+        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_maddubs_epi16(q, v1), sc));
+    }
+    auto finish = [&](__m256i acc, const BlockQ8_K& y) -> KVec {
+        const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+        if constexpr (kSix)
+            return {_mm256_sub_epi32(acc, _mm256_slli_epi32(_mm256_madd_epi16(bsums, d.sc16), 5)),
+                    _mm256_setzero_si256()};
+        else
+            return {acc, mins_times_bsums(d.mn, y.bsums)};
+    };
+    r0 = finish(a0, y0);
+    r1 = finish(a1, y1);
+}
+
+// kq_dot_row for n_act activation rows `stride` bytes apart: each weight
+// super-block decoded once, then per row the integer sums and exactly
+// kq_dot_row's float steps (pairs of super-blocks, the same roundings).
+template <typename Block, void (*Decode)(const Block&, KDecoded&), bool kMins>
+inline void kq_dot_multi(int64_t n, const Block* x, const uint8_t* a, size_t stride, int64_t n_act,
+                         float* out) {
+    const int64_t nb = n / QK_K;
+    auto act = [&](int64_t t) {
+        return reinterpret_cast<const BlockQ8_K*>(a + size_t(t) * stride);
+    };
+    for (int64_t t = 0; t < n_act; ++t) out[t] = 0.0f;
+    KDecoded da, db;
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        Decode(x[i], da);
+        Decode(x[i + 1], db);
+        for (int64_t t0 = 0; t0 < n_act; t0 += 2) {
+            KVec kv[2][2];
+            const int64_t nt = std::min<int64_t>(2, n_act - t0);
+            if (nt == 2) {
+                apply_decoded2<!kMins>(da, act(t0)[i], act(t0 + 1)[i], kv[0][0], kv[1][0]);
+                apply_decoded2<!kMins>(db, act(t0)[i + 1], act(t0 + 1)[i + 1], kv[0][1], kv[1][1]);
+            } else {
+                kv[0][0] = apply_decoded<!kMins>(da, act(t0)[i]);
+                kv[0][1] = apply_decoded<!kMins>(db, act(t0)[i + 1]);
+            }
+            for (int64_t t = t0; t < t0 + nt; ++t) {
+                const BlockQ8_K* y = act(t);
+                const KVec ka = kv[t - t0][0], kb = kv[t - t0][1];
+                float sum = out[t];
+                if constexpr (kMins) {
+                    const __m128i s = hsum4(ka.isum, ka.summs, kb.isum, kb.summs);
+                    const __m128 dx = _mm_cvtph_ps(
+                        _mm_setr_epi16(short(x[i].d), short(x[i].dmin), short(x[i + 1].d),
+                                       short(x[i + 1].dmin), 0, 0, 0, 0));
+                    const __m128 dy = _mm_setr_ps(y[i].d, y[i].d, y[i + 1].d, y[i + 1].d);
+                    const __m128 p = _mm_mul_ps(_mm_mul_ps(dx, dy), _mm_cvtepi32_ps(s));
+                    const __m128 h = _mm_hsub_ps(p, p);
+                    sum = sum + _mm_cvtss_f32(h);
+                    sum = sum + _mm_cvtss_f32(_mm_movehdup_ps(h));
+                } else {
+                    const __m128i s = hsum4(ka.isum, kb.isum, ka.isum, kb.isum);
+                    const __m128 dx = _mm_cvtph_ps(
+                        _mm_setr_epi16(short(x[i].d), short(x[i + 1].d), 0, 0, 0, 0, 0, 0));
+                    const __m128 dy = _mm_setr_ps(y[i].d, y[i + 1].d, 0, 0);
+                    const __m128 p = _mm_mul_ps(_mm_mul_ps(dx, dy), _mm_cvtepi32_ps(s));
+                    sum = sum + _mm_cvtss_f32(p);
+                    sum = sum + _mm_cvtss_f32(_mm_movehdup_ps(p));
+                }
+                out[t] = sum;
+            }
+        }
+    }
+    if (i < nb) {
+        Decode(x[i], da);
+        for (int64_t t = 0; t < n_act; ++t) {
+            const BlockQ8_K* y = act(t);
+            const KSums s = reduce(apply_decoded<!kMins>(da, y[i]));
+            if constexpr (kMins)
+                out[t] = kq_finish(out[t], fp16_scalar(x[i].d) * y[i].d, s.isum,
+                                   fp16_scalar(x[i].dmin) * y[i].d, s.summs);
+            else
+                out[t] = kq_finish(out[t], fp16_scalar(x[i].d) * y[i].d, s.isum);
+        }
+    }
 }
 
 }  // namespace glm5::quant::avx2

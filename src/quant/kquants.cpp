@@ -611,17 +611,29 @@ const FormatOps kQ2_K = {dequant_q2_K,  quantize_rows_of<BlockQ2_K, quant_block_
 const FormatOps kQ3_K = {dequant_q3_K,  quantize_rows_of<BlockQ3_K, quant_block_q3_K>,
                          nullptr,       dot_q3_K_ref,
                          dot_q3_K_avx2, dot_q3_K_avx512};
-const FormatOps kQ4_K = {dequant_q4_K,  quantize_rows_of<BlockQ4_K, quant_block_q4_K>,
-                         nullptr,       dot_q4_K_ref,
-                         dot_q4_K_avx2, dot_q4_K_avx512,
-                         nullptr,       dot_q4_K_multi_avx512};
-const FormatOps kQ5_K = {dequant_q5_K,  quantize_rows_of<BlockQ5_K, quant_block_q5_K>,
-                         nullptr,       dot_q5_K_ref,
-                         dot_q5_K_avx2, dot_q5_K_avx512,
-                         nullptr,       dot_q5_K_multi_avx512};
-const FormatOps kQ6_K = {dequant_q6_K,  quantize_rows_of<BlockQ6_K, quant_block_q6_K>,
-                         nullptr,       dot_q6_K_ref,
-                         dot_q6_K_avx2, dot_q6_K_avx512};
+const FormatOps kQ4_K = {dequant_q4_K,
+                         quantize_rows_of<BlockQ4_K, quant_block_q4_K>,
+                         nullptr,
+                         dot_q4_K_ref,
+                         dot_q4_K_avx2,
+                         dot_q4_K_avx512,
+                         dot_q4_K_multi_avx2,
+                         dot_q4_K_multi_avx512};
+const FormatOps kQ5_K = {dequant_q5_K,
+                         quantize_rows_of<BlockQ5_K, quant_block_q5_K>,
+                         nullptr,
+                         dot_q5_K_ref,
+                         dot_q5_K_avx2,
+                         dot_q5_K_avx512,
+                         dot_q5_K_multi_avx2,
+                         dot_q5_K_multi_avx512};
+const FormatOps kQ6_K = {dequant_q6_K,
+                         quantize_rows_of<BlockQ6_K, quant_block_q6_K>,
+                         nullptr,
+                         dot_q6_K_ref,
+                         dot_q6_K_avx2,
+                         dot_q6_K_avx512,
+                         dot_q6_K_multi_avx2};
 const FormatOps kQ8_K = {dequant_q8_K, quant_q8_K, act_q8_K, nullptr, nullptr, nullptr};
 
 }  // namespace

@@ -29,6 +29,22 @@ float dot_q6_K_avx2(int64_t n, const void* w, const void* a) {
                                                                 static_cast<const BlockQ8_K*>(a));
 }
 
+void dot_q4_K_multi_avx2(int64_t n, const void* w, const void* a, size_t stride, int64_t n_act,
+                         float* out) {
+    avx2::kq_dot_multi<BlockQ4_K, avx2::decode_q4_K, true>(
+        n, static_cast<const BlockQ4_K*>(w), static_cast<const uint8_t*>(a), stride, n_act, out);
+}
+void dot_q5_K_multi_avx2(int64_t n, const void* w, const void* a, size_t stride, int64_t n_act,
+                         float* out) {
+    avx2::kq_dot_multi<BlockQ5_K, avx2::decode_q5_K, true>(
+        n, static_cast<const BlockQ5_K*>(w), static_cast<const uint8_t*>(a), stride, n_act, out);
+}
+void dot_q6_K_multi_avx2(int64_t n, const void* w, const void* a, size_t stride, int64_t n_act,
+                         float* out) {
+    avx2::kq_dot_multi<BlockQ6_K, avx2::decode_q6_K, false>(
+        n, static_cast<const BlockQ6_K*>(w), static_cast<const uint8_t*>(a), stride, n_act, out);
+}
+
 // Q8_K activations: iscale = -127 / (the signed element of largest magnitude,
 // first on ties), q = min(127, round-half-even(iscale * x)), d = 1 / iscale.
 void act_q8_K_avx2(const float* x, void* dst, int64_t n) {
