@@ -16,6 +16,10 @@
 #   ROUNDS       alternations (default 3); REPS repetitions per run (default 3)
 #   GLM5_FLAGS   extra glm5 flags (default "--no-mmap --repack": weights in
 #                memory, Q4_K/Q6_K interleaved, as llama.cpp's CPU repack does)
+#   DEPTHS       cache depths to test, passed as -d to both engines (default "0";
+#                e.g. "0 4096": speed deep into a conversation, prefilled untimed)
+#   TYPES        which bench files (default "q4_k_m iq2_xxs")
+#   PROMPT, GEN  tokens of the pp and tg tests (default 512 and 64)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,6 +30,10 @@ rounds=${ROUNDS:-3}
 reps=${REPS:-3}
 glm5_flags=${GLM5_FLAGS:---no-mmap --repack}
 llama=${LLAMA_BENCH:-}
+depths=${DEPTHS:-0}
+types=${TYPES:-q4_k_m iq2_xxs}
+n_prompt=${PROMPT:-512}
+n_gen=${GEN:-64}
 
 if [[ ! -x $glm5 ]]; then
     echo "$0: no glm5 binary at $glm5 (build it, or set GLM5)" >&2
@@ -41,11 +49,13 @@ fi
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 
-# One glm5 run: appends "engine model test t/s" lines; echoes the roofline.
+# One glm5 run: appends "engine model test t/s" lines (a test at depth D is
+# named like pp512@d4096); echoes the roofline.
 run_glm5() {
-    local model=$1 name=$2 out
+    local model=$1 name=$2 depth=$3 out
     # shellcheck disable=SC2086  # glm5_flags is a list of flags
-    out=$("$glm5" bench --model "$model" -t "$threads" -p 512 -n 64 -r "$reps" $glm5_flags 2>&1)
+    out=$("$glm5" bench --model "$model" -t "$threads" -p "$n_prompt" -n "$n_gen" -d "$depth" \
+        -r "$reps" $glm5_flags 2>&1)
     echo "$out" | awk -v m="$name" -F'|' '$7 ~ /(pp|tg)[0-9]+/ {
         gsub(/ /, "", $7); gsub(/ /, "", $8); print "glm5", m, $7, $8 }' >>"$results"
     echo "$out" | grep -E '^(decode roofline|roofline)' | sed 's/^/    /' >&2 || true
@@ -54,24 +64,28 @@ run_glm5() {
 # One llama-bench run with its defaults (pp512, tg64 as asked): its CSV's
 # avg_ts per test.
 run_llama() {
-    local model=$1 name=$2
-    "$llama" -m "$model" -t "$threads" -p 512 -n 64 -r "$reps" -o csv 2>/dev/null |
+    local model=$1 name=$2 depth=$3
+    "$llama" -m "$model" -t "$threads" -p "$n_prompt" -n "$n_gen" -d "$depth" -r "$reps" \
+        -o csv 2>/dev/null |
         awk -v m="$name" -F, '
             { gsub(/"/, "") }
             NR == 1 { for (i = 1; i <= NF; ++i) col[$i] = i; next }
             { p = $col["n_prompt"]; g = $col["n_gen"]; t = (p > 0) ? "pp" p : "tg" g;
+              d = ("n_depth" in col) ? $col["n_depth"] : 0; if (d > 0) t = t "@d" d;
               print "llama", m, t, $col["avg_ts"] }' >>"$results"
 }
 
-for type in q4_k_m iq2_xxs; do
+for type in $types; do
     model=$dir/bench-$type.gguf
-    for ((r = 1; r <= rounds; ++r)); do
-        echo "== $type round $r/$rounds: glm5 $glm5_flags" >&2
-        run_glm5 "$model" "$type"
-        if [[ -n $llama ]]; then
-            echo "== $type round $r/$rounds: llama-bench" >&2
-            run_llama "$model" "$type"
-        fi
+    for depth in $depths; do
+        for ((r = 1; r <= rounds; ++r)); do
+            echo "== $type depth $depth round $r/$rounds: glm5 $glm5_flags" >&2
+            run_glm5 "$model" "$type" "$depth"
+            if [[ -n $llama ]]; then
+                echo "== $type depth $depth round $r/$rounds: llama-bench" >&2
+                run_llama "$model" "$type" "$depth"
+            fi
+        done
     done
 done
 
@@ -79,7 +93,7 @@ echo
 echo "every run (t/s):"
 sort -k2,2 -k3,3 -k1,1 "$results" | awk '{ printf "  %-6s %-8s %-6s %s\n", $1, $2, $3, $4 }'
 echo
-echo "threads $threads, $rounds rounds of $reps repetitions; medians over the rounds"
+echo "threads $threads, depths $depths, $rounds rounds of $reps repetitions; medians over the rounds"
 echo
 if [[ -n $llama ]]; then
     echo "| model | test | glm5 t/s | llama.cpp t/s | glm5 / llama.cpp |"

@@ -6,7 +6,8 @@
 #
 # usage: bench/make_bench_models.sh DIR [GLM5_BINARY]
 #   GLM5_BINARY defaults to $GLM5, then build/glm5 next to this script's repo.
-# Extra make-model flags can be passed in MAKE_MODEL_FLAGS (e.g. "--threads 8").
+# Extra make-model flags can be passed in MAKE_MODEL_FLAGS (e.g. "--threads 8");
+# TYPES="q4_k_m" makes only that file.
 set -euo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 ]]; then
@@ -22,8 +23,10 @@ if [[ ! -x $glm5 ]]; then
 fi
 mkdir -p "$dir"
 
-for type in Q4_K_M IQ2_XXS; do
-    out=$dir/bench-$(echo "$type" | tr '[:upper:]' '[:lower:]').gguf
+# TYPES (lower case, as the file names) picks some of them.
+for name in ${TYPES:-q4_k_m iq2_xxs}; do
+    type=$(echo "$name" | tr '[:lower:]' '[:upper:]')
+    out=$dir/bench-$name.gguf
     if [[ -e $out ]]; then
         echo "$out exists, kept" >&2
         continue

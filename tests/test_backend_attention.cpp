@@ -391,3 +391,47 @@ TEST(AttentionBackend, QueryOutputIndependentOfBatch) {
 }
 
 }  // namespace
+
+namespace {
+
+// The decode roofline's cache bytes: each attention query counts the rows it
+// sees, each indexer query the keys it scores.
+TEST(AttentionBackend, CountsTheCacheRowsEachQueryReads) {
+    BackendOptions opt;
+    opt.n_threads = 2;
+    auto be = make_cpu_backend(opt);
+    const int64_t rows = 300;
+    Cache c(rows, kWidth, 30);
+    CacheRows cr{reinterpret_cast<uint8_t*>(c.bits.data()), kWidth, CacheType::F16};
+    const std::vector<int32_t> picked = {5, 250, 31};
+    const auto q = f16_floats(size_t(kHeads * kWidth), 31);
+    std::vector<float> o1(size_t(kHeads * kValue)), o2(o1.size());
+    std::vector<Backend::AttentionQuery> batch(2);
+    batch[0].q = batch[1].q = q.data();
+    batch[0].cache = batch[1].cache = cr;
+    batch[0].visible.n_dense = 200;
+    batch[0].out = o1.data();
+    batch[1].visible.rows = picked.data();
+    batch[1].visible.n_rows = int32_t(picked.size());
+    batch[1].out = o2.data();
+    be->reset_counters();
+    be->mla_attention(batch, kHeads, kValue, 0.0625f);
+    EXPECT_EQ(be->counters().cache_bytes, uint64_t(200 + 3) * uint64_t(kWidth) * 2);
+
+    const int64_t ih = 4, dim = 128, keys = 90;
+    Cache k(keys, dim, 32);
+    const auto iq = f16_floats(size_t(ih * dim), 33);
+    const std::vector<float> w(static_cast<size_t>(ih), 0.5f);
+    std::vector<int32_t> top(8);
+    Backend::IndexerQuery x;
+    x.q = iq.data();
+    x.w = w.data();
+    x.keys = CacheRows{reinterpret_cast<uint8_t*>(k.bits.data()), dim, CacheType::F16};
+    x.n_keys = int32_t(keys);
+    x.out_rows = top.data();
+    be->reset_counters();
+    be->indexer_select({&x, 1}, ih, dim, 8);
+    EXPECT_EQ(be->counters().cache_bytes, uint64_t(keys) * uint64_t(dim) * 2);
+}
+
+}  // namespace

@@ -182,7 +182,12 @@ int cmd_bench(int argc, char** argv) {
     // n_seq sequences decoding a forced random continuation together, one
     // token each per forward; returns aggregate tokens/s.
     double last_tg_tokens = 0;  // of the last decode measured (the layer split's table)
-    auto run_tg = [&](int64_t n_seq, uint64_t seed, double* bytes_per_token) {
+    // Bytes per decoded token: weights, and cache rows and recurrent state.
+    struct TokenBytes {
+        double weights = 0, cache = 0;
+        double total() const { return weights + cache; }
+    };
+    auto run_tg = [&](int64_t n_seq, uint64_t seed, TokenBytes* bytes_per_token) {
         engine.drop_retained();
         std::vector<uint64_t> seeds;
         for (int64_t s = 0; s < n_seq; ++s) seeds.push_back(seed * 131 + uint64_t(s));
@@ -202,8 +207,11 @@ int cmd_bench(int argc, char** argv) {
         const auto t0 = std::chrono::steady_clock::now();
         wait_all(engine.submit_group(std::move(ps)));
         const double tps = double(n_gen * n_seq) / seconds_since(t0);
-        if (bytes_per_token)
-            *bytes_per_token = double(be.counters().weight_bytes) / double(n_gen * n_seq);
+        if (bytes_per_token) {
+            const backend::Counters c = be.counters();
+            bytes_per_token->weights = double(c.weight_bytes) / double(n_gen * n_seq);
+            bytes_per_token->cache = double(c.cache_bytes) / double(n_gen * n_seq);
+        }
         last_tg_tokens = double(n_gen * n_seq);
         return tps;
     };
@@ -258,21 +266,27 @@ int cmd_bench(int argc, char** argv) {
     // With --parallel N > 1 each repetition also decodes one sequence alone,
     // just before, and the scaling is the median of these paired ratios (for
     // the same reason as above).
-    std::vector<double> pp, tg, bpt, bpt_one, gbs, frac, scaling;
+    std::vector<double> pp, tg, bpt, bpt_w, bpt_c, bpt_one, gbs, gbs_plain, frac, frac_plain,
+        scaling;
     for (int64_t r = 0; r < reps; ++r) {
         if (n_prompt > 0) pp.push_back(run_pp(uint64_t(r + 1)));
         if (n_gen > 0) {
-            double b = 0, b_one = 0;
-            const double one = n_par > 1 ? run_tg(1, uint64_t(r + 1), &b_one) : 0.0;
-            if (n_par > 1) bpt_one.push_back(b_one);
-            tg.push_back(run_tg(n_par, uint64_t(r + 1), &b));
+            TokenBytes tb, tb_one;
+            const double one = n_par > 1 ? run_tg(1, uint64_t(r + 1), &tb_one) : 0.0;
+            if (n_par > 1) bpt_one.push_back(tb_one.total());
+            tg.push_back(run_tg(n_par, uint64_t(r + 1), &tb));
             if (n_par > 1) scaling.push_back(tg.back() / one);
+            const double b = tb.total();
             bpt.push_back(b);
+            bpt_w.push_back(tb.weights);
+            bpt_c.push_back(tb.cache);
             if (bw) {
                 // Let the engine's workers go idle first.
                 std::this_thread::sleep_for(std::chrono::milliseconds(2));
                 gbs.push_back(bw->measure());
                 frac.push_back(b * tg.back() / 1e9 / gbs.back());
+                gbs_plain.push_back(bw->measure_plain());
+                frac_plain.push_back(b * tg.back() / 1e9 / gbs_plain.back());
             }
         }
     }
@@ -307,14 +321,21 @@ int cmd_bench(int argc, char** argv) {
         const auto [lo, hi] = std::minmax_element(gbs.begin(), gbs.end());
         std::snprintf(
             buf, sizeof(buf),
-            "\ndecode roofline: %.2f MB of weights read per token (counted by the kernels); "
+            "\ndecode roofline: %.2f MB read per token (counted by the kernels: %.2f MB of "
+            "weights, %.2f MB of attention cache and recurrent state); "
             "read bandwidth %.1f GB/s (median; %.1f-%.1f over %zu measurements, one after each "
             "repetition; %s buffer, %d threads)\n"
             "roofline %.2f t/s; reached %.2f t/s = %.1f GB/s; %.1f%% of the roofline (median of "
             "the repetitions, each against its own bandwidth)\n",
-            bytes / 1e6, stats(gbs).median, *lo, *hi, gbs.size(),
-            human_bytes(double(bw->bytes())).c_str(), be.n_threads(),
+            bytes / 1e6, stats(bpt_w).median / 1e6, stats(bpt_c).median / 1e6, stats(gbs).median,
+            *lo, *hi, gbs.size(), human_bytes(double(bw->bytes())).c_str(), be.n_threads(),
             stats(gbs).median * 1e9 / bytes, tps, bytes * tps / 1e9, 100.0 * stats(frac).median);
+        out += buf;
+        std::snprintf(buf, sizeof(buf),
+                      "against a plain sequential read (one stream per thread, no software "
+                      "prefetch): %.1f GB/s, roofline %.2f t/s, %.1f%% of it\n",
+                      stats(gbs_plain).median, stats(gbs_plain).median * 1e9 / bytes,
+                      100.0 * stats(frac_plain).median);
         out += buf;
     }
     if (!scaling.empty()) {

@@ -88,6 +88,11 @@ struct MoeWeights {
 struct Counters {
     uint64_t weight_bytes = 0;
     uint64_t matmul_calls = 0;
+    // Attention cache and recurrent state bytes the ops read: each attention
+    // or indexer query counts the rows it sees, each linear-attention
+    // sequence its state (decode's traffic; in prefill the rows that queries
+    // share are counted once per query).
+    uint64_t cache_bytes = 0;
 };
 
 // Tensor parallelism: sums a partial result over the ranks that share a

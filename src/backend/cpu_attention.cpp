@@ -31,6 +31,7 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
         score_off[i + 1] = score_off[i] + queries[i].n_keys;
     }
     std::vector<float> scores(static_cast<size_t>(score_off.back()));
+    for (const IndexerQuery& q : queries) cache_bytes_ += uint64_t(q.n_keys) * q.keys.row_bytes();
     const SimdOps& sv = simd();
     pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int ith) {
         PerThread& pt = per_thread_[size_t(ith)];
@@ -88,6 +89,8 @@ void CpuBackend::mla_attention(std::span<const AttentionQuery> queries, int64_t 
     // decode deep in a context); many (prefill): one task per query, all
     // heads sharing each row read.
     const int64_t nq = int64_t(queries.size());
+    for (const AttentionQuery& q : queries)
+        cache_bytes_ += uint64_t(n_visible(q)) * q.cache.row_bytes();
     if (nq < pool_.size() && queries[0].cache.type == CacheType::F16) {
         for (const AttentionQuery& q : queries) {
             if (n_visible(q) < kWideRows)

@@ -206,10 +206,11 @@ class CpuBackend final : public Backend {
                         int64_t stride, float scale) override;
 
     Counters counters() const override {
-        return Counters{weight_bytes_.load(), matmul_calls_.load()};
+        return Counters{weight_bytes_.load(), matmul_calls_.load(), cache_bytes_.load()};
     }
     void reset_counters() override {
         weight_bytes_ = 0;
+        cache_bytes_ = 0;
         matmul_calls_ = 0;
     }
 
@@ -315,7 +316,7 @@ class CpuBackend final : public Backend {
     std::vector<ByteBuffer> multi_act_;  // matmuls: one per activation format
     ByteBuffer act_buf_, act_buf2_, moe_gate_buf_, moe_up_buf_, moe_tok_g_, moe_tok_u_, moe_g_,
         moe_u_, moe_eo_;
-    std::atomic<uint64_t> weight_bytes_{0}, matmul_calls_{0};
+    std::atomic<uint64_t> weight_bytes_{0}, matmul_calls_{0}, cache_bytes_{0};
 };
 
 // A template: cpu_moe.cpp instantiates it too.

@@ -83,6 +83,9 @@ void CpuBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t H,
     int64_t rows = 0;
     for (const DeltaRuleSeq& s : seqs) rows += s.n_tok;
     OpTimer timer_(profile_, "gated_delta_rule", rows);
+    // Each sequence's recurrent state is read once per call (then kept in
+    // cache across its tokens).
+    cache_bytes_ += uint64_t(seqs.size()) * uint64_t(H * D * D) * sizeof(float);
     const int64_t HD = H * D;
     pool_.parallel_for(int64_t(seqs.size()) * H, 1, [&](int64_t b, int64_t e, int ith) {
         std::vector<float>& buf = per_thread_[size_t(ith)].acc;

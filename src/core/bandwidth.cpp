@@ -59,6 +59,19 @@ uint64_t read_streams(const uint64_t* buf, size_t b, size_t e, size_t n) {
     for (size_t j = b + kStreams * len; j < e; ++j) a0 += buf[j];
     return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
 }
+// Sum of words [b, e), front to back.
+uint64_t read_plain(const uint64_t* buf, size_t b, size_t e) {
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    size_t j = b;
+    for (; j + 4 <= e; j += 4) {
+        a0 += buf[j];
+        a1 += buf[j + 1];
+        a2 += buf[j + 2];
+        a3 += buf[j + 3];
+    }
+    for (; j < e; ++j) a0 += buf[j];
+    return a0 + a1 + a2 + a3;
+}
 }  // namespace
 
 ReadBandwidth::ReadBandwidth(ThreadPool& pool, size_t bytes)
@@ -81,6 +94,14 @@ ReadBandwidth::~ReadBandwidth() {
 }
 
 double ReadBandwidth::measure(int reps) {
+    return run(reps, false);
+}
+
+double ReadBandwidth::measure_plain(int reps) {
+    return run(reps, true);
+}
+
+double ReadBandwidth::run(int reps, bool plain) {
     const size_t n = bytes_ / sizeof(uint64_t);
     std::atomic<uint64_t> sink{0};
     double best = 0;
@@ -89,7 +110,7 @@ double ReadBandwidth::measure(int reps) {
         pool_.run([&](int ith, int nt) {
             size_t b, e;
             share(n, ith, nt, b, e);
-            sink += read_streams(buf_, b, e, n);
+            sink += plain ? read_plain(buf_, b, e) : read_streams(buf_, b, e, n);
         });
         const double s =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

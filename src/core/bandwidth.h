@@ -23,10 +23,18 @@ class ReadBandwidth {
     ReadBandwidth& operator=(const ReadBandwidth&) = delete;
 
     size_t bytes() const { return bytes_; }
-    // Best of `reps` full reads, in 1e9 bytes per second.
+    // Best of `reps` full reads, in 1e9 bytes per second: each thread reads
+    // its share as the weight kernels read a matrix (four interleaved
+    // streams, software prefetch 4 KiB ahead).
     double measure(int reps = 3);
+    // The same, each thread reading its share front to back as one plain
+    // stream of 64-bit loads (no software prefetch): the textbook read,
+    // independent of the engine's own access pattern.
+    double measure_plain(int reps = 3);
 
   private:
+    double run(int reps, bool plain);
+
     ThreadPool& pool_;
     uint64_t* buf_ = nullptr;
     size_t bytes_ = 0;

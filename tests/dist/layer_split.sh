@@ -200,7 +200,7 @@ faults)
 bench)
   m="$data/glm-dsa/tiny.gguf"
   "$glm5" bench --model "$m" -t 1 -p 0 -n 16 -r 1 >"$work/one.txt" 2>/dev/null || fail "bench"
-  one=$(sed -n 's/^decode roofline: \([0-9.]*\) MB of weights.*/\1/p' "$work/one.txt")
+  one=$(sed -n 's/^decode roofline: .*kernels: \([0-9.]*\) MB of weights.*/\1/p' "$work/one.txt")
   [[ -n $one ]] || { cat "$work/one.txt"; fail "no bytes per token from one process"; }
   "$mpi" 3 "$glm5" bench --model "$m" --layer-split 3 -t 1 -p 0 -n 16 -r 1 >"$work/split.txt" \
     2>"$work/err" || { cat "$work/err"; fail "bench on 3 ranks"; }
@@ -332,7 +332,7 @@ tp)
   # Each rank reads its share of the heads and the replicated rest.
   m="$work/h6.gguf"
   "$glm5" bench --model "$m" -t 1 -p 0 -n 16 -r 1 >"$work/one.txt" 2>/dev/null || fail "bench"
-  one=$(sed -n 's/^decode roofline: \([0-9.]*\) MB of weights.*/\1/p' "$work/one.txt")
+  one=$(sed -n 's/^decode roofline: .*kernels: \([0-9.]*\) MB of weights.*/\1/p' "$work/one.txt")
   "$mpi" 3 "$glm5" bench --model "$m" --tp 3 -t 1 -p 0 -n 16 -r 1 >"$work/tp.txt" 2>"$work/err" ||
     { cat "$work/err"; fail "bench --tp 3"; }
   rows=$(awk -F'|' -v one="$one" '/^\| [0-9] \| [0-9]/ {
