@@ -486,8 +486,8 @@ void Glm5NextModel::ffn(const Batch& b, const Layer& L, const float* x, float* o
     }
     float* fg = b.w[0];
     float* fu = b.w[1];
-    be.matmul(L.ffn_gate, x, E, T, fg, F);
-    be.matmul(L.ffn_up, x, E, T, fu, F);
+    const Backend::MatmulOut gu[] = {{&L.ffn_gate, fg, F}, {&L.ffn_up, fu, F}};
+    be.matmuls(gu, x, E, T);
     be.swiglu(fg, fu, T, F, F, L.dense_clamp, fg);
     be.matmul(L.ffn_down, fg, F, T, out, E);
 }
