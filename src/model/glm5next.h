@@ -63,12 +63,7 @@ struct Glm5NextHParams {
     int64_t n_sel_pools() const { return idx_top_k / idx_pool; }
     // An MLA layer's sizes with n_head heads (the file's, or a rank's): NoPE.
     MlaShape mla_shape(int64_t n_head) const {
-        return {.n_head = n_head,
-                .q_lora = q_lora,
-                .kv_lora = kv_lora,
-                .k_mla = k_mla,
-                .v_mla = v_mla,
-                .eps = eps};
+        return {n_head, q_lora, kv_lora, k_mla, v_mla, /*n_rot=*/0, /*freq_base=*/0.0f, eps};
     }
 
     // Reads and validates the glm5next.* keys; throws naming the key and the rule.

@@ -229,8 +229,7 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, float* x, int64_t T, const i
                         std::span<const BlockSegment> segs) {
     backend::Backend& be = *backend_;
     const GlmDsaHParams& h = hp_;
-    const int64_t E = h.n_embd;
-    const int64_t Di = h.idx_dim, Hi = h.idx_heads;
+    const int64_t E = h.n_embd, Di = h.idx_dim, Hi = h.idx_heads;
     // This rank's heads (all of them but under tensor parallelism).
     const MlaBlock mla(be, h.mla_shape(n_head_local_), L.attn, b.mla, T);
 

@@ -45,14 +45,7 @@ struct GlmDsaHParams {
 
     // The attention's sizes with n_head heads (the file's, or a rank's).
     MlaShape mla_shape(int64_t n_head) const {
-        return {.n_head = n_head,
-                .q_lora = q_lora,
-                .kv_lora = kv_lora,
-                .k_mla = k_mla,
-                .v_mla = v_mla,
-                .n_rot = n_rot,
-                .freq_base = freq_base,
-                .eps = eps};
+        return {n_head, q_lora, kv_lora, k_mla, v_mla, n_rot, freq_base, eps};
     }
 
     // Reads and validates the glm-dsa.* keys; throws naming the key.
