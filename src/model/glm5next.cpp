@@ -388,25 +388,11 @@ void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, const float*
 void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, const float* x, float* out) {
     Backend& be = *backend_;
     const Glm5NextHParams& h = hp_;
-    const int64_t T = b.T, E = h.n_embd, H = L.n_head, R = h.kv_lora;
-    const int64_t Q = h.q_lora, Dq = h.k_mla, Dv = h.v_mla;
-    float* qr = b.w[0];    // [T][Q]
-    float* q = b.w[1];     // [T][H*Dq]
-    float* c = b.w[2];     // [T][R]
-    float* qabs = b.w[3];  // [T][H*R]
-    float* olat = b.w[4];  // [T][H*R]
-    float* ov = b.w[5];    // [T][H*Dv]
-
-    // Query latent, per-head queries, and this token's cache row.
-    be.matmul(L.q_a, x, E, T, qr, Q);
-    be.rms_norm(qr, Q, L.q_a_norm, T, Q, h.eps, qr, Q);
-    be.matmul(L.q_b, qr, Q, T, q, H * Dq);
-    be.matmul(L.kv_a, x, E, T, c, R);
-    be.rms_norm(c, R, L.kv_a_norm, T, R, h.eps, c, R);
-    for (const auto& s : b.segs)
-        be.cache_store(s.state->latent(il), c + s.first * R, R, s.n, b.pos.data() + s.first);
-    // Absorbed query: q~_h = K_b[h] . q_h, in latent space.
-    be.matmul_slices(L.k_b, q, H * Dq, Dq, T, qabs, H * R, R);
+    const int64_t T = b.T;
+    const MlaBlock mla(
+        be, h.mla_shape(L.n_head), L.attn,
+        {.qr = b.w[0], .q = b.w[1], .kv = b.w[2], .qfull = b.w[3], .olat = b.w[4], .ov = b.w[5]},
+        T);
 
     // Which cells each query attends to: all of them while no pool can be
     // dropped, else the picked pools plus the query's trailing partial pool.
@@ -415,7 +401,9 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, const float*
         for (int64_t i = 0; i < s.n; ++i)
             visible[size_t(s.first + i)] = backend::Visible{int32_t(s.n_past + i + 1), nullptr, 0};
     std::vector<int32_t> picked, rows;
-    if (L.indexer) {
+    if (!L.indexer) {
+        mla.project(x);
+    } else {
         const int64_t Di = h.idx_dim, Hi = h.idx_heads, B = h.idx_pool, Gw = L.idx_gate_width;
         const int64_t n_sel = h.n_sel_pools();
         const int64_t CW = Di + Gw;
@@ -423,10 +411,22 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, const float*
         float* iq = b.w[7];       // [T][Hi*Di]
         float* iw = b.w[8];       // [T][Hi]
 
-        // Per-cell key and gate, cached with the cell; then the keys of the
-        // pools this batch completes.
-        be.matmul(L.idx_kv, x, E, T, cellrow, CW);
-        be.matmul(L.idx_gate, x, E, T, cellrow + Di, CW);
+        // The indexer's projections go with the attention's: per-cell key and
+        // gate, and the query side only when some query is past the dense
+        // limit.
+        bool any = false;
+        for (const auto& s : b.segs)
+            for (int64_t i = 0; i < s.n; ++i) {
+                const int64_t n_vis = s.n_past + i + 1, P = n_vis / B;
+                any = any || (P > n_sel && !dense_attention_);
+            }
+        const MlaBlock::MatmulOut from_x[] = {
+            {&L.idx_kv, cellrow, CW}, {&L.idx_gate, cellrow + Di, CW}, {&L.idx_proj, iw, Hi}};
+        const MlaBlock::MatmulOut from_qr[] = {{&L.idx_q_b, iq, Hi * Di}};
+        mla.project(x, std::span(from_x, any ? 3 : 2), std::span(from_qr, any ? 1 : 0));
+
+        // Cache each cell's key and gate; then the keys of the pools this
+        // batch completes.
         for (const auto& s : b.segs) {
             be.cache_store(s.state->cells(il), cellrow + s.first * CW, CW, s.n,
                            b.pos.data() + s.first);
@@ -436,17 +436,9 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, const float*
         }
 
         // Queries past the dense limit score the complete pools.
-        std::vector<Backend::IndexerQuery> queries;
-        picked.assign(size_t(T * n_sel), 0);
-        bool any = false;
-        for (const auto& s : b.segs)
-            for (int64_t i = 0; i < s.n; ++i) {
-                const int64_t n_vis = s.n_past + i + 1, P = n_vis / B;
-                any = any || (P > n_sel && !dense_attention_);
-            }
         if (any) {
-            be.matmul(L.idx_q_b, qr, Q, T, iq, Hi * Di);
-            be.matmul(L.idx_proj, x, E, T, iw, Hi);
+            std::vector<Backend::IndexerQuery> queries;
+            picked.assign(size_t(T * n_sel), 0);
             be.scale(iw, 1.0f / std::sqrt(float(Di * Hi)), T * Hi);
             for (const auto& s : b.segs)
                 for (int64_t i = 0; i < s.n; ++i) {
@@ -479,18 +471,9 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, const float*
     }
 
     // Attention in latent space over the visible cache rows (width R, no rope).
-    std::vector<Backend::AttentionQuery> aq(static_cast<size_t>(T));
-    for (const auto& s : b.segs)
-        for (int64_t i = 0; i < s.n; ++i) {
-            const int64_t t = s.first + i;
-            aq[size_t(t)] = {qabs + t * H * R, s.state->latent(il), visible[size_t(t)],
-                             olat + t * H * R};
-        }
-    be.mla_attention(aq, H, R, 1.0f / std::sqrt(float(Dq)));
-
-    // Decompress each head's latent output with V_b[h], then project out.
-    be.matmul_slices(L.v_b, olat, H * R, R, T, ov, H * Dv, Dv);
-    be.matmul(L.wo, ov, H * Dv, T, out, E);
+    std::vector<MlaSeq> seqs;
+    for (const auto& s : b.segs) seqs.push_back({&s.state->latent(il), s.first, s.n});
+    mla.attend(b.pos.data(), seqs, visible, out);
 }
 
 // Dense SwiGLU (clamped with the shared-expert limit) or the MoE (spec 6.7, 6.8).
@@ -503,8 +486,8 @@ void Glm5NextModel::ffn(const Batch& b, const Layer& L, const float* x, float* o
     }
     float* fg = b.w[0];
     float* fu = b.w[1];
-    be.matmul(L.ffn_gate, x, E, T, fg, F);
-    be.matmul(L.ffn_up, x, E, T, fu, F);
+    const Backend::MatmulOut gu[] = {{&L.ffn_gate, fg, F}, {&L.ffn_up, fu, F}};
+    be.matmuls(gu, x, E, T);
     be.swiglu(fg, fu, T, F, F, L.dense_clamp, fg);
     be.matmul(L.ffn_down, fg, F, T, out, E);
 }

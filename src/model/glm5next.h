@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "model/mla.h"
 #include "model/model.h"
 #include "model/weights.h"
 
@@ -60,6 +61,10 @@ struct Glm5NextHParams {
     float expert_scale = 1.0f;
 
     int64_t n_sel_pools() const { return idx_top_k / idx_pool; }
+    // An MLA layer's sizes with n_head heads (the file's, or a rank's): NoPE.
+    MlaShape mla_shape(int64_t n_head) const {
+        return {n_head, q_lora, kv_lora, k_mla, v_mla, /*n_rot=*/0, /*freq_base=*/0.0f, eps};
+    }
 
     // Reads and validates the glm5next.* keys; throws naming the key and the rule.
     static Glm5NextHParams from_gguf(const gguf::File& f);
@@ -99,18 +104,15 @@ class Glm5NextModel final : public Model {
         HyperConn hc_attn, hc_ffn;
         const float* attn_norm = nullptr;
         const float* ffn_norm = nullptr;
-        backend::Weight wo;
         // KDA
-        backend::Weight wq, wk, wv;
+        backend::Weight wq, wk, wv, wo;
         const float* conv[3] = {nullptr, nullptr, nullptr};  // q, k, v taps [di][K]
         backend::Weight f_a, f_b, beta, g_a, g_b, g_full;
         const float* dt_bias = nullptr;
         std::vector<float> decay_rate;  // A_h = -ssm_a[h] > 0
         const float* o_norm = nullptr;
         // MLA
-        backend::Weight q_a, q_b, kv_a, k_b, v_b;
-        const float* q_a_norm = nullptr;
-        const float* kv_a_norm = nullptr;
+        MlaWeights attn;
         // Pooled indexer (trunk MLA layers)
         bool indexer = false;
         backend::Weight idx_q_b, idx_proj, idx_kv, idx_gate;

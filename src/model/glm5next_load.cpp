@@ -351,21 +351,7 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
         }
     } else {
         // NoPE absorbed MLA.
-        const int64_t R = h.kv_lora;
-        L.q_a = ts.matrix(p + "attn_q_a.weight", {E, h.q_lora});
-        L.q_a_norm = ts.vector(p + "attn_q_a_norm.weight", h.q_lora);
-        L.q_b = ts.matrix(p + "attn_q_b.weight", {h.q_lora, H * h.k_mla}, cut);
-        L.kv_a = ts.matrix(p + "attn_kv_a_mqa.weight", {E, R});
-        L.kv_a_norm = ts.vector(p + "attn_kv_a_norm.weight", R);
-        L.k_b = ts.matrix(p + "attn_k_b.weight", {h.k_mla, R, H}, cut);
-        L.v_b = ts.matrix(p + "attn_v_b.weight", {R, h.v_mla, H}, cut);
-        L.wo = ts.matrix(p + "attn_output.weight", {H * h.v_mla, E}, cut);
-        if (tp) {
-            L.q_b = rows_of(L.q_b, h0 * h.k_mla, Hl * h.k_mla, p + "attn_q_b.weight");
-            L.k_b = slices_of(L.k_b, h0, Hl, p + "attn_k_b.weight");
-            L.v_b = slices_of(L.v_b, h0, Hl, p + "attn_v_b.weight");
-            L.wo = columns_of(L.wo, h0 * h.v_mla, Hl * h.v_mla, p + "attn_output.weight");
-        }
+        L.attn = load_mla(ts, p, E, h.mla_shape(H), tp, h0, Hl);
         L.indexer = with_indexer;
         if (with_indexer) {
             const int64_t Di = h.idx_dim, B = h.idx_pool;

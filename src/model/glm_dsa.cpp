@@ -198,19 +198,20 @@ size_t GlmDsaModel::scratch_bytes(int64_t T, int64_t R, int64_t D) const {
 
 // The activations one decoder block needs for T rows.
 struct GlmDsaModel::Buffers {
-    float *xn, *qr, *q, *kv, *qfull, *olat, *ov, *tmp, *iq, *ik, *iw, *fg, *fu;
+    float *xn, *tmp, *iq, *ik, *iw, *fg, *fu;
+    MlaBuffers mla;
     std::vector<int32_t> sel;  // the indexer's selection, reused by shared layers
     std::vector<backend::Visible> visible;
     Buffers(backend::Backend& be, const GlmDsaHParams& h, int64_t T) {
         const int64_t E = h.n_embd, H = h.n_head, W = h.kv_lora + h.n_rot;
         const int64_t F = std::max(h.n_ff, h.n_ff_exp);
         xn = be.scratch(size_t(T * E));
-        qr = be.scratch(size_t(T * h.q_lora));
-        q = be.scratch(size_t(T * H * h.k_mla));
-        kv = be.scratch(size_t(T * W));
-        qfull = be.scratch(size_t(T * H * W));
-        olat = be.scratch(size_t(T * H * h.kv_lora));
-        ov = be.scratch(size_t(T * H * h.v_mla));
+        mla.qr = be.scratch(size_t(T * h.q_lora));
+        mla.q = be.scratch(size_t(T * H * h.k_mla));
+        mla.kv = be.scratch(size_t(T * W));
+        mla.qfull = be.scratch(size_t(T * H * W));
+        mla.olat = be.scratch(size_t(T * H * h.kv_lora));
+        mla.ov = be.scratch(size_t(T * H * h.v_mla));
         tmp = be.scratch(size_t(T * E));
         iq = be.scratch(size_t(T * h.idx_heads * h.idx_dim));
         ik = be.scratch(size_t(T * h.idx_dim));
@@ -228,23 +229,17 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, float* x, int64_t T, const i
                         std::span<const BlockSegment> segs) {
     backend::Backend& be = *backend_;
     const GlmDsaHParams& h = hp_;
-    const int64_t E = h.n_embd, H = n_head_local_;  // this rank's heads (all but under TP)
-    const int64_t W = h.kv_lora + h.n_rot;          // latent cache row: [c | k_rope]
-    const int64_t Di = h.idx_dim, Hi = h.idx_heads;
+    const int64_t E = h.n_embd, Di = h.idx_dim, Hi = h.idx_heads;
+    // This rank's heads (all of them but under tensor parallelism).
+    const MlaBlock mla(be, h.mla_shape(n_head_local_), L.attn, b.mla, T);
 
-    // ---- attention input: the projections of the normed row (one op),
-    // the query latent and what the query latent feeds.
+    // ---- attention input: the projections of the normed row and of the
+    // query latent, the indexer's (full layers) in the same ops.
     be.rms_norm(x, E, L.attn_norm, T, E, h.eps, b.xn, E);
-    // (The indexer's projections, last in each list, only on full layers.)
-    const backend::Backend::MatmulOut from_xn[] = {{&L.q_a, b.qr, h.q_lora},
-                                                   {&L.kv_a, b.kv, W},
-                                                   {&L.idx_k, b.ik, Di},
-                                                   {&L.idx_proj, b.iw, Hi}};
-    be.matmuls(std::span(from_xn, L.full ? 4 : 2), b.xn, E, T);
-    be.rms_norm(b.qr, h.q_lora, L.q_a_norm, T, h.q_lora, h.eps, b.qr, h.q_lora);
-    const backend::Backend::MatmulOut from_qr[] = {{&L.q_b, b.q, H * h.k_mla},
-                                                   {&L.idx_q_b, b.iq, Hi * Di}};
-    be.matmuls(std::span(from_qr, L.full ? 2 : 1), b.qr, h.q_lora, T);
+    const MlaBlock::MatmulOut idx_from_xn[] = {{&L.idx_k, b.ik, Di}, {&L.idx_proj, b.iw, Hi}};
+    const MlaBlock::MatmulOut idx_from_qr[] = {{&L.idx_q_b, b.iq, Hi * Di}};
+    mla.project(b.xn, std::span(idx_from_xn, L.full ? 2 : 0),
+                std::span(idx_from_qr, L.full ? 1 : 0));
 
     // ---- lightning indexer (full layers): which cached tokens each query sees
     if (L.full) {
@@ -276,28 +271,9 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, float* x, int64_t T, const i
     }
 
     // ---- MLA, absorbed: queries in latent space against [c | k_rope] rows
-    be.rms_norm(b.kv, W, L.kv_a_norm, T, h.kv_lora, h.eps, b.kv, W);
-    be.rope(b.kv + h.kv_lora, T, W, 1, h.n_rot, h.n_rot, pos, h.freq_base);
-    for (const BlockSegment& s : segs)
-        be.cache_store(*s.latent, b.kv + s.first * W, W, s.n, pos + s.first);
-
-    be.rope(b.q + h.nope, T, H * h.k_mla, H, h.k_mla, h.n_rot, pos, h.freq_base);
-    // q_abs = K_b[h] . q_nope[h] fills the latent part; q_rope is appended.
-    be.matmul_slices(L.k_b, b.q, H * h.k_mla, h.k_mla, T, b.qfull, H * W, W);
-    be.copy_rows(b.q + h.nope, h.k_mla, nullptr, T * H, h.n_rot, b.qfull + h.kv_lora, W);
-
-    std::vector<backend::Backend::AttentionQuery> aq(static_cast<size_t>(T));
-    for (const BlockSegment& s : segs)
-        for (int64_t i = 0; i < s.n; ++i) {
-            const int64_t t = s.first + i;
-            aq[size_t(t)] = {b.qfull + t * H * W, *s.latent, b.visible[size_t(t)],
-                             b.olat + t * H * h.kv_lora};
-        }
-    be.mla_attention(aq, H, h.kv_lora, 1.0f / std::sqrt(float(h.k_mla)));
-
-    // Decompress each head's latent output with V_b[h], then project out.
-    be.matmul_slices(L.v_b, b.olat, H * h.kv_lora, h.kv_lora, T, b.ov, H * h.v_mla, h.v_mla);
-    be.matmul(L.wo, b.ov, H * h.v_mla, T, b.tmp, E);
+    std::vector<MlaSeq> seqs;
+    for (const BlockSegment& s : segs) seqs.push_back({s.latent, s.first, s.n});
+    mla.attend(pos, seqs, b.visible, b.tmp);
     be.reduce_sum(b.tmp, T * E);  // tensor parallel: every rank's heads
     be.add(x, b.tmp, T * E);
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/batch.h"
+#include "model/mla.h"
 #include "model/model.h"
 #include "model/weights.h"
 
@@ -42,6 +43,11 @@ struct GlmDsaHParams {
     int64_t n_ctx_train = 0;
     int64_t n_vocab = 0;
 
+    // The attention's sizes with n_head heads (the file's, or a rank's).
+    MlaShape mla_shape(int64_t n_head) const {
+        return {n_head, q_lora, kv_lora, k_mla, v_mla, n_rot, freq_base, eps};
+    }
+
     // Reads and validates the glm-dsa.* keys; throws naming the key.
     static GlmDsaHParams from_gguf(const gguf::File& f);
 };
@@ -69,9 +75,7 @@ class GlmDsaModel final : public Model {
   private:
     struct Layer {
         const float* attn_norm = nullptr;
-        backend::Weight q_a, q_b, kv_a, k_b, v_b, wo;
-        const float* q_a_norm = nullptr;
-        const float* kv_a_norm = nullptr;
+        MlaWeights attn;
         // Lightning indexer (full layers only).
         bool full = false;
         backend::Weight idx_q_b, idx_k, idx_proj;

@@ -209,27 +209,9 @@ void GlmDsaModel::load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_i
     const int64_t E = h.n_embd, H = h.n_head;
     const std::string p = "blk." + std::to_string(il) + ".";
     L.attn_norm = ts.vector(p + "attn_norm.weight", E);
-    L.q_a = ts.matrix(p + "attn_q_a.weight", {E, h.q_lora});
-    L.q_a_norm = ts.vector(p + "attn_q_a_norm.weight", h.q_lora);
-    // Tensor parallel: the heads' matrices in the file's row layout (this
-    // rank's part of them is cut below).
-    const auto heads_layout =
-        tp_size_ > 1 ? TensorSource::Layout::Plain : TensorSource::Layout::Products;
-    L.q_b = ts.matrix(p + "attn_q_b.weight", {h.q_lora, H * h.k_mla}, heads_layout);
-    L.kv_a = ts.matrix(p + "attn_kv_a_mqa.weight", {E, h.kv_lora + h.n_rot});
-    L.kv_a_norm = ts.vector(p + "attn_kv_a_norm.weight", h.kv_lora);
-    L.k_b = ts.matrix(p + "attn_k_b.weight", {h.nope, h.kv_lora, H}, heads_layout);
-    L.v_b = ts.matrix(p + "attn_v_b.weight", {h.kv_lora, h.v_mla, H}, heads_layout);
-    L.wo = ts.matrix(p + "attn_output.weight", {H * h.v_mla, E}, heads_layout);
-    if (tp_size_ > 1) {
-        // Column-parallel q_b / k_b / v_b, row-parallel attn_output: this
-        // rank's heads only; the block sums the ranks' partial outputs.
-        const int64_t h0 = head_first_, n = n_head_local_;
-        L.q_b = rows_of(L.q_b, h0 * h.k_mla, n * h.k_mla, p + "attn_q_b.weight");
-        L.k_b = slices_of(L.k_b, h0, n, p + "attn_k_b.weight");
-        L.v_b = slices_of(L.v_b, h0, n, p + "attn_v_b.weight");
-        L.wo = columns_of(L.wo, h0 * h.v_mla, n * h.v_mla, p + "attn_output.weight");
-    }
+    // Tensor parallel: this rank's heads only; the block sums the ranks'
+    // partial outputs.
+    L.attn = load_mla(ts, p, E, h.mla_shape(H), tp_size_ > 1, head_first_, n_head_local_);
     L.full = with_indexer;
     if (with_indexer) {
         L.idx_q_b = ts.matrix(p + "indexer.attn_q_b.weight", {h.q_lora, h.idx_heads * h.idx_dim});
