@@ -165,7 +165,9 @@ int cmd_make_model(int argc, char** argv) {
              "full(1)/shared(0) indexer per trunk layer, e.g. 1,1,0,1, or glm52 (layers 0, 1, then "
              "every 4th from 2)");
     a.flag("nextn", "append the NextN/MTP block", true);
-    a.flag("dry-run", "print the tensors (name, type, shape) to stdout and write nothing");
+    a.flag("dry-run",
+           "print the tensors (name, type, shape) and the weight bytes a decoded token reads to "
+           "stdout and write nothing");
     a.flag("quiet", "no banner or progress on stderr");
     if (!a.parse(argc, argv, 2)) return 0;
 
@@ -245,12 +247,13 @@ int cmd_make_model(int argc, char** argv) {
             std::printf("%-40s %-8s [%s]%s\n", t.name.c_str(), quant::name(t.type), shape.c_str(),
                         t.pooled ? " pooled" : "");
         }
-        std::printf("# %zu tensors, %.3f G params, %s of tensor data\n", p.tensors.size(),
-                    double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str());
+        // One summary line: tools count the tensor lines above it.
         const gen::DecodeBytes d = gen::decode_bytes_per_token(o);
         std::printf(
-            "# decode reads %.2f MB of weights per token: %.2f dense, %.2f routed experts, "
-            "%.2f shared experts, %.2f head (NextN block not counted)\n",
+            "# %zu tensors, %.3f G params, %s of tensor data; decode reads %.2f MB of weights "
+            "per token (%.2f dense, %.2f routed experts, %.2f shared experts, %.2f head; the "
+            "NextN block not counted)\n",
+            p.tensors.size(), double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str(),
             double(d.total()) * 1e-6, double(d.dense) * 1e-6, double(d.routed) * 1e-6,
             double(d.shared) * 1e-6, double(d.head) * 1e-6);
         return 0;
