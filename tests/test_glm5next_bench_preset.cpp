@@ -172,7 +172,7 @@ class Glm5NextBenchReduced : public ::testing::Test {
     void TearDown() override { fs::remove_all(dir_); }
 
     // The preset with a narrow width and 16 experts; the layer pattern,
-    // streams, clamps and per-head dims stay. top_k 16 so that a 48-token
+    // streams, clamps and per-head dims stay. top_k 8 so that a 32-token
     // prompt takes the indexer's sparse path.
     static gen::GenOptions reduced() {
         gen::GenOptions o = bench_options();
@@ -186,7 +186,7 @@ class Glm5NextBenchReduced : public ::testing::Test {
         h.mla_heads = 2;
         h.q_lora = 256;
         h.idx_heads = 2;
-        h.idx_top_k = 16;
+        h.idx_top_k = 8;
         return o;
     }
     fs::path dir_;
@@ -214,7 +214,7 @@ TEST_F(Glm5NextBenchReduced, LoadsRunsAndReadsThePredictedBytes) {
 
     // A forward past top_k: finite logits with a spread, the same bitwise
     // fed in one batch or token by token.
-    const auto prompt = random_ids(11, 48, m.n_vocab());
+    const auto prompt = random_ids(11, 32, m.n_vocab());
     const auto lg = m.batch_logits(prompt, true);
     ASSERT_EQ(lg.size(), prompt.size() * size_t(m.n_vocab()));
     double sum = 0, sum2 = 0;
