@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Generate the benchmark models (glm5 make-model --preset bench) into a folder:
-#   bench-q4_k_m.gguf   ~2.9 GB, the Q4_K_M mix
-#   bench-iq2_xxs.gguf  ~1.4 GB, the IQ2_XXS mix (derived importance, NextN at Q4_K)
+#   bench-q4_k_m.gguf           ~2.9 GB, the Q4_K_M mix
+#   bench-iq2_xxs.gguf          ~1.4 GB, the IQ2_XXS mix (derived importance, NextN at Q4_K)
+#   glm5next-bench-q4_k_m.gguf  ~2.8 GB, only with WITH_GLM5NEXT=1: glm5next's bench preset
+#                               (GLM-5.3-Flash's proportions; llama.cpp cannot read it, so
+#                               bench/compare.sh, which calls this script, does not need it)
 # Files that already exist are kept, so the script is cheap to rerun.
 #
 # usage: bench/make_bench_models.sh DIR [GLM5_BINARY]
@@ -23,18 +26,26 @@ if [[ ! -x $glm5 ]]; then
 fi
 mkdir -p "$dir"
 
-# TYPES (lower case, as the file names) picks some of them.
-for name in ${TYPES:-q4_k_m iq2_xxs}; do
-    type=$(echo "$name" | tr '[:lower:]' '[:upper:]')
-    out=$dir/bench-$name.gguf
+# make_model ARCH TYPE FILE
+make_model() {
+    local arch=$1 type=$2 out=$3
     if [[ -e $out ]]; then
         echo "$out exists, kept" >&2
-        continue
+        return
     fi
     start=$(date +%s.%N)
     # shellcheck disable=SC2086  # MAKE_MODEL_FLAGS is a list of flags
-    "$glm5" make-model --preset bench --type "$type" -o "$out" ${MAKE_MODEL_FLAGS:-} >/dev/null
+    "$glm5" make-model --arch "$arch" --preset bench --type "$type" -o "$out" \
+        ${MAKE_MODEL_FLAGS:-} >/dev/null
     end=$(date +%s.%N)
     secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
     echo "$out: $(stat -c %s "$out") bytes in $secs s" >&2
+}
+
+# TYPES (lower case, as the file names) picks some of them.
+for name in ${TYPES:-q4_k_m iq2_xxs}; do
+    make_model glm-dsa "$(echo "$name" | tr '[:lower:]' '[:upper:]')" "$dir/bench-$name.gguf"
 done
+if [[ ${WITH_GLM5NEXT:-0} == 1 ]]; then
+    make_model glm5next Q4_K_M "$dir/glm5next-bench-q4_k_m.gguf"
+fi

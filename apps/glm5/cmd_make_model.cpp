@@ -120,18 +120,22 @@ int cmd_make_model(int argc, char** argv) {
     std::string types;
     for (const auto& n : gen::scheme_names()) types += (types.empty() ? "" : " ") + n;
     Args a("make-model",
-           "Write a synthetic GLM model: deterministic random weights in the real glm-dsa GGUF\n"
-           "layout (metadata, tokenizer, tensor names and shapes) and real storage types.\n"
+           "Write a synthetic GLM model: deterministic random weights in the real glm-dsa or\n"
+           "glm5next GGUF layout (metadata, tokenizer, tensor names and shapes) and real\n"
+           "storage types.\n"
            "Weights are Irwin-Hall(12) normal samples times gain/sqrt(fan_in); the same flags\n"
            "give the same bytes on every machine. Progress goes to stderr; stdout gets the path.");
     a.option("output", "FILE", "", "the GGUF file to write", "-o");
     a.option("preset", "NAME", "tiny",
-             "tiny | small (the test fixtures' shapes) | bench (~3 GB at Q4_K_M)");
+             "glm-dsa: tiny | small (the test fixtures' shapes) | bench (GLM-5.2's proportions, "
+             "~3 GB at Q4_K_M); glm5next: tiny (the fixture's shape) | bench (GLM-5.3-Flash's "
+             "proportions, reading about as many weight bytes per decoded token as glm-dsa "
+             "bench); mmproj: tiny | flash");
     a.option("arch", "NAME", "glm-dsa",
-             "glm-dsa | glm5next (GLM-5.3-Flash: preset tiny only, the shape of the glm5next "
-             "fixture; the dimension flags and --indexer-types apply to glm-dsa) | mmproj (a "
-             "glm5next vision tower: preset tiny, the fixture's shape in F32, or flash, "
-             "GLM-5.3-Flash's in BF16; --type F32, F16 or BF16 sets the matrices)");
+             "glm-dsa | glm5next (GLM-5.3-Flash: presets tiny and bench; the dimension flags "
+             "and --indexer-types apply to glm-dsa) | mmproj (a glm5next vision tower: preset "
+             "tiny, the fixture's shape in F32, or flash, GLM-5.3-Flash's in BF16; --type F32, "
+             "F16 or BF16 sets the matrices)");
     a.option("type", "T", "preset's: F32 tiny, F16 small, Q4_K_M bench",
              "a llama-quantize mix or a single type: " + types +
                  ". Mix names follow llama-quantize's per-tensor rules (Q2_K is the Q2_K mix);"
@@ -161,7 +165,9 @@ int cmd_make_model(int argc, char** argv) {
              "full(1)/shared(0) indexer per trunk layer, e.g. 1,1,0,1, or glm52 (layers 0, 1, then "
              "every 4th from 2)");
     a.flag("nextn", "append the NextN/MTP block", true);
-    a.flag("dry-run", "print the tensors (name, type, shape) to stdout and write nothing");
+    a.flag("dry-run",
+           "print the tensors (name, type, shape) and the weight bytes a decoded token reads to "
+           "stdout and write nothing");
     a.flag("quiet", "no banner or progress on stderr");
     if (!a.parse(argc, argv, 2)) return 0;
 
@@ -169,37 +175,45 @@ int cmd_make_model(int argc, char** argv) {
 
     GenOptions o;
     o.preset = a.get("preset");
-    {
-        const auto names = GlmDsaHParams::preset_names();
-        if (std::find(names.begin(), names.end(), o.preset) == names.end())
-            throw UsageError("--preset must be tiny, small or bench, got '" + o.preset + "'");
-    }
-    o.glm_dsa = GlmDsaHParams::preset(o.preset);
-    const int64_t preset_layers = o.glm_dsa.n_layer;
-    for (const auto& d : kDims)
-        if (a.is_set(d.flag)) o.glm_dsa.*d.field = a.get_int(d.flag, d.min, int64_t(1) << 24);
-    if (a.is_set("indexer-types"))
-        o.glm_dsa.indexer_full = parse_pattern(a.get("indexer-types"), o.glm_dsa.n_layer);
-    else if (o.glm_dsa.n_layer != preset_layers)
-        o.glm_dsa.indexer_full = gen::glm52_indexer_pattern(o.glm_dsa.n_layer);
-    o.glm_dsa.n_nextn = a.get_flag("nextn") ? 1 : 0;
     const std::string arch = a.get("arch");
-    if (arch == "glm5next") {
+    if (arch != "glm-dsa" && arch != "glm5next")
+        throw UsageError("--arch must be glm-dsa, glm5next or mmproj, got '" + arch + "'");
+    const bool next = arch == "glm5next";
+    {
+        const auto names =
+            next ? gen::Glm5NextHParams::preset_names() : GlmDsaHParams::preset_names();
+        if (std::find(names.begin(), names.end(), o.preset) == names.end()) {
+            std::string list;
+            for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+            throw UsageError("--preset for --arch " + arch + " must be one of " + list + ", got '" +
+                             o.preset + "'");
+        }
+    }
+    const bool with_nextn = a.get_flag("nextn");
+    if (next) {
         for (const auto& d : kDims)
             if (a.is_set(d.flag))
                 throw UsageError("--" + std::string(d.flag) + " applies to --arch glm-dsa only");
         if (a.is_set("indexer-types"))
             throw UsageError("--indexer-types applies to --arch glm-dsa only");
-        if (o.preset != "tiny") throw UsageError("--arch glm5next has only the tiny preset");
         o.arch = gen::Arch::Glm5Next;
         o.glm5next = gen::Glm5NextHParams::preset(o.preset);
-        o.glm5next.n_nextn = o.glm_dsa.n_nextn;
-    } else if (arch != "glm-dsa") {
-        throw UsageError("--arch must be glm-dsa or glm5next, got '" + arch + "'");
+        o.glm5next.n_nextn = with_nextn ? 1 : 0;
+    } else {
+        o.glm_dsa = GlmDsaHParams::preset(o.preset);
+        const int64_t preset_layers = o.glm_dsa.n_layer;
+        for (const auto& d : kDims)
+            if (a.is_set(d.flag)) o.glm_dsa.*d.field = a.get_int(d.flag, d.min, int64_t(1) << 24);
+        if (a.is_set("indexer-types"))
+            o.glm_dsa.indexer_full = parse_pattern(a.get("indexer-types"), o.glm_dsa.n_layer);
+        else if (o.glm_dsa.n_layer != preset_layers)
+            o.glm_dsa.indexer_full = gen::glm52_indexer_pattern(o.glm_dsa.n_layer);
+        o.glm_dsa.n_nextn = with_nextn ? 1 : 0;
     }
-    const bool next = o.arch == gen::Arch::Glm5Next;
 
-    o.type = a.is_set("type") ? a.get("type") : GlmDsaHParams::preset_default_type(o.preset);
+    o.type = a.is_set("type") ? a.get("type")
+             : next           ? gen::Glm5NextHParams::preset_default_type(o.preset)
+                              : GlmDsaHParams::preset_default_type(o.preset);
     o.pure = a.get_flag("pure");
     if (!gen::parse_scheme(o.type, o.pure))
         throw UsageError("--type: unknown type or mix '" + o.type + "' (one of: " + types + ")");
@@ -233,8 +247,15 @@ int cmd_make_model(int argc, char** argv) {
             std::printf("%-40s %-8s [%s]%s\n", t.name.c_str(), quant::name(t.type), shape.c_str(),
                         t.pooled ? " pooled" : "");
         }
-        std::printf("# %zu tensors, %.3f G params, %s of tensor data\n", p.tensors.size(),
-                    double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str());
+        // One summary line: tools count the tensor lines above it.
+        const gen::DecodeBytes d = gen::decode_bytes_per_token(o);
+        std::printf(
+            "# %zu tensors, %.3f G params, %s of tensor data; decode reads %.2f MB of weights "
+            "per token (%.2f dense, %.2f routed experts, %.2f shared experts, %.2f head; the "
+            "NextN block not counted)\n",
+            p.tensors.size(), double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str(),
+            double(d.total()) * 1e-6, double(d.dense) * 1e-6, double(d.routed) * 1e-6,
+            double(d.shared) * 1e-6, double(d.head) * 1e-6);
         return 0;
     }
     const std::string out = a.get("output");

@@ -156,7 +156,8 @@ Resolved resolve(const GenOptions& opt) {
 
     std::vector<MixTensor> mt(specs.size());
     for (size_t i = 0; i < specs.size(); ++i)
-        mt[i] = MixTensor{specs[i].name, specs[i].ne, specs[i].f32_in_float_files, std::nullopt};
+        mt[i] = MixTensor{specs[i].name, specs[i].ne, specs[i].f32_in_float_files,
+                          specs[i].keep_f32 ? std::optional<Type>(Type::F32) : std::nullopt};
 
     // First pass: does the mix, left alone, need importance data anywhere?
     MixModel mm = r.layout.mix;
@@ -181,7 +182,8 @@ Resolved resolve(const GenOptions& opt) {
         if (!nextn) throw Error("unknown NextN type '" + opt.nextn_type + "'");
     }
     for (size_t i = 0; i < specs.size(); ++i)
-        if (specs[i].nextn && nextn && is_quantizable(specs[i].name, specs[i].ne))
+        if (specs[i].nextn && nextn && !specs[i].keep_f32 &&
+            is_quantizable(specs[i].name, specs[i].ne))
             mt[i].override_type = nextn;
 
     mm.has_imatrix = r.use_imatrix;
@@ -308,6 +310,33 @@ ModelPlan make_plan(const Resolved& r) {
 
 ModelPlan plan(const GenOptions& opt) {
     return make_plan(resolve(opt));
+}
+
+DecodeBytes decode_bytes_per_token(const GenOptions& opt) {
+    const Resolved r = resolve(opt);
+    const bool next = opt.arch == Arch::Glm5Next;
+    const int64_t n_used = next ? opt.glm5next.n_expert_used : opt.glm_dsa.n_expert_used;
+    const int64_t n_expert = next ? opt.glm5next.n_expert : opt.glm_dsa.n_expert;
+    DecodeBytes d;
+    const auto& specs = r.layout.tensors;
+    for (size_t i = 0; i < specs.size(); ++i) {
+        const TensorSpec& s = specs[i];
+        if (s.nextn) continue;
+        const uint64_t row = quant::row_size(r.types[i], s.ne[0]);
+        const uint64_t bytes = row * uint64_t(n_rows_of(s.ne));
+        const auto has = [&](const char* x) { return s.name.find(x) != std::string::npos; };
+        if (s.is_lookup)
+            d.head += row;  // one token's row
+        else if (s.name.rfind("blk.", 0) != 0)
+            d.head += bytes;
+        else if (has("_exps."))
+            d.routed += bytes / uint64_t(n_expert) * uint64_t(n_used);
+        else if (has("_shexp."))
+            d.shared += bytes;
+        else
+            d.dense += bytes;
+    }
+    return d;
 }
 
 void sample_rows(const GenOptions& opt, const std::string& tensor, int64_t row0, int64_t n_rows,

@@ -147,6 +147,22 @@ struct ModelPlan {
 // What would be written, without writing it. Throws glm5::Error on bad options.
 ModelPlan plan(const GenOptions& opt);
 
+// The weight bytes one decoded token reads with the plan's storage types:
+// what a bandwidth-bound decode of one sequence costs. Counted: every trunk
+// tensor, n_used/n_expert of each routed-expert tensor (equal slices), the
+// shared experts, the LM head and one row of the token embedding; the NextN
+// block is not read by plain decode. The kernels' own count (`glm5 bench`'s
+// roofline) leaves out the vectors and the embedding row, a few tenths of
+// a percent here.
+struct DecodeBytes {
+    uint64_t dense = 0;   // trunk tensors outside the experts: attention, norms, dense FFN, routers
+    uint64_t routed = 0;  // n_used routed experts in every MoE layer
+    uint64_t shared = 0;  // the shared experts
+    uint64_t head = 0;    // output norm and LM head, one embedding row
+    uint64_t total() const { return dense + routed + shared + head; }
+};
+DecodeBytes decode_bytes_per_token(const GenOptions& opt);
+
 struct GenResult {
     ModelPlan plan;
     uint64_t file_bytes = 0;

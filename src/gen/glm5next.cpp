@@ -14,12 +14,60 @@
 namespace glm5::gen {
 
 Glm5NextHParams Glm5NextHParams::preset(std::string_view name) {
-    if (name == "tiny") return Glm5NextHParams{};
-    throw Error("unknown glm5next preset '" + std::string(name) + "' (tiny)");
+    Glm5NextHParams h;  // the defaults are the fixture's tiny model
+    if (name == "tiny") return h;
+    if (name == "bench") {
+        // GLM-5.3-Flash (hidden 4096, 64 KDA heads of 128, NoPE MLA with a
+        // 512 latent and 256-wide heads, pooled indexer top-2048 in pools of
+        // 4, 4 hyper-connection streams, SwiGLU clamp 10, 288 experts top-8 +
+        // 1 shared) scaled as glm-dsa's bench preset scales GLM-5.2: per-head
+        // and per-cell dims stay (the shapes the kernels see), the width drops
+        // to about a third (rounded up to whole 256-blocks), head and expert
+        // counts to a quarter, the experts stay small (a third of the width,
+        // GLM-5.2's ratio: two 256-blocks). Where the format leaves a value to
+        // the file (MLA heads, q_lora, the indexer's heads and key length),
+        // glm-dsa bench's is taken. 24 trunk layers (18 KDA, 6 MLA) make
+        // decode read about as many weight bytes per token as glm-dsa bench
+        // (decode_bytes_per_token: 593 against 633 MB at Q4_K_M), so that the
+        // two benchmarks load the memory alike.
+        h.n_vocab = 32768;
+        h.n_embd = 1536;
+        h.n_layer = 24;
+        h.mla_every = 4;  // MLA at trunk layers 3, 7, 11, ...
+        h.n_dense = 1;
+        h.n_ff = 4608;
+        h.n_expert = 72;
+        h.n_expert_used = 8;
+        h.n_expert_shared = 1;
+        h.n_ff_exp = 512;
+        h.kda_heads = 16;
+        h.kda_dim = 128;
+        h.kda_rank = 128;
+        h.conv_k = 4;
+        h.mla_heads = 16;
+        h.q_lora = 768;
+        h.kv_lora = 512;
+        h.k_mla = 256;
+        h.v_mla = 256;
+        h.idx_heads = 8;
+        h.idx_dim = 128;
+        h.idx_top_k = 2048;
+        h.idx_pool = 4;
+        h.clamp_exp = 10.0f;
+        h.clamp_shexp = 10.0f;
+        h.clamp_step = 0.0f;
+        h.n_ctx_train = 1048576;
+        return h;
+    }
+    throw Error("unknown glm5next preset '" + std::string(name) + "' (tiny, bench)");
 }
 
 std::vector<std::string> Glm5NextHParams::preset_names() {
-    return {"tiny"};
+    return {"tiny", "bench"};
+}
+
+std::string Glm5NextHParams::preset_default_type(std::string_view name) {
+    return name == "bench" ? "Q4_K_M" : "F32";
 }
 
 void Glm5NextHParams::validate() const {
@@ -158,7 +206,8 @@ Layout build_glm5next_layout(const Glm5NextHParams& h) {
         for (const char* sub : {"attn", "ffn"}) {
             const std::string hc = b + "hc_" + sub;
             // The mixing logits read RMSNorm(streams) with no weight.
-            tl.mat(hc + "_fn.weight", {S * E, (2 + S) * S}, 1.0, {}).f32_in_float_files = true;
+            TensorSpec& fn = tl.mat(hc + "_fn.weight", {S * E, (2 + S) * S}, 1.0, {});
+            fn.f32_in_float_files = fn.keep_f32 = true;  // F32 as the format has it
             tl.values(hc + "_base.weight", {(2 + S) * S}, 0.0, 0.7);
             tl.values(hc + "_scale.weight", {3}, 1.0, 0.2);
         }
@@ -167,7 +216,8 @@ Layout build_glm5next_layout(const Glm5NextHParams& h) {
             for (const char* u : {"q", "k", "v"}) {
                 tl.mat(b + "attn_" + u + ".weight", {E, di}, 1.0, {attn_norm});
                 tl.values(b + "ssm_conv1d_" + u + ".weight", {h.conv_k, 1, di}, 0.0,
-                          TensorList::inv_sqrt(h.conv_k));
+                          TensorList::inv_sqrt(h.conv_k))
+                    .keep_f32 = true;
             }
             tl.mat(b + "ssm_f_a.weight", {E, r}, 1.0, {attn_norm});
             tl.mat(b + "ssm_f_b.weight", {r, di}, 1.0, {});
@@ -195,7 +245,8 @@ Layout build_glm5next_layout(const Glm5NextHParams& h) {
                 .f32_in_float_files = true;
             tl.mat(b + "indexer_compressor_kv.weight", {E, Di}, 1.0, {attn_norm});
             tl.mat(b + "indexer_compressor_gate.weight", {E, Di}, 2.0, {attn_norm});
-            tl.values(b + "indexer_compressor_ape.weight", {Di, h.idx_pool}, 0.0, 0.75);
+            tl.values(b + "indexer_compressor_ape.weight", {Di, h.idx_pool}, 0.0, 0.75).keep_f32 =
+                true;
             tl.norm(b + "indexer_compressor_norm.weight", Di);
         }
         tl.ffn(b, ffn_norm, E, il < h.n_dense, h.n_ff, h.n_expert, h.n_ff_exp,

@@ -1,7 +1,9 @@
 // glm5next (GLM-5.3-Flash) hyperparameters for the synthetic model generator
 // (generator.h, GenOptions::arch = Arch::Glm5Next). The layout follows
 // docs/glm5next-format.md sections 3-4; "tiny" is the shape of
-// tests/data/glm5next/tiny.gguf (with the generator's 768-token GLM vocabulary).
+// tests/data/glm5next/tiny.gguf (with the generator's 768-token GLM vocabulary),
+// "bench" a realistically shaped model in GLM-5.3-Flash's proportions whose
+// decode reads about as many weight bytes per token as glm-dsa's bench model.
 #pragma once
 
 #include <cstdint>
@@ -56,9 +58,12 @@ struct Glm5NextHParams {
 
     bool is_mla(int64_t il) const { return il >= n_layer || il % mla_every == mla_every - 1; }
 
-    // "tiny": the glm5next fixture's shape. Throws glm5::Error for another name.
+    // "tiny": the glm5next fixture's shape; "bench": see glm5next.cpp.
+    // Throws glm5::Error for another name.
     static Glm5NextHParams preset(std::string_view name);
     static std::vector<std::string> preset_names();
+    // The --type a preset uses unless told otherwise (tiny F32, bench Q4_K_M).
+    static std::string preset_default_type(std::string_view name);
     // Throws glm5::Error naming the first value the glm5next loader would refuse.
     void validate() const;
 };

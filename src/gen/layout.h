@@ -27,6 +27,9 @@ struct TensorSpec {
     std::vector<std::string> input_norms;
     bool is_lookup = false;  // an embedding table: no matmul input, no importance data
     bool f32_in_float_files = false;
+    // F32 in every file, quantized mixes included: small tensors the format
+    // keeps in F32 that llama-quantize's name rules would otherwise catch.
+    bool keep_f32 = false;
     bool nextn = false;  // belongs to a NextN/MTP block
 };
 
