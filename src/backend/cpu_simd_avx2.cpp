@@ -31,7 +31,7 @@ inline float hsum(__m256 v) {
 // Per-thread buffers of the attention tiles: cache rows converted to floats
 // and padded output sums.
 struct Scratch {
-    std::vector<float> rows, out, part;
+    std::vector<float> rows, out;
 };
 Scratch& scratch() {
     thread_local Scratch s;
@@ -251,11 +251,7 @@ float dot_f32_f16(int64_t n, const float* a, const uint16_t* b) {
         s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_h(b + i + 8), s1);
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_h(b + i), s0);
-    s0 = _mm256_add_ps(s0, s1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    float s = _mm_cvtss_f32(h);
+    float s = hsum(_mm256_add_ps(s0, s1));
     for (; i < n; ++i) s = fma1(a[i], h2f(b[i]), s);
     return s;
 }
