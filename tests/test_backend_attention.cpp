@@ -302,45 +302,6 @@ TEST(AttentionSimd, IndexerDotsHaveTheBitsOfTheF32Dot) {
     }
 }
 
-// The AVX2 softmax: its e^x has the bits of the C library's expf (checked at
-// startup; on Debian's glibc it must hold, or decode deep in a context loses
-// its vectorised softmax), so it has scalar::softmax's bits: a million
-// differences spread over e^x's whole float range and below it, tails of
-// every length, and infinities.
-TEST(AttentionSimd, Avx2SoftmaxHasTheBitsOfTheScalarOne) {
-    if (!quant::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
-    ASSERT_TRUE(cpu::avx2::exp_matches_libm());
-    std::mt19937 rng(17);
-    std::uniform_real_distribution<float> d(-110.f, 0.f);
-    std::vector<float> big(size_t(1) << 20);
-    for (auto& v : big) v = d(rng);
-    big[5] = 0.0f;  // the maximum: every difference is the value itself
-    for (bool r16 : {false, true}) {
-        auto got = big, want = big;
-        cpu::avx2::softmax(got.data(), int64_t(got.size()), r16);
-        cpu::scalar::softmax(want.data(), int64_t(want.size()), r16);
-        ASSERT_TRUE(same_bits(got.data(), want.data(), got.size()));
-    }
-    // Every tail length, with values that underflow and scores that are infinite.
-    std::normal_distribution<float> g(0.f, 30.f);
-    for (int64_t n = 1; n <= 40; ++n) {
-        std::vector<float> x(static_cast<size_t>(n));
-        for (auto& v : x) v = g(rng);
-        if (n > 3) x[2] = -300.0f;
-        if (n == 33) x[7] = INFINITY;
-        if (n == 34) x[9] = -INFINITY;
-        for (bool r16 : {false, true}) {
-            auto got = x, want = x;
-            cpu::avx2::softmax(got.data(), n, r16);
-            cpu::scalar::softmax(want.data(), n, r16);
-            for (int64_t j = 0; j < n; ++j)
-                ASSERT_TRUE(same_bits(&got[size_t(j)], &want[size_t(j)], 1) ||
-                            (std::isnan(got[size_t(j)]) && std::isnan(want[size_t(j)])))
-                    << "n " << n << " value " << j;
-        }
-    }
-}
-
 // Through the backend: each query's output is the same alone and batched
 // with others of different lengths (prefill against decode), with 2 threads.
 TEST(AttentionBackend, QueryOutputIndependentOfBatch) {

@@ -120,7 +120,6 @@ SimdOps pick() {
     SimdOps ops{avx2::axpy_f32,         avx2::axpy_f16,  avx2::f16_to_f32, avx2::dot_f32_f16,
                 avx2::f32_to_f16,       avx2::round_f16, avx2::scores_f16, scalar::softmax,
                 avx2::weighted_sum_f16, scalar::swiglu,  avx2::rms_norm,   dots_avx2};
-    if (avx2::exp_matches_libm()) ops.softmax = avx2::softmax;
     if (quant::cpu_has_avx512()) {
         ops.dots_f32 = dots_by_pairs;
         ops.scores_f16 = avx512::scores_f16;

@@ -88,10 +88,6 @@ void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& row
                       int64_t vw, float* out);
 void dots_f32(const float* q, int64_t nq, const float* k, int64_t ks, int64_t nk, int64_t dim,
               float* out, int64_t ld);
-// scalar::softmax with e^x vectorised: valid only where exp_matches_libm()
-// (its e^x has the bits of this C library's expf, checked once at startup).
-void softmax(float* x, int64_t n, bool round_f16);
-bool exp_matches_libm();
 }  // namespace avx2
 // The AVX-512 attention tiles and elementwise helpers (cpu_simd_avx512.cpp).
 namespace avx512 {

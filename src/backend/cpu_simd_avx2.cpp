@@ -109,46 +109,6 @@ constexpr ValueTile kValueTiles[4][3] = {{value_tile<1, 1>, value_tile<1, 2>, va
                                          {value_tile<3, 1>, value_tile<3, 2>, value_tile<3, 3>},
                                          {value_tile<4, 1>, value_tile<4, 2>, value_tile<4, 3>}};
 
-// e^x for 8 floats with the bits of the C library's expf (glibc's method on
-// FMA machines: x/ln2 scaled by 32 rounded to an integer k, 2^(k/32) from a
-// table of 2^(i/32) with the exponent bits of k added, 2^(r/32) by a cubic in
-// double, the product rounded to float once). Valid for
-// x in [-0x1.9fe368p6, 0x1.62e42ep6]; the caller takes other values through
-// std::exp. table[i] = bits of 2^(i/32) minus i << 52 / 32.
-constexpr uint64_t kExp2Table[32] = {
-    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
-    0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
-    0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
-    0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
-    0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
-    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
-    0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
-    0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
-constexpr float kExpLow = -0x1.9fe368p6f, kExpHigh = 0x1.62e42ep6f;
-
-inline __m128 exp4(__m128 x) {
-    const __m256d z = _mm256_mul_pd(_mm256_cvtps_pd(x), _mm256_set1_pd(0x1.71547652b82fep+0 * 32));
-    // Adding 1.5 * 2^52 rounds z to an integer (to nearest even) held in
-    // the low bits of the sum.
-    const __m256d shift = _mm256_set1_pd(0x1.8p+52);
-    const __m256d kd = _mm256_add_pd(z, shift);
-    const __m256i ki = _mm256_castpd_si256(kd);
-    const __m256d r = _mm256_sub_pd(z, _mm256_sub_pd(kd, shift));
-    const __m256i t =
-        _mm256_add_epi64(_mm256_i64gather_epi64(reinterpret_cast<const long long*>(kExp2Table),
-                                                _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8),
-                         _mm256_slli_epi64(ki, 47));
-    const __m256d p2 = _mm256_fmadd_pd(_mm256_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32), r,
-                                       _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32));
-    __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(0x1.62e42ff0c52d6p-1 / 32), r, _mm256_set1_pd(1.0));
-    y = _mm256_fmadd_pd(p2, _mm256_mul_pd(r, r), y);
-    return _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)));
-}
-
-inline __m256 exp8(__m256 x) {
-    return _mm256_set_m128(exp4(_mm256_extractf128_ps(x, 1)), exp4(_mm256_castps256_ps128(x)));
-}
-
 // Rows converted per block: 16 rows of the MLA width (36 KB) stay near L1.
 constexpr int64_t kBlockRows = 16;
 
@@ -254,65 +214,6 @@ float dot_f32_f16(int64_t n, const float* a, const uint16_t* b) {
     float s = hsum(_mm256_add_ps(s0, s1));
     for (; i < n; ++i) s = fma1(a[i], h2f(b[i]), s);
     return s;
-}
-
-bool exp_matches_libm() {
-    // Every power of two's neighbourhood from the lowest valid input up, and
-    // the interval's ends.
-    for (float base = kExpLow; base < kExpHigh; base = base < -1.0f  ? base * 0.75f
-                                                       : base < 0.0f ? base + 0.0625f
-                                                                     : base * 1.25f + 0.01f) {
-        alignas(32) float x[8], got[8];
-        for (int k = 0; k < 8; ++k)
-            x[k] = std::min(std::nextafter(base, 0.0f) + 1e-3f * k, kExpHigh);
-        _mm256_store_ps(got, exp8(_mm256_load_ps(x)));
-        for (int k = 0; k < 8; ++k) {
-            const float want = std::exp(x[k]);
-            if (std::memcmp(&got[k], &want, sizeof want) != 0) return false;
-        }
-    }
-    return true;
-}
-
-// scalar::softmax's arithmetic: e^(x - max) with expf's bits, their sum in
-// double in index order (a dependent chain, but of adds only), then the
-// scaled values rounded through F16 by F16C (the software rounding's bits).
-void softmax(float* x, int64_t n, bool round_f16) {
-    __m256 mv = _mm256_set1_ps(-INFINITY);
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + j));
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, mv);
-    float mx = -INFINITY;
-    for (float v : lanes) mx = std::max(mx, v);
-    for (; j < n; ++j) mx = std::max(mx, x[j]);
-    if (!std::isfinite(mx)) {  // infinities or NaN: the plain loop's semantics
-        scalar::softmax(x, n, round_f16);
-        return;
-    }
-    const __m256 vm = _mm256_set1_ps(mx), low = _mm256_set1_ps(kExpLow);
-    for (j = 0; j + 8 <= n; j += 8) {
-        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + j), vm);
-        // Below the table's range (or NaN): the library's own e^x per value.
-        if (_mm256_movemask_ps(_mm256_cmp_ps(d, low, _CMP_NGE_UQ)) != 0) {
-            _mm256_storeu_ps(lanes, d);
-            for (int k = 0; k < 8; ++k) x[j + k] = std::exp(lanes[k]);
-        } else {
-            _mm256_storeu_ps(x + j, exp8(d));
-        }
-    }
-    for (; j < n; ++j) x[j] = std::exp(x[j] - mx);
-    double sum = 0.0;
-    for (j = 0; j < n; ++j) sum += double(x[j]);
-    const float inv = float(1.0 / sum);
-    const __m256 vi = _mm256_set1_ps(inv);
-    for (j = 0; j + 8 <= n; j += 8) {
-        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j), vi);
-        if (round_f16) v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-        _mm256_storeu_ps(x + j, v);
-    }
-    for (; j < n; ++j)
-        x[j] = round_f16 ? h2f(_cvtss_sh(x[j] * inv, _MM_FROUND_TO_NEAREST_INT)) : x[j] * inv;
 }
 
 // dot_f32_f16's order for every (head, row): the even 8-value chunks chain
