@@ -283,6 +283,17 @@ tp)
       process.exit(d <= Number(process.argv[3]) ? 0 : 1);
     ' "$1" "$2" "$3"
   }
+  argmax_agree() {  # argmax_agree A B DIFF: same top token wherever A's top-2 margin > 2 DIFF
+    node -e '
+      const fs = require("fs");
+      const [a, b] = [1, 2].map(i => JSON.parse(fs.readFileSync(process.argv[i])).logits);
+      const top = r => r.reduce((m, v, i) => (v > r[m] ? i : m), 0);
+      for (let p = 0; p < a.length; p++) {
+        const s = [...a[p]].sort((x, y) => y - x);
+        if (s[0] - s[1] > 2 * Number(process.argv[3]) && top(a[p]) !== top(b[p])) process.exit(1);
+      }
+    ' "$1" "$2" "$3"
+  }
   # Models whose 6 heads 2 and 3 ranks can share (the tiny shape, F32): with
   # experts of 48 hidden units (split in 2 and 3 strips) and of 32 (3 ranks
   # keep them whole).
@@ -326,7 +337,13 @@ tp)
     "$mpi" "$np" "$glm5" logits --model "$work/kq.gguf" --tp "$np" -t 1 --cache-type f32 \
       --tokens 5,9,17,33,65 --all >"$work/tp.json" 2>"$work/err" || { cat "$work/err"; fail "kq --tp $np"; }
     [[ $(grep -c "of every routed expert" "$work/err") == "$np" ]] || fail "kq: experts not split"
-    d=$(close "$work/one.json" "$work/tp.json" 1e-4) || fail "kq --tp $np: logits differ by $d"
+    # Quantized activations round every value to an integer level, and a rank-order sum
+    # differs from one process's in the last bits, so a value can cross a rounding
+    # boundary: a step of order 1e-2 in the logits (0.0127 seen with the VNNI kernels),
+    # not a drift. A misplaced strip moves them by whole units; greedy must hold wherever
+    # the top-2 margin exceeds twice the difference.
+    d=$(close "$work/one.json" "$work/tp.json" 0.05) || fail "kq --tp $np: logits differ by $d"
+    argmax_agree "$work/one.json" "$work/tp.json" "$d" || fail "kq --tp $np: greedy differs"
     echo "Q4_K_M --tp $np (experts in 256-value strips): logits within $d of one process's"
   done
   # Each rank reads its share of the heads and the replicated rest.
