@@ -152,7 +152,7 @@ int register_all() {
         benchmark::RegisterBenchmark(nm.c_str(), BM_Gemm, t, k, n, rows);
     };
     for (Type t : {Type::Q4_K, Type::Q6_K}) {
-        for (int64_t n : {1, 2, 4, 8, 16, 32, 64})
+        for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 256})
             for (Kernel k : {Kernel::Repack, Kernel::Multi, Kernel::Single}) {
                 if (k == Kernel::Multi && n == 1) continue;
                 add(t, k, n, 256);

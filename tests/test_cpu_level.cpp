@@ -25,6 +25,8 @@ TEST(CpuLevel, NamesMapToLevelsAndRefuseWhatCannotBeHonoured) {
     EXPECT_EQ(cpu_level_for("avx2", CpuLevel::Vnni), CpuLevel::Avx2);
     EXPECT_EQ(cpu_level_for("avx512", CpuLevel::Vnni), CpuLevel::Avx512);
     EXPECT_EQ(cpu_level_for("vnni", CpuLevel::Vnni), CpuLevel::Vnni);
+    EXPECT_EQ(cpu_level_for("vnni", CpuLevel::Amx), CpuLevel::Vnni);
+    EXPECT_EQ(cpu_level_for("amx", CpuLevel::Amx), CpuLevel::Amx);
     auto refused = [](const char* name, CpuLevel detected, const std::string& says) {
         try {
             cpu_level_for(name, detected);
@@ -36,7 +38,7 @@ TEST(CpuLevel, NamesMapToLevelsAndRefuseWhatCannotBeHonoured) {
     refused("vnni", CpuLevel::Avx2, "does not have it (it has avx2)");
     refused("avx512", CpuLevel::Avx2, "does not have it");
     refused("avx2", CpuLevel::Scalar, "does not have it (it has scalar)");
-    refused("amx", CpuLevel::Vnni, "no AMX kernels");
+    refused("amx", CpuLevel::Vnni, "does not have it (it has vnni)");
     refused("AVX2", CpuLevel::Vnni, "unknown kernel level");
     refused("sse4", CpuLevel::Vnni, "unknown kernel level");
 }
@@ -49,6 +51,7 @@ TEST(CpuLevel, TheLevelInForceDispatchesNothingAboveIt) {
     ASSERT_EQ(cpu_level(), want);
     EXPECT_EQ(cpu_has_avx2(), want >= CpuLevel::Avx2);
     EXPECT_EQ(cpu_has_avx512(), want >= CpuLevel::Vnni);
+    EXPECT_EQ(cpu_has_amx(), want >= CpuLevel::Amx);
     // Each format's dot: the scalar reference below AVX2, the AVX2 kernel up to
     // the VNNI level, the AVX-512 one from there.
     for (Type t : {Type::Q4_K, Type::Q6_K, Type::Q8_0, Type::IQ2_XXS}) {
@@ -66,18 +69,21 @@ TEST(CpuLevel, TheLevelInForceDispatchesNothingAboveIt) {
                                                              : nullptr;
         EXPECT_EQ(vec_dot_multi_fn(t), multi) << name(t);
     }
-    // The repacked GEMM is an AVX-512 VNNI kernel.
+    // The repacked GEMM is an AVX-512 VNNI kernel, many tokens of it AMX ones.
     EXPECT_EQ(repack_rows(Type::Q4_K) != 0, want >= CpuLevel::Vnni);
+    EXPECT_EQ(amx_gemm(Type::Q4_K, 256), want >= CpuLevel::Amx);
 }
 
 TEST(CpuLevel, TheCliRefusesWhatCannotBeHonouredWithExitCode2) {
-    for (const std::string bad : {"sse4", "amx"}) {
+    for (const std::string bad : {"sse4", "AMX"}) {
         const auto t = glm5::test::run_glm5("tokenize --help", "", "GLM5_CPU=" + bad);
         EXPECT_EQ(t.code, 2) << bad << ": " << t.err;
         EXPECT_NE(t.err.find("GLM5_CPU=" + bad), std::string::npos) << t.err;
     }
-    if (cpu_detected_level() < CpuLevel::Vnni) {
-        const auto t = glm5::test::run_glm5("tokenize --help", "", "GLM5_CPU=vnni");
+    for (CpuLevel l : {CpuLevel::Vnni, CpuLevel::Amx}) {
+        if (cpu_detected_level() >= l) continue;
+        const auto t = glm5::test::run_glm5("tokenize --help", "",
+                                            std::string("GLM5_CPU=") + cpu_level_name(l));
         EXPECT_EQ(t.code, 2) << t.err;
         EXPECT_NE(t.err.find("does not have it"), std::string::npos) << t.err;
     }

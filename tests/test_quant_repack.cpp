@@ -218,6 +218,10 @@ void check_gemm(Type t, int64_t cols, int64_t rows, int64_t n_tok, bool raw, uin
 
 TEST(QuantRepack, GemmBitIdenticalToSingleRowKernel) {
     ASSERT_EQ(repack_supported(Type::Q4_K, 256), cpu_has_avx512());
+    // The tile unit takes the K-quants' many-token products exactly at the AMX level.
+    for (Type t : {Type::Q4_K, Type::Q6_K, Type::Q8_0})
+        EXPECT_EQ(amx_gemm(t, 64), t != Type::Q8_0 && cpu_level() >= CpuLevel::Amx) << name(t);
+    EXPECT_FALSE(amx_gemm(Type::Q4_K, 1));
     if (!cpu_has_avx512()) return;  // nothing to run: checked above that none is offered
     uint32_t seed = 1;
     for (Type t : kTypes) {
@@ -233,6 +237,11 @@ TEST(QuantRepack, GemmBitIdenticalToSingleRowKernel) {
                 check_gemm(t, cols, 32, n_tok, true, seed++);
             }
         check_gemm(t, 6 * u, 16, 5, false, seed++);
+        // Prefill's token counts: on the AMX tile unit at that level (pairs of
+        // 16-token tiles, a last tile alone, zero padding).
+        if (!is_legacy(t))
+            for (int64_t n_tok : {8, 31, 40, 100, 300})
+                check_gemm(t, 3 * u, 32, n_tok, (n_tok & 1) == 0, seed++);
         // Enough groups for the few-token kernels that read several side by
         // side (9 groups: two runs of four, one group alone, then a tail);
         // the legacy ones only on rows of 16 blocks or more.

@@ -35,16 +35,18 @@ const FormatOps* iquant_ops(Type t);
 // Runtime CPU features (checked once), at the level cpu_level() allows.
 bool cpu_has_avx2();    // AVX2 + FMA + F16C
 bool cpu_has_avx512();  // AVX-512 F/BW/VL/DQ/VNNI
+bool cpu_has_amx();     // and AMX-TILE/INT8, AVX-512 VBMI, the tile state granted by the OS
 
 // Kernel levels, each including the ones below. Every AVX-512 kernel here also
 // uses VNNI, so the Avx512 level (F/BW/VL/DQ without VNNI) runs the AVX2 ones.
-enum class CpuLevel { Scalar, Avx2, Avx512, Vnni };
-const char* cpu_level_name(CpuLevel l);  // "scalar", "avx2", "avx512", "vnni"
+// Amx adds the tile GEMM of the repacked K-quants (many tokens).
+enum class CpuLevel { Scalar, Avx2, Avx512, Vnni, Amx };
+const char* cpu_level_name(CpuLevel l);  // "scalar", "avx2", "avx512", "vnni", "amx"
 CpuLevel cpu_detected_level();           // what this CPU has
 // The level kernels are picked at: the CPU's, or the one GLM5_CPU names
-// (scalar | avx2 | avx512 | vnni), which dispatches nothing above it. Throws
-// glm5::Error when GLM5_CPU names an unknown level, "amx" (no AMX kernels
-// exist yet) or a level this CPU lacks.
+// (scalar | avx2 | avx512 | vnni | amx), which dispatches nothing above it.
+// Throws glm5::Error when GLM5_CPU names an unknown level or one this CPU
+// lacks.
 CpuLevel cpu_level();
 // cpu_level()'s rule for a GLM5_CPU value (null or empty: not set).
 CpuLevel cpu_level_for(const char* requested, CpuLevel detected);

@@ -1,6 +1,8 @@
 #include "quant/quant.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -36,6 +38,22 @@ static bool cpu_has_f16c() {
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
 }
 
+// AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25) and AVX-512 VBMI
+// (ECX bit 1), which the AMX kernels also use.
+static bool cpu_has_amx_int8() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 24)) && (d & (1u << 25)) &&
+           (c & (1u << 1));
+}
+
+// Linux hands out the tile registers' state only on request
+// (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); without it the first tile
+// instruction kills the process.
+static bool amx_granted() {
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+}
+
 CpuLevel cpu_detected_level() {
     static const CpuLevel v = [] {
         if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()))
@@ -43,7 +61,8 @@ CpuLevel cpu_detected_level() {
         if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")))
             return CpuLevel::Avx2;
-        return __builtin_cpu_supports("avx512vnni") ? CpuLevel::Vnni : CpuLevel::Avx512;
+        if (!__builtin_cpu_supports("avx512vnni")) return CpuLevel::Avx512;
+        return cpu_has_amx_int8() && amx_granted() ? CpuLevel::Amx : CpuLevel::Vnni;
     }();
     return v;
 }
@@ -58,6 +77,8 @@ const char* cpu_level_name(CpuLevel l) {
             return "avx512";
         case CpuLevel::Vnni:
             return "vnni";
+        case CpuLevel::Amx:
+            return "amx";
     }
     return "?";
 }
@@ -65,18 +86,15 @@ const char* cpu_level_name(CpuLevel l) {
 CpuLevel cpu_level_for(const char* requested, CpuLevel detected) {
     if (!requested || !*requested) return detected;
     const std::string r = requested;
-    if (r == "amx")
-        throw Error(
-            "GLM5_CPU=amx: this build has no AMX kernels (levels: scalar, avx2, avx512, "
-            "vnni)");
-    for (CpuLevel l : {CpuLevel::Scalar, CpuLevel::Avx2, CpuLevel::Avx512, CpuLevel::Vnni}) {
+    for (CpuLevel l :
+         {CpuLevel::Scalar, CpuLevel::Avx2, CpuLevel::Avx512, CpuLevel::Vnni, CpuLevel::Amx}) {
         if (r != cpu_level_name(l)) continue;
         if (l > detected)
             throw Error("GLM5_CPU=" + r + ": this CPU does not have it (it has " +
                         cpu_level_name(detected) + ")");
         return l;
     }
-    throw Error("GLM5_CPU=" + r + ": unknown kernel level (scalar, avx2, avx512, vnni)");
+    throw Error("GLM5_CPU=" + r + ": unknown kernel level (scalar, avx2, avx512, vnni, amx)");
 }
 
 CpuLevel cpu_level() {
@@ -90,6 +108,10 @@ bool cpu_has_avx2() {
 
 bool cpu_has_avx512() {
     return cpu_level() >= CpuLevel::Vnni;
+}
+
+bool cpu_has_amx() {
+    return cpu_level() >= CpuLevel::Amx;
 }
 
 void dequantize_row(Type t, const void* src, float* dst, int64_t n) {

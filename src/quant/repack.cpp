@@ -283,6 +283,15 @@ void unrepack(Type t, const void* packed, void* dst_rows, int64_t cols, int64_t 
         repacked_row(t, packed, cols, rows, r, static_cast<uint8_t*>(dst_rows) + size_t(r) * rb);
 }
 
+bool amx_gemm(Type t, int64_t n_tok) {
+    if (!cpu_has_amx()) return false;
+    // Below these token counts (measured) expanding a group's weight bytes into tiles
+    // costs more than the tile products save (bench/bench_gemm.cpp).
+    if (t == Type::Q4_K) return n_tok >= 16;
+    if (t == Type::Q6_K) return n_tok >= 32;
+    return false;
+}
+
 void gemm_repacked_rows(Type t, int64_t cols, const void* groups, int64_t n_groups,
                         const void* const* act_rows, int64_t n_tok, float* const* y_rows) {
     if (!repack_supported(t, cols))
@@ -293,12 +302,14 @@ void gemm_repacked_rows(Type t, int64_t cols, const void* groups, int64_t n_grou
     const auto* const* acts_q8_0 = reinterpret_cast<const BlockQ8_0* const*>(act_rows);
     switch (t) {
         case Type::Q4_K:
-            repacked::gemm_q4_K_avx512(cols / QK_K, static_cast<const Q4KGroupBlock*>(groups),
-                                       n_groups, acts, n_tok, y_rows);
+            (amx_gemm(t, n_tok) ? repacked::gemm_q4_K_amx : repacked::gemm_q4_K_avx512)(
+                cols / QK_K, static_cast<const Q4KGroupBlock*>(groups), n_groups, acts, n_tok,
+                y_rows);
             break;
         case Type::Q6_K:
-            repacked::gemm_q6_K_avx512(cols / QK_K, static_cast<const Q6KGroupBlock*>(groups),
-                                       n_groups, acts, n_tok, y_rows);
+            (amx_gemm(t, n_tok) ? repacked::gemm_q6_K_amx : repacked::gemm_q6_K_avx512)(
+                cols / QK_K, static_cast<const Q6KGroupBlock*>(groups), n_groups, acts, n_tok,
+                y_rows);
             break;
         case Type::Q8_0:
             repacked::gemm_q8_0_avx512(cols / QK, groups, n_groups, acts_q8_0, n_tok, y_rows);
@@ -311,8 +322,10 @@ void gemm_repacked_rows(Type t, int64_t cols, const void* groups, int64_t n_grou
 
 void gemm_repacked(Type t, int64_t cols, const void* groups, int64_t n_groups, const void* act,
                    size_t act_stride, int64_t n_tok, float* y, size_t y_tok_stride) {
-    // Pointers per token tile, so long token ranges need no allocation.
-    constexpr int64_t kChunk = 64;
+    // Pointers per token tile, so long token ranges need no allocation. The
+    // AMX kernels expand each weight block once per call: the more tokens a
+    // call takes, the fewer times.
+    constexpr int64_t kChunk = 256;
     const void* a[kChunk];
     float* o[kChunk];
     for (int64_t t0 = 0; t0 < n_tok; t0 += kChunk) {

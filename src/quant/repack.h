@@ -86,9 +86,16 @@ void unrepack(Type t, const void* packed, void* dst_rows, int64_t cols, int64_t 
 // up to 8 for Q6_K; Q5_0 / Q8_0: up to 64
 // tokens, one pass over the group per token). For large products, call it on
 // blocks that fit the L2 cache together (e.g. 64 tokens x 4-16 groups) and
-// spread such blocks over threads.
+// spread such blocks over threads. At the AMX level, Q4_K and Q6_K products
+// where amx_gemm(t, n_tok) holds run on the tile unit instead (the same
+// bits): groups outside, each block expanded once into tiles for every token
+// of the call (up to 256 at a time).
 void gemm_repacked(Type t, int64_t cols, const void* groups, int64_t n_groups, const void* act,
                    size_t act_stride, int64_t n_tok, float* y, size_t y_tok_stride);
+
+// True when a product of n_tok tokens on a repacked t matrix runs on the AMX
+// tile unit (only at the AMX level, for Q4_K and Q6_K).
+bool amx_gemm(Type t, int64_t n_tok);
 
 // The same with one pointer per token for the activation row and for the
 // output row (y_rows[t][i] for i in [0, R * n_groups)): for gathered tokens,

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "quant/repack_finish.h"
 #include "quant/repack_kernels.h"
 
 namespace glm5::quant::repacked {
@@ -50,11 +51,6 @@ int64_t side_by_side(int64_t n, F f) {
         f(static_cast<const int64_t*>(gs));
     }
     return kStreams * q;
-}
-
-inline __m512 unfused(__m512 v) {
-    asm("" : "+v"(v));
-    return v;
 }
 
 inline __m512i load(const void* p) {
@@ -111,20 +107,6 @@ inline void dp_next(__m512i& s, __m512i w, const int8_t* q) {
         : "v"(w), "m"(*reinterpret_cast<const int32_t*>(q)));
 }
 
-// sum = sum + (dx*dy * isum - mx*dy * summs) in 16 lanes, as the reference.
-inline __m512 finish(__m512 sum, __m512 dx, __m512 mx, float dy, __m512i isum, __m512i summs) {
-    const __m512 d = _mm512_set1_ps(dy);
-    const __m512 p1 = unfused(_mm512_mul_ps(_mm512_mul_ps(dx, d), _mm512_cvtepi32_ps(isum)));
-    const __m512 p2 = unfused(_mm512_mul_ps(_mm512_mul_ps(mx, d), _mm512_cvtepi32_ps(summs)));
-    return _mm512_add_ps(sum, _mm512_sub_ps(p1, p2));
-}
-
-inline __m512 finish(__m512 sum, __m512 dx, float dy, __m512i isum) {
-    const __m512 p =
-        unfused(_mm512_mul_ps(_mm512_mul_ps(dx, _mm512_set1_ps(dy)), _mm512_cvtepi32_ps(isum)));
-    return _mm512_add_ps(sum, p);
-}
-
 // ---------------------------------------------------------------- activations
 // A tile of up to kTile tokens is copied once per call into one buffer per
 // super-block, so the kernels address every token's bytes from one base
@@ -148,12 +130,7 @@ void load_tile(const BlockQ8_K* const* acts, int64_t nt, int64_t nb, ActBlock* o
             std::memcpy(a.qs[t], y.qs, QK_K);
             a.d[t] = y.d;
             std::memcpy(a.bsums[t], y.bsums, sizeof y.bsums);
-            const __m256i v =
-                _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums)),
-                                  _mm256_set1_epi16(1));
-            const __m256i p = _mm256_packs_epi32(v, v);  // |B| <= 32 * 127: no saturation
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(a.pairs[t]),
-                             _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08)));
+            q4k_pairs(y, a.pairs[t]);
         }
 }
 
@@ -246,24 +223,15 @@ void q4k_tile(int64_t nb, const Q4KGroupBlock* const* gb, const ActBlock* ab, fl
                 for (int t = 0; t < T; ++t)
                     isum[s][t] = _mm512_add_epi32(isum[s][t], isum[s][T + t]);
             __m512i mp[4];
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; ++i)
-                mp[i] = _mm512_cvtepu8_epi16(
-                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.mins[i])));
+            q4k_mins(g, mp);
             const __m512 dx =
                 _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.d)));
             const __m512 mx =
                 _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.dmin)));
-            const __m512i zero = _mm512_setzero_si512();
 #pragma GCC unroll 16
-            for (int t = 0; t < T; ++t) {
-                __m512i sm = _mm512_dpwssd_epi32(zero, mp[0], _mm512_set1_epi32(a.pairs[t][0]));
-                sm = _mm512_dpwssd_epi32(sm, mp[1], _mm512_set1_epi32(a.pairs[t][1]));
-                sm = _mm512_dpwssd_epi32(sm, mp[2], _mm512_set1_epi32(a.pairs[t][2]));
-                sm = _mm512_dpwssd_epi32(sm, mp[3], _mm512_set1_epi32(a.pairs[t][3]));
+            for (int t = 0; t < T; ++t)
                 _mm512_store_ps(acc[s].v[t], finish(_mm512_load_ps(acc[s].v[t]), dx, mx, a.d[t],
-                                                    isum[s][t], sm));
-            }
+                                                    isum[s][t], q4k_summs(mp, a.pairs[t])));
         }
     }
 #pragma GCC unroll 4

@@ -89,6 +89,12 @@ void gemm_q4_K_avx512(int64_t nb, const Q4KGroupBlock* groups, int64_t n_groups,
                       const BlockQ8_K* const* acts, int64_t n_tok, float* const* y_rows);
 void gemm_q6_K_avx512(int64_t nb, const Q6KGroupBlock* groups, int64_t n_groups,
                       const BlockQ8_K* const* acts, int64_t n_tok, float* const* y_rows);
+// The same outputs, bit for bit, on the AMX tile unit (repack_amx.cpp): for
+// many tokens; the caller checks cpu_has_amx().
+void gemm_q4_K_amx(int64_t nb, const Q4KGroupBlock* groups, int64_t n_groups,
+                   const BlockQ8_K* const* acts, int64_t n_tok, float* const* y_rows);
+void gemm_q6_K_amx(int64_t nb, const Q6KGroupBlock* groups, int64_t n_groups,
+                   const BlockQ8_K* const* acts, int64_t n_tok, float* const* y_rows);
 // nb: 32-value blocks per row; acts[t] are Q8_0 rows of nb blocks; a group is
 // nb / 2 pairs then nb % 2 single blocks.
 void gemm_q8_0_avx512(int64_t nb, const void* groups, int64_t n_groups,

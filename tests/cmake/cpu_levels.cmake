@@ -15,6 +15,10 @@ if(glm5_cpu_flags MATCHES " avx2 " AND glm5_cpu_flags MATCHES " fma " AND glm5_c
     list(APPEND glm5_levels avx2)
     if(glm5_cpu_flags MATCHES " avx512_vnni ")
       list(APPEND glm5_levels avx512)
+      if(glm5_cpu_flags MATCHES " amx_int8 " AND glm5_cpu_flags MATCHES " amx_tile " AND
+         glm5_cpu_flags MATCHES " avx512vbmi ")
+        list(APPEND glm5_levels vnni)
+      endif()
     endif()
   endif()
 endif()
@@ -26,6 +30,10 @@ foreach(level ${glm5_levels})
     list(APPEND bins test_quant_iq_simd)
   endif()
   list(APPEND bins test_quant_multi)
+  # Below an AMX host's own level: the VNNI GEMM the tile kernels stand in for.
+  if(level STREQUAL "vnni")
+    list(APPEND bins test_quant_repack)
+  endif()
   foreach(bin ${bins})
     add_test(NAME cpu_${level}.${bin} COMMAND ${bin})
     set_tests_properties(cpu_${level}.${bin} PROPERTIES
