@@ -8,7 +8,9 @@
 //   gemm/<TYPE>/single/t<N>    : vec_dot_fn per (row, token): the baseline
 //   gemm/<TYPE>/<kernel>/stream/t1 : the GEMV over a 256 MiB matrix (memory bound)
 //   gemm/<TYPE>/repack16/stream/t<N> : N = 2, 4, 8 tokens over the same matrix
-//                                (batched decode: still one pass over DRAM)
+//                                (batched decode: still one pass over DRAM); Q4_K
+//                                and Q6_K also 64 and 256 tokens over a 64 MiB one
+//                                (prefill's products)
 //
 // Shapes: rows of 2048 values (Q5_0 and IQ4_NL: 192, the attn_k_b rows), a
 // 256-row matrix (Q5_0 t512: 512 rows, one attn_k_b head in prefill).
@@ -177,6 +179,12 @@ int register_all() {
         const int64_t big = (int64_t(256) << 20) / int64_t(row_size(t, cols_of(t))) / 16 * 16;
         for (Kernel k : {Kernel::Repack, Kernel::Single}) add(t, k, 1, big, "/stream");
         for (int64_t n : {2, 4, 8}) add(t, Kernel::Repack, n, big, "/stream");
+    }
+    // Prefill's products over weights read from DRAM (an expert's ~64 tokens,
+    // a dense matrix's 256 at a time): a 64 MiB matrix.
+    for (Type t : {Type::Q4_K, Type::Q6_K}) {
+        const int64_t big = (int64_t(64) << 20) / int64_t(row_size(t, cols_of(t))) / 16 * 16;
+        for (int64_t n : {64, 256}) add(t, Kernel::Repack, n, big, "/stream");
     }
     return 0;
 }

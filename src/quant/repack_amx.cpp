@@ -13,8 +13,8 @@
 // 2^27), finished per block by the same float operations (repack_finish.h),
 // so every output has the bits of the single-row kernel. The weight bytes of
 // one group block are expanded once into tile rows and used by every token
-// tile of the call; the activations are read in place, 16 tokens to a tile
-// (zero rows pad a copy of the last one).
+// tile of the call; the activations are copied once per call into aligned
+// tiles of 16 tokens (zero rows pad the last one).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -54,57 +54,42 @@ void configure_tiles() {
     _tile_loadconfig(&c);
 }
 
-// The call's activations. Whole tiles of 16 tokens are read in place when the
-// tokens' rows lie at one stride (a matrix of activations, as prefill's
-// products and each expert's rows are): tile (b, t0) starts at block b of
-// token t0, its rows `stride` bytes apart. Otherwise, and for the last
-// tile's zero-padded rows, a copy: qs[b][t][256] of the copied tokens. The
-// scales, and for Q4_K the 32-value sums as q4k_summs takes them, per block
-// and token.
+// The call's activations, copied once per call into 64-byte aligned tiles
+// (a tile row split over two cache lines made each tile load several times
+// slower; Q8_K's values start 4 bytes into a 292-byte block, so they cannot
+// be read in place): qs[b][t][256] for the tokens padded to whole tiles
+// (padding all zero). The scales, and for Q4_K the 32-value sums as
+// q4k_summs takes them, per block and token.
+struct alignas(64) Line {
+    int8_t v[64];
+};
+
 struct Acts {
-    int64_t n_tok = 0, tpad = 0, direct = 0;  // tokens [0, direct) read in place
-    const int8_t* base = nullptr;
-    int64_t stride = 0;
-    std::vector<int8_t> copy;  // tokens [direct, tpad): [b][t - direct][256]
+    int64_t n_tok = 0, tpad = 0;
+    std::vector<Line> qs;
     std::vector<float> d;
     std::vector<std::array<int32_t, 4>> pairs;
-    // Tile (b, t0)'s first row and the distance between its rows.
-    const int8_t* tile(int64_t b, int64_t t0, int64_t& row_stride) const {
-        if (t0 < direct) {
-            row_stride = stride;
-            return base + t0 * stride + b * int64_t(sizeof(BlockQ8_K));
-        }
-        row_stride = QK_K;
-        return copy.data() + size_t(b * (tpad - direct) + (t0 - direct)) * QK_K;
+    // Tile (b, t0)'s first row; rows are QK_K bytes apart.
+    const int8_t* tile(int64_t b, int64_t t0) const {
+        return qs[size_t(b * tpad + t0) * (QK_K / 64)].v;
     }
 };
 
 void load_acts(const BlockQ8_K* const* acts, int64_t n_tok, int64_t nb, bool pairs, Acts& a) {
     a.n_tok = n_tok;
     a.tpad = (n_tok + kTok - 1) / kTok * kTok;
-    const auto* p0 = reinterpret_cast<const uint8_t*>(acts[0]);
-    const int64_t stride = n_tok > 1 ? reinterpret_cast<const uint8_t*>(acts[1]) - p0 : 0;
-    bool even = stride > 0;
-    for (int64_t t = 2; even && t < n_tok; ++t)
-        even = reinterpret_cast<const uint8_t*>(acts[t]) == p0 + t * stride;
-    a.direct = even ? n_tok / kTok * kTok : 0;
-    a.base = reinterpret_cast<const int8_t*>(acts[0]->qs);
-    a.stride = stride;
-    const int64_t copied = a.tpad - a.direct;
-    a.copy.resize(size_t(nb * copied) * QK_K);
-    for (int64_t b = 0; b < nb; ++b)
-        for (int64_t t = a.direct; t < a.tpad; ++t) {
-            int8_t* q = a.copy.data() + size_t(b * copied + (t - a.direct)) * QK_K;
-            if (t < n_tok)
-                std::memcpy(q, acts[t][b].qs, QK_K);
-            else
-                std::memset(q, 0, QK_K);
-        }
+    a.qs.resize(size_t(nb * a.tpad) * (QK_K / 64));
     a.d.resize(size_t(nb * n_tok));
     if (pairs) a.pairs.resize(size_t(nb * n_tok));
     for (int64_t b = 0; b < nb; ++b)
-        for (int64_t t = 0; t < n_tok; ++t) {
+        for (int64_t t = 0; t < a.tpad; ++t) {
+            auto* q = const_cast<int8_t*>(a.tile(b, t));
+            if (t >= n_tok) {
+                std::memset(q, 0, QK_K);
+                continue;
+            }
             const BlockQ8_K& y = acts[t][b];
+            std::memcpy(q, y.qs, QK_K);
             a.d[size_t(b * n_tok + t)] = y.d;
             if (pairs) q4k_pairs(y, a.pairs[size_t(b * n_tok + t)].data());
         }
@@ -166,8 +151,7 @@ void q4k_expand(const Q4KGroupBlock& g, Q4KTiles& out) {
 // Integer sums of NT token tiles (a: the first one's bytes of this block,
 // tiles QK_K * kTok bytes apart) against one expanded block: c[i][lo/hi].
 template <int NT>
-inline void q4k_products(const Q4KTiles& w, const int8_t* a, int64_t as, const int8_t* a2,
-                         int64_t as2, int32_t (*c)[2][kTok * kRows]) {
+inline void q4k_products(const Q4KTiles& w, const int8_t* a, int32_t (*c)[2][kTok * kRows]) {
     _tile_zero(0);
     _tile_zero(1);
     if constexpr (NT == 2) {
@@ -176,8 +160,8 @@ inline void q4k_products(const Q4KTiles& w, const int8_t* a, int64_t as, const i
     }
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
-        _tile_loadd(4, a + kBytes * k, as);
-        if constexpr (NT == 2) _tile_loadd(5, a2 + kBytes * k, as2);
+        _tile_loadd(4, a + kBytes * k, QK_K);
+        if constexpr (NT == 2) _tile_loadd(5, a + kTok * QK_K + kBytes * k, QK_K);
         _tile_loadd(6, w.b[k][0], kBytes);
         _tile_loadd(7, w.b[k][1], kBytes);
         _tile_dpbssd(0, 4, 6);
@@ -290,14 +274,13 @@ void q6k_expand(const Q6KGroupBlock& g, Q6KTiles& out) {
     }
 }
 
-inline void q6k_products(const Q6KTiles& w, const int8_t* a, int64_t as,
-                         int32_t (*c)[kTok * kRows]) {
+inline void q6k_products(const Q6KTiles& w, const int8_t* a, int32_t (*c)[kTok * kRows]) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
 #pragma GCC unroll 4
     for (int m = 0; m < 4; ++m) {
-        _tile_loadd(3, a + kBytes * m, as);
+        _tile_loadd(3, a + kBytes * m, QK_K);
         _tile_loadd(4, w.b[m][0], kBytes);
         _tile_loadd(5, w.b[m][1], kBytes);
         _tile_loadd(6, w.b[m][2], kBytes);
@@ -340,17 +323,13 @@ void gemm_q4_K_amx(int64_t nb, const Q4KGroupBlock* groups, int64_t n_groups,
                 _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.d)));
             const __m512 mx =
                 _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.dmin)));
-            // Pairs of tiles share the weight tiles' loads; a pair never
-            // straddles the in-place tiles and the copied one.
+            // Pairs of tiles share the weight tiles' loads.
             for (int64_t t0 = 0; t0 < a.tpad;) {
-                int64_t s0 = 0, s1 = 0;
-                const int8_t* p0 = a.tile(b, t0, s0);
-                const bool two = t0 + kTok < a.tpad && (t0 + kTok < a.direct || t0 >= a.direct);
-                const int8_t* p1 = two ? a.tile(b, t0 + kTok, s1) : nullptr;
+                const bool two = t0 + kTok < a.tpad;
                 if (two)
-                    q4k_products<2>(w, p0, s0, p1, s1, c);
+                    q4k_products<2>(w, a.tile(b, t0), c);
                 else
-                    q4k_products<1>(w, p0, s0, nullptr, 0, c);
+                    q4k_products<1>(w, a.tile(b, t0), c);
                 const int64_t t1 = std::min<int64_t>(n_tok, t0 + (two ? 2 : 1) * kTok);
                 for (int64_t t = t0; t < t1; ++t) {
                     const int i = int(t - t0) / kTok, r = int(t - t0) % kTok;
@@ -387,9 +366,7 @@ void gemm_q6_K_amx(int64_t nb, const Q6KGroupBlock* groups, int64_t n_groups,
             const __m512 dx =
                 _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.d)));
             for (int64_t t0 = 0; t0 < a.tpad; t0 += kTok) {
-                int64_t as = 0;
-                const int8_t* p = a.tile(b, t0, as);
-                q6k_products(w, p, as, c);
+                q6k_products(w, a.tile(b, t0), c);
                 const int64_t t1 = std::min<int64_t>(n_tok, t0 + kTok);
                 for (int64_t t = t0; t < t1; ++t) {
                     const int r = int(t - t0);
