@@ -132,8 +132,9 @@ int cmd_make_model(int argc, char** argv) {
              "proportions, reading about as many weight bytes per decoded token as glm-dsa "
              "bench); mmproj: tiny | flash");
     a.option("arch", "NAME", "glm-dsa",
-             "glm-dsa | glm5next (GLM-5.3-Flash: presets tiny and bench; the dimension flags "
-             "and --indexer-types apply to glm-dsa) | mmproj (a glm5next vision tower: preset "
+             "glm-dsa | glm5next (GLM-5.3-Flash: presets tiny and bench; of the dimension "
+             "flags --n-head (KDA and MLA heads) and --n-ff-exp apply to it, the others and "
+             "--indexer-types to glm-dsa only) | mmproj (a glm5next vision tower: preset "
              "tiny, the fixture's shape in F32, or flash, GLM-5.3-Flash's in BF16; --type F32, "
              "F16 or BF16 sets the matrices)");
     a.option("type", "T", "preset's: F32 tiny, F16 small, Q4_K_M bench",
@@ -191,13 +192,21 @@ int cmd_make_model(int argc, char** argv) {
     }
     const bool with_nextn = a.get_flag("nextn");
     if (next) {
+        // glm5next takes the head count (KDA and MLA alike) and the expert
+        // width: the shapes tensor parallelism splits.
         for (const auto& d : kDims)
-            if (a.is_set(d.flag))
-                throw UsageError("--" + std::string(d.flag) + " applies to --arch glm-dsa only");
+            if (a.is_set(d.flag) && d.field != &GlmDsaHParams::n_head &&
+                d.field != &GlmDsaHParams::n_ff_exp)
+                throw UsageError("--" + std::string(d.flag) +
+                                 " applies to --arch glm-dsa only (glm5next takes --n-head and "
+                                 "--n-ff-exp)");
         if (a.is_set("indexer-types"))
             throw UsageError("--indexer-types applies to --arch glm-dsa only");
         o.arch = gen::Arch::Glm5Next;
         o.glm5next = gen::Glm5NextHParams::preset(o.preset);
+        if (a.is_set("n-head"))
+            o.glm5next.kda_heads = o.glm5next.mla_heads = a.get_int("n-head", 1, int64_t(1) << 16);
+        if (a.is_set("n-ff-exp")) o.glm5next.n_ff_exp = a.get_int("n-ff-exp", 1, int64_t(1) << 24);
         o.glm5next.n_nextn = with_nextn ? 1 : 0;
     } else {
         o.glm_dsa = GlmDsaHParams::preset(o.preset);

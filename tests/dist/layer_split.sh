@@ -300,12 +300,16 @@ tp)
   "$glm5" make-model --quiet --n-head 6 --n-ff-exp 48 -o "$work/h6.gguf" >/dev/null ||
     fail "make-model"
   "$glm5" make-model --quiet --n-head 6 -o "$work/h6w.gguf" >/dev/null || fail "make-model"
-  for m in "$work/h6.gguf" "$src/models/kjv-mini.gguf" "$work/h6w.gguf" "$data/glm5next/tiny.gguf"; do
+  # glm5next with 6 KDA and MLA heads and experts of 48 hidden units: 3 ranks too.
+  "$glm5" make-model --quiet --arch glm5next --n-head 6 --n-ff-exp 48 -o "$work/g6.gguf" \
+    >/dev/null || fail "make-model glm5next"
+  for m in "$work/h6.gguf" "$src/models/kjv-mini.gguf" "$work/h6w.gguf" "$data/glm5next/tiny.gguf" \
+    "$work/g6.gguf"; do
     toks=5,9,17,33,65,129,257,3,7,11
     "$glm5" logits --model "$m" -t 1 --cache-type f32 --tokens $toks --all >"$work/one.json" \
       2>/dev/null || fail "$m: one process"
     nps="2 3"
-    [[ $m == *kjv* || $m == *glm5next* ]] && nps=2  # 4 heads
+    [[ $m == *kjv* || $m == *glm5next/tiny* ]] && nps=2  # 4 heads
     [[ $m == *h6w* ]] && nps=3
     for np in $nps; do
       "$mpi" "$np" "$glm5" logits --model "$m" --tp "$np" -t 1 --cache-type f32 --tokens $toks \
