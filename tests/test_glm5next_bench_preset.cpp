@@ -262,4 +262,23 @@ TEST(Glm5NextBenchPresetCli, DryRunUsesThePresetPooled) {
     EXPECT_NE(bad.err.find("tiny, bench"), std::string::npos) << bad.err;
 }
 
+// Of the dimension flags glm5next takes the heads (KDA and MLA) and the expert
+// width, the shapes tensor parallelism cuts; the others are refused.
+TEST(Glm5NextBenchPresetCli, HeadsAndExpertWidthOnly) {
+    const CliResult r = run_glm5("make-model --arch glm5next --n-head 6 --n-ff-exp 48 --dry-run");
+    ASSERT_EQ(r.code, 0) << r.err;
+    // Tiny's KDA projections (6 heads x 16) and decay per head, experts 48 wide.
+    auto has = [&](const std::string& name, const std::string& shape) {
+        const size_t at = r.out.find(name + " ");
+        return at != std::string::npos &&
+               r.out.compare(r.out.find('[', at), shape.size(), shape) == 0;
+    };
+    EXPECT_TRUE(has("blk.0.attn_q.weight", "[64, 96]")) << r.out;
+    EXPECT_TRUE(has("blk.0.ssm_a", "[1, 6]")) << r.out;
+    EXPECT_TRUE(has("blk.1.ffn_gate_exps.weight", "[64, 48, 16]")) << r.out;
+    const CliResult bad = run_glm5("make-model --arch glm5next --n-embd 128 --dry-run");
+    EXPECT_EQ(bad.code, 2);
+    EXPECT_NE(bad.err.find("glm5next takes --n-head and --n-ff-exp"), std::string::npos) << bad.err;
+}
+
 }  // namespace
