@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "core/thread_pool.h"
+#include "quant/ops.h"
 
 namespace glm5::app {
 
@@ -147,10 +148,10 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     if (info.has_nextn)
         blocks += m.model->can_draft() ? " +1 NextN/MTP draft block"
                                        : " (NextN block present but not loaded; --spec loads it)";
-    log_info("glm5: %s: %s, %s, %s of weights, vocab %lld, %s cache, %d threads\n",
+    log_info("glm5: %s: %s, %s, %s of weights, vocab %lld, %s cache, %d threads, %s kernels\n",
              info.name.c_str(), info.arch.c_str(), blocks.c_str(),
              human_bytes(double(info.weight_bytes)).c_str(), (long long)info.n_vocab, ct.c_str(),
-             m.backend->n_threads());
+             m.backend->n_threads(), quant::cpu_level_name(quant::cpu_level()));
     if (sp.type != runtime::DraftType::Off)
         log_info("glm5: speculative decoding: %s drafts, window up to %d%s\n",
                  runtime::draft_type_name(sp.type), sp.draft_max,
