@@ -302,6 +302,35 @@ TEST(AttentionSimd, IndexerDotsHaveTheBitsOfTheF32Dot) {
     }
 }
 
+// The KDA state passes (decay then read with the key; write then read with
+// the query) have the bits of the plain loops, every product and sum rounded
+// on its own, at this host's level: whole vectors, masked tails, widths the
+// AVX2 ones leave to the loops, in place and from another state.
+TEST(KdaSimd, DeltaPassesHaveTheBitsOfThePlainLoops) {
+    const cpu::SimdOps& sv = cpu::simd();
+    for (int64_t d : {16, 128, 200, 12, 1}) {
+        const auto src = f16_floats(size_t(d * d), 21);
+        const auto decay = f16_floats(size_t(d), 22);
+        const auto k = f16_floats(size_t(d), 23);
+        const auto u = f16_floats(size_t(d), 24);
+        const auto q = f16_floats(size_t(d), 25);
+        std::vector<float> s_want(src), s_got(src), a_want(static_cast<size_t>(d)),
+            a_got(static_cast<size_t>(d), 7.0f);
+        cpu::scalar::delta_decay(d, src.data(), decay.data(), k.data(), s_want.data(),
+                                 a_want.data());
+        sv.delta_decay(d, s_got.data(), decay.data(), k.data(), s_got.data(), a_got.data());
+        ASSERT_TRUE(same_bits(s_got.data(), s_want.data(), s_want.size())) << "decay, d " << d;
+        ASSERT_TRUE(same_bits(a_got.data(), a_want.data(), a_want.size())) << "decay, d " << d;
+        std::vector<float> other(size_t(d * d), -1.0f);
+        sv.delta_decay(d, src.data(), decay.data(), k.data(), other.data(), a_got.data());
+        ASSERT_TRUE(same_bits(other.data(), s_want.data(), s_want.size())) << "from src, d " << d;
+        cpu::scalar::delta_update(d, k.data(), u.data(), q.data(), s_want.data(), a_want.data());
+        sv.delta_update(d, k.data(), u.data(), q.data(), s_got.data(), a_got.data());
+        ASSERT_TRUE(same_bits(s_got.data(), s_want.data(), s_want.size())) << "update, d " << d;
+        ASSERT_TRUE(same_bits(a_got.data(), a_want.data(), a_want.size())) << "update, d " << d;
+    }
+}
+
 // Through the backend: each query's output is the same alone and batched
 // with others of different lengths (prefill against decode), with 2 threads.
 TEST(AttentionBackend, QueryOutputIndependentOfBatch) {

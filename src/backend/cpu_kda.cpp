@@ -4,6 +4,7 @@
 // arithmetic for a batch of one or of many, so prefill, chunked prefill and
 // decode agree bitwise.
 #include "backend/cpu_backend.h"
+#include "backend/cpu_simd.h"
 
 namespace glm5::backend::cpu {
 
@@ -87,6 +88,7 @@ void CpuBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t H,
     // cache across its tokens).
     cache_bytes_ += uint64_t(seqs.size()) * uint64_t(H * D * D) * sizeof(float);
     const int64_t HD = H * D;
+    const SimdOps& sv = simd();
     pool_.parallel_for(int64_t(seqs.size()) * H, 1, [&](int64_t b, int64_t e, int ith) {
         std::vector<float>& buf = per_thread_[size_t(ith)].acc;
         buf.resize(size_t(3 * D));
@@ -108,28 +110,11 @@ void CpuBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t H,
                 const float beta = s.beta[t * H + h];
                 for (int64_t i = 0; i < D; ++i) decay[i] = std::exp(g[i]);
                 // Decay the state, then read it with the key: acc = S^T k.
-                for (int64_t j = 0; j < D; ++j) acc[j] = 0.0f;
-                for (int64_t i = 0; i < D; ++i) {
-                    float* row = S + i * D;
-                    const float* src = Sr + i * D;
-                    const float di = decay[i], ki = k[i];
-                    for (int64_t j = 0; j < D; ++j) {
-                        row[j] = src[j] * di;
-                        acc[j] += row[j] * ki;
-                    }
-                }
+                sv.delta_decay(D, Sr, decay, k, S, acc);
                 // The write (beta-weighted prediction error), then the output
                 // read from the updated state: acc = S^T q.
                 for (int64_t j = 0; j < D; ++j) upd[j] = beta * (v[j] - acc[j]);
-                for (int64_t j = 0; j < D; ++j) acc[j] = 0.0f;
-                for (int64_t i = 0; i < D; ++i) {
-                    float* row = S + i * D;
-                    const float ki = k[i], qi = q[i];
-                    for (int64_t j = 0; j < D; ++j) {
-                        row[j] += ki * upd[j];
-                        acc[j] += row[j] * qi;
-                    }
-                }
+                sv.delta_update(D, k, upd, q, S, acc);
                 float* o = s.out + t * HD + h * D;
                 for (int64_t j = 0; j < D; ++j) o[j] = scale * acc[j];
             }

@@ -61,6 +61,33 @@ void softmax(float* x, int64_t n, bool round_f16) {
     for (int64_t j = 0; j < n; ++j) x[j] = round_f16 ? round_fp16(x[j] * inv) : x[j] * inv;
 }
 
+// Built without FMA: each product and sum is rounded on its own.
+void delta_decay(int64_t d, const float* src, const float* decay, const float* k, float* S,
+                 float* acc) {
+    for (int64_t j = 0; j < d; ++j) acc[j] = 0.0f;
+    for (int64_t i = 0; i < d; ++i) {
+        float* row = S + i * d;
+        const float* in = src + i * d;
+        const float di = decay[i], ki = k[i];
+        for (int64_t j = 0; j < d; ++j) {
+            row[j] = in[j] * di;
+            acc[j] += row[j] * ki;
+        }
+    }
+}
+
+void delta_update(int64_t d, const float* k, const float* u, const float* q, float* S, float* acc) {
+    for (int64_t j = 0; j < d; ++j) acc[j] = 0.0f;
+    for (int64_t i = 0; i < d; ++i) {
+        float* row = S + i * d;
+        const float ki = k[i], qi = q[i];
+        for (int64_t j = 0; j < d; ++j) {
+            row[j] += ki * u[j];
+            acc[j] += row[j] * qi;
+        }
+    }
+}
+
 }  // namespace scalar
 
 namespace {
@@ -116,16 +143,21 @@ SimdOps pick() {
                 weighted_sum_by_rows<scalar::axpy_f16>,
                 scalar::swiglu,
                 kernels::rms_norm_row,
-                dots_by_pairs};
-    SimdOps ops{avx2::axpy_f32,         avx2::axpy_f16,  avx2::f16_to_f32, avx2::dot_f32_f16,
-                avx2::f32_to_f16,       avx2::round_f16, avx2::scores_f16, scalar::softmax,
-                avx2::weighted_sum_f16, scalar::swiglu,  avx2::rms_norm,   dots_avx2};
+                dots_by_pairs,
+                scalar::delta_decay,
+                scalar::delta_update};
+    SimdOps ops{avx2::axpy_f32,         avx2::axpy_f16,    avx2::f16_to_f32, avx2::dot_f32_f16,
+                avx2::f32_to_f16,       avx2::round_f16,   avx2::scores_f16, scalar::softmax,
+                avx2::weighted_sum_f16, scalar::swiglu,    avx2::rms_norm,   dots_avx2,
+                avx2::delta_decay,      avx2::delta_update};
     if (quant::cpu_has_avx512()) {
         ops.dots_f32 = dots_by_pairs;
         ops.scores_f16 = avx512::scores_f16;
         ops.weighted_sum_f16 = avx512::weighted_sum_f16;
         ops.softmax = avx512::softmax;
         ops.swiglu = avx512::swiglu;
+        ops.delta_decay = avx512::delta_decay;
+        ops.delta_update = avx512::delta_update;
     }
     return ops;
 }

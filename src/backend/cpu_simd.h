@@ -57,6 +57,15 @@ struct SimdOps {
     // quant::vec_dot_fn(F32) on this machine, bit for bit.
     void (*dots_f32)(const float* q, int64_t nq, const float* k, int64_t ks, int64_t nk,
                      int64_t dim, float* out, int64_t ld);
+    // The gated delta rule's two passes over one head's d x d state S (row i:
+    // key channel i), every product and sum rounded on its own (no FMA) and
+    // each acc[j] summed over i in order from zero, as the plain loops:
+    // S[i][j] = src[i][j] * decay[i]; acc[j] = sum_i S[i][j] * k[i]  (src may be S)
+    void (*delta_decay)(int64_t d, const float* src, const float* decay, const float* k, float* S,
+                        float* acc);
+    // S[i][j] += k[i] * u[j]; acc[j] = sum_i S[i][j] * q[i]
+    void (*delta_update)(int64_t d, const float* k, const float* u, const float* q, float* S,
+                         float* acc);
 };
 
 const SimdOps& simd();
@@ -71,6 +80,9 @@ void f32_to_f16(int64_t n, const float* src, uint16_t* dst);
 void round_f16(int64_t n, const float* x, float* y);
 void softmax(float* x, int64_t n, bool round_f16);
 void swiglu(int64_t n, const float* g, const float* u, float clamp, float* out);
+void delta_decay(int64_t d, const float* src, const float* decay, const float* k, float* S,
+                 float* acc);
+void delta_update(int64_t d, const float* k, const float* u, const float* q, float* S, float* acc);
 }  // namespace scalar
 namespace avx2 {
 void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y);
@@ -88,6 +100,9 @@ void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& row
                       int64_t vw, float* out);
 void dots_f32(const float* q, int64_t nq, const float* k, int64_t ks, int64_t nk, int64_t dim,
               float* out, int64_t ld);
+void delta_decay(int64_t d, const float* src, const float* decay, const float* k, float* S,
+                 float* acc);
+void delta_update(int64_t d, const float* k, const float* u, const float* q, float* S, float* acc);
 }  // namespace avx2
 // The AVX-512 attention tiles and elementwise helpers (cpu_simd_avx512.cpp).
 namespace avx512 {
@@ -97,6 +112,9 @@ void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& row
                       int64_t vw, float* out);
 void softmax(float* x, int64_t n, bool round_f16);
 void swiglu(int64_t n, const float* g, const float* u, float clamp, float* out);
+void delta_decay(int64_t d, const float* src, const float* decay, const float* k, float* S,
+                 float* acc);
+void delta_update(int64_t d, const float* k, const float* u, const float* q, float* S, float* acc);
 }  // namespace avx512
 
 }  // namespace glm5::backend::cpu

@@ -299,4 +299,88 @@ void dots_f32(const float* q, int64_t nq, const float* k, int64_t ks, int64_t nk
     }
 }
 
+namespace {
+
+// The product rounded before it is added: GCC may not contract the two.
+inline __m256 product(__m256 a, __m256 b) {
+    __m256 p = _mm256_mul_ps(a, b);
+    asm("" : "+x"(p));
+    return p;
+}
+
+// The delta rule's passes over columns [j0, j0 + 8 C) of the state, the sums
+// in registers (see cpu_simd.h).
+template <int C, bool Decay>
+void delta_columns(int64_t d, int64_t j0, const float* src, const float* a, const float* b,
+                   const float* u, float* S, float* acc) {
+    __m256 sum[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; ++i) {
+        float* row = S + i * d + j0;
+        const __m256 ai = _mm256_set1_ps(a[i]), bi = _mm256_set1_ps(b[i]);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+            __m256 r;
+            if constexpr (Decay)  // S = src * decay; acc += S * k
+                r = product(_mm256_loadu_ps(src + i * d + j0 + 8 * c), ai);
+            else  // S += k * u; acc += S * q
+                r = _mm256_add_ps(_mm256_loadu_ps(row + 8 * c),
+                                  product(ai, _mm256_loadu_ps(u + j0 + 8 * c)));
+            _mm256_storeu_ps(row + 8 * c, r);
+            sum[c] = _mm256_add_ps(sum[c], product(r, bi));
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + j0 + 8 * c, sum[c]);
+}
+
+template <bool Decay>
+void delta_pass(int64_t d, const float* src, const float* a, const float* b, const float* u,
+                float* S, float* acc) {
+    // Up to 64 columns (8 vectors) per walk down the rows.
+    for (int64_t j0 = 0; j0 < d; j0 += 64) {
+        switch (std::min<int64_t>(8, (d - j0) / 8)) {
+            case 8:
+                delta_columns<8, Decay>(d, j0, src, a, b, u, S, acc);
+                break;
+            case 7:
+                delta_columns<7, Decay>(d, j0, src, a, b, u, S, acc);
+                break;
+            case 6:
+                delta_columns<6, Decay>(d, j0, src, a, b, u, S, acc);
+                break;
+            case 5:
+                delta_columns<5, Decay>(d, j0, src, a, b, u, S, acc);
+                break;
+            case 4:
+                delta_columns<4, Decay>(d, j0, src, a, b, u, S, acc);
+                break;
+            case 3:
+                delta_columns<3, Decay>(d, j0, src, a, b, u, S, acc);
+                break;
+            case 2:
+                delta_columns<2, Decay>(d, j0, src, a, b, u, S, acc);
+                break;
+            default:
+                delta_columns<1, Decay>(d, j0, src, a, b, u, S, acc);
+                break;
+        }
+    }
+}
+
+}  // namespace
+
+// Whole vectors of 8 columns; other widths take the plain loops.
+void delta_decay(int64_t d, const float* src, const float* decay, const float* k, float* S,
+                 float* acc) {
+    if (d % 8 != 0) return scalar::delta_decay(d, src, decay, k, S, acc);
+    delta_pass<true>(d, src, decay, k, nullptr, S, acc);
+}
+
+void delta_update(int64_t d, const float* k, const float* u, const float* q, float* S, float* acc) {
+    if (d % 8 != 0) return scalar::delta_update(d, k, u, q, S, acc);
+    delta_pass<false>(d, nullptr, k, q, u, S, acc);
+}
+
 }  // namespace glm5::backend::cpu::avx2

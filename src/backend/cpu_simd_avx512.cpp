@@ -287,4 +287,94 @@ void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& row
             std::memcpy(out + h * vw, so + h * vp, size_t(vw) * sizeof(float));
 }
 
+namespace {
+
+// The product rounded before it is added: GCC may not contract the two.
+inline __m512 product(__m512 a, __m512 b) {
+    __m512 p = _mm512_mul_ps(a, b);
+    asm("" : "+v"(p));
+    return p;
+}
+
+// The delta rule's passes over columns [j0, j0 + 16 C) of the state (C vectors,
+// the last one masked to n - j0 - 16 (C - 1) columns), the sums in registers.
+template <int C, bool Decay>
+void delta_columns(int64_t d, int64_t j0, int64_t n, const float* src, const float* a,
+                   const float* b, const float* u, float* S, float* acc) {
+    __m512 sum[C];
+    __mmask16 m[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+        sum[c] = _mm512_setzero_ps();
+        m[c] = lanes(n - j0 - kLanes * c);
+    }
+    __m512 uv[C];
+    if constexpr (!Decay)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) uv[c] = _mm512_maskz_loadu_ps(m[c], u + j0 + kLanes * c);
+    for (int64_t i = 0; i < d; ++i) {
+        float* row = S + i * d + j0;
+        const __m512 ai = _mm512_set1_ps(a[i]), bi = _mm512_set1_ps(b[i]);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+            __m512 r;
+            if constexpr (Decay)  // S = src * decay; acc += S * k
+                r = product(_mm512_maskz_loadu_ps(m[c], src + i * d + j0 + kLanes * c), ai);
+            else  // S += k * u; acc += S * q
+                r = _mm512_add_ps(_mm512_maskz_loadu_ps(m[c], row + kLanes * c),
+                                  product(ai, uv[c]));
+            _mm512_mask_storeu_ps(row + kLanes * c, m[c], r);
+            sum[c] = _mm512_add_ps(sum[c], product(r, bi));
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(acc + j0 + kLanes * c, m[c], sum[c]);
+}
+
+template <bool Decay>
+void delta_pass(int64_t d, const float* src, const float* a, const float* b, const float* u,
+                float* S, float* acc) {
+    // Up to 128 columns (8 vectors) per walk down the rows.
+    for (int64_t j0 = 0; j0 < d; j0 += 8 * kLanes) {
+        const int64_t c = std::min<int64_t>(8, (d - j0 + kLanes - 1) / kLanes);
+        switch (c) {
+            case 8:
+                delta_columns<8, Decay>(d, j0, d, src, a, b, u, S, acc);
+                break;
+            case 7:
+                delta_columns<7, Decay>(d, j0, d, src, a, b, u, S, acc);
+                break;
+            case 6:
+                delta_columns<6, Decay>(d, j0, d, src, a, b, u, S, acc);
+                break;
+            case 5:
+                delta_columns<5, Decay>(d, j0, d, src, a, b, u, S, acc);
+                break;
+            case 4:
+                delta_columns<4, Decay>(d, j0, d, src, a, b, u, S, acc);
+                break;
+            case 3:
+                delta_columns<3, Decay>(d, j0, d, src, a, b, u, S, acc);
+                break;
+            case 2:
+                delta_columns<2, Decay>(d, j0, d, src, a, b, u, S, acc);
+                break;
+            default:
+                delta_columns<1, Decay>(d, j0, d, src, a, b, u, S, acc);
+                break;
+        }
+    }
+}
+
+}  // namespace
+
+void delta_decay(int64_t d, const float* src, const float* decay, const float* k, float* S,
+                 float* acc) {
+    delta_pass<true>(d, src, decay, k, nullptr, S, acc);
+}
+
+void delta_update(int64_t d, const float* k, const float* u, const float* q, float* S, float* acc) {
+    delta_pass<false>(d, nullptr, k, q, u, S, acc);
+}
+
 }  // namespace glm5::backend::cpu::avx512

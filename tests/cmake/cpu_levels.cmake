@@ -25,9 +25,11 @@ endif()
 foreach(level ${glm5_levels})
   set(bins test_glm_dsa_parity test_glm5next test_glm5next_state test_cpu_level)
   # The SIMD kernel tests: the single-row i-quant kernels against the reference,
-  # and the multi-activation kernels (at a level without any, none may be offered).
+  # the backend's attention, indexer and KDA row helpers against their plain
+  # forms, and the multi-activation kernels (at a level without any, none may be
+  # offered).
   if(NOT level STREQUAL "scalar")
-    list(APPEND bins test_quant_iq_simd)
+    list(APPEND bins test_quant_iq_simd test_backend_attention)
   endif()
   list(APPEND bins test_quant_multi)
   # Below an AMX host's own level: the VNNI GEMM the tile kernels stand in for.
