@@ -3,8 +3,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu_simd.h"
@@ -335,38 +337,21 @@ void delta_columns(int64_t d, int64_t j0, const float* src, const float* a, cons
     for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + j0 + 8 * c, sum[c]);
 }
 
+// delta_columns for 1..8 vectors of columns.
+template <bool Decay, int... Cs>
+constexpr auto delta_table(std::integer_sequence<int, Cs...>) {
+    return std::array<void (*)(int64_t, int64_t, const float*, const float*, const float*,
+                               const float*, float*, float*),
+                      sizeof...(Cs)>{delta_columns<Cs + 1, Decay>...};
+}
+
 template <bool Decay>
 void delta_pass(int64_t d, const float* src, const float* a, const float* b, const float* u,
                 float* S, float* acc) {
+    static constexpr auto kColumns = delta_table<Decay>(std::make_integer_sequence<int, 8>{});
     // Up to 64 columns (8 vectors) per walk down the rows.
-    for (int64_t j0 = 0; j0 < d; j0 += 64) {
-        switch (std::min<int64_t>(8, (d - j0) / 8)) {
-            case 8:
-                delta_columns<8, Decay>(d, j0, src, a, b, u, S, acc);
-                break;
-            case 7:
-                delta_columns<7, Decay>(d, j0, src, a, b, u, S, acc);
-                break;
-            case 6:
-                delta_columns<6, Decay>(d, j0, src, a, b, u, S, acc);
-                break;
-            case 5:
-                delta_columns<5, Decay>(d, j0, src, a, b, u, S, acc);
-                break;
-            case 4:
-                delta_columns<4, Decay>(d, j0, src, a, b, u, S, acc);
-                break;
-            case 3:
-                delta_columns<3, Decay>(d, j0, src, a, b, u, S, acc);
-                break;
-            case 2:
-                delta_columns<2, Decay>(d, j0, src, a, b, u, S, acc);
-                break;
-            default:
-                delta_columns<1, Decay>(d, j0, src, a, b, u, S, acc);
-                break;
-        }
-    }
+    for (int64_t j0 = 0; j0 < d; j0 += 64)
+        kColumns[size_t(std::min<int64_t>(8, (d - j0) / 8) - 1)](d, j0, src, a, b, u, S, acc);
 }
 
 }  // namespace

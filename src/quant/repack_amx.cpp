@@ -10,7 +10,7 @@
 //         (digits -3..3), levels q = u6 - 32 in -32..31: isum = sum_k 7^k
 //         dot(a, q * d_k), 3 products (and no bsums correction).
 // Each is the same integer as the VNNI kernels' (exact in int32: |isum| <
-// 2^27), finished per block by the same float operations (repack_finish.h),
+// 2^27), finished per block by the same float operations (repack_simd.h),
 // so every output has the bits of the single-row kernel. The weight bytes of
 // one group block are expanded once into tile rows and used by every token
 // tile of the call; the activations are copied once per call into aligned
@@ -26,8 +26,8 @@
 #include <cstring>
 #include <vector>
 
-#include "quant/repack_finish.h"
 #include "quant/repack_kernels.h"
+#include "quant/repack_simd.h"
 
 namespace glm5::quant::repacked {
 
@@ -206,23 +206,6 @@ constexpr std::array<int32_t, 256> digit_table() {
 }
 constexpr std::array<int32_t, 256> kQ6KDigits = digit_table();
 
-template <int J>
-inline __m512i q6k_u6(__m512i l, __m512i qh) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
-    if constexpr (J == 0)
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(l, low4), _mm512_slli_epi16(qh, 4), top2,
-                                         0xD8);
-    else if constexpr (J == 1)
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(l, low4), _mm512_slli_epi16(qh, 2), top2,
-                                         0xD8);
-    else if constexpr (J == 2)
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4), qh, top2,
-                                         0xD8);
-    else
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4),
-                                         _mm512_srli_epi16(qh, 2), top2, 0xD8);
-}
-
 // Tile rows 8 * (J % 2) .. + 7 of chunk 2h + J / 2: levels times each digit
 // of their sub-block's scale, one 16-bit product per byte.
 template <int J>
@@ -250,8 +233,8 @@ inline void q6k_expand_rows(const Q6KGroupBlock& g, int h, Q6KTiles& out) {
     const int m = 2 * h + J / 2, row0 = 8 * (J % 2);
 #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
-        const __m512i u6 = q6k_u6<J>(_mm512_loadu_si512(J % 2 == 0 ? hf.lq[c].ql : hf.lq[c].ql1),
-                                     _mm512_loadu_si512(hf.lq[c].qh));
+        const __m512i u6 = q6k_level<J>(_mm512_loadu_si512(J % 2 == 0 ? hf.lq[c].ql : hf.lq[c].ql1),
+                                        _mm512_loadu_si512(hf.lq[c].qh));
         const __m512i q = _mm512_sub_epi8(u6, sign_bytes);
         const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(q, 8), 8);
         const __m512i odd = _mm512_srai_epi16(q, 8);

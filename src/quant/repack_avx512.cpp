@@ -28,8 +28,8 @@
 #include <utility>
 #include <vector>
 
-#include "quant/repack_finish.h"
 #include "quant/repack_kernels.h"
+#include "quant/repack_simd.h"
 
 namespace glm5::quant::repacked {
 
@@ -249,22 +249,6 @@ void q4k_tile(int64_t nb, const Q4KGroupBlock* const* gb, const ActBlock* ab, fl
 // (one vpdpwssd per pair of sub-blocks, q6k_finish()). isum = sum_j scale_j *
 // dot_j is the single-row kernel's integer, summed in another order (exact in
 // int32).
-template <int J>
-inline __m512i q6k_level(__m512i l, __m512i qh) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
-    if constexpr (J == 0)
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(l, low4), _mm512_slli_epi16(qh, 4), top2,
-                                         0xD8);
-    else if constexpr (J == 1)
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(l, low4), _mm512_slli_epi16(qh, 2), top2,
-                                         0xD8);
-    else if constexpr (J == 2)
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4), qh, top2,
-                                         0xD8);
-    else
-        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4),
-                                         _mm512_srli_epi16(qh, 2), top2, 0xD8);
-}
 
 // Scale of sub-block 8h + 2j + ch in the 16 lanes: word ch of each row's pair.
 inline __m512i q6k_scale(const Q6KGroupBlock& g, int h, int j, int ch) {

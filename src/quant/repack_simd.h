@@ -1,6 +1,7 @@
-// The float finish and the Q4_K mins of the repacked K-quant GEMMs, shared by
-// the VNNI kernels (repack_avx512.cpp) and the AMX ones (repack_amx.cpp):
-// both must end every block with the same operations for the same bits.
+// What the repacked K-quant GEMMs of the VNNI kernels (repack_avx512.cpp) and
+// the AMX ones (repack_amx.cpp) share: the float finish (both must end every
+// block with the same operations for the same bits), the Q4_K mins and the
+// Q6_K levels.
 // Inline AVX-512 code: only files built with AVX-512 flags may include it.
 #pragma once
 
@@ -58,6 +59,25 @@ inline void q4k_pairs(const BlockQ8_K& y, int32_t* pairs) {
     const __m256i p = _mm256_packs_epi32(v, v);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(pairs),
                      _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08)));
+}
+
+// Q6_K levels u6 = low nibble | top bits << 4 of row j (0..3) of a chunk of
+// the repacked layout, from l = its ql (j even) or ql1 (j odd) vector and qh.
+template <int J>
+inline __m512i q6k_level(__m512i l, __m512i qh) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+    if constexpr (J == 0)
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(l, low4), _mm512_slli_epi16(qh, 4), top2,
+                                         0xD8);
+    else if constexpr (J == 1)
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(l, low4), _mm512_slli_epi16(qh, 2), top2,
+                                         0xD8);
+    else if constexpr (J == 2)
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4), qh, top2,
+                                         0xD8);
+    else
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4),
+                                         _mm512_srli_epi16(qh, 2), top2, 0xD8);
 }
 
 }  // namespace glm5::quant::repacked
