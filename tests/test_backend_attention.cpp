@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -300,6 +301,29 @@ TEST(AttentionSimd, IndexerDotsHaveTheBitsOfTheF32Dot) {
                 }
         }
     }
+}
+
+// The indexer's pick: the k best rows (ties to the lower index) in ascending
+// order, as sorting every row by that rule would give: ties, signed zeros, k
+// past n and k = n.
+TEST(IndexerSelect, TopKRowsAreTheBestInAscendingOrder) {
+    std::mt19937 rng(31);
+    for (int64_t n : {1, 7, 100, 4096})
+        for (int64_t k : {int64_t(1), int64_t(3), n / 2, n, n + 5}) {
+            std::vector<float> v(static_cast<size_t>(n));
+            for (auto& x : v) x = float(int(rng() % 9) - 4) * 0.5f;  // many ties
+            if (n > 3) v[1] = -0.0f, v[2] = 0.0f;
+            std::vector<int32_t> all(static_cast<size_t>(n));
+            std::iota(all.begin(), all.end(), 0);
+            std::stable_sort(all.begin(), all.end(),
+                             [&](int32_t a, int32_t b) { return v[size_t(a)] > v[size_t(b)]; });
+            const int64_t m = std::min(k, n);
+            std::vector<int32_t> want(all.begin(), all.begin() + m);
+            std::sort(want.begin(), want.end());
+            std::vector<int32_t> tmp, got(static_cast<size_t>(m), -1);
+            kernels::top_k_rows(v.data(), n, k, tmp, got.data());
+            ASSERT_EQ(got, want) << "n " << n << " k " << k;
+        }
 }
 
 // The KDA state passes (decay then read with the key; write then read with

@@ -152,9 +152,16 @@ inline void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t
     for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] = int32_t(i);
     auto better = [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
     k = std::min(k, n);
+    if (k <= 0) return;
     std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), better);
-    std::sort(tmp.begin(), tmp.begin() + k);
-    std::copy(tmp.begin(), tmp.begin() + k, out);
+    // The k-th best (value, index) bounds the set: every row better than it
+    // or it, collected in one ascending pass (sorting the k picks cost more
+    // than the selection at GLM-5's top-2048).
+    const float vt = v[tmp[size_t(k - 1)]];
+    const int32_t it = tmp[size_t(k - 1)];
+    int64_t m = 0;
+    for (int32_t i = 0; i < int32_t(n); ++i)
+        if (v[i] > vt || (v[i] == vt && i <= it)) out[m++] = i;
 }
 
 }  // namespace glm5::backend::kernels
