@@ -20,7 +20,7 @@ jobs=$(nproc)
 
 # An entry is BINARY or BINARY:ARGS. (Glm5NextCli runs the glm5 binary.)
 asan_tests=(test_thread_pool test_gguf_malformed test_quant_basic test_quant_multi
-            test_backend_attention test_text_tokenizer test_text_reply test_image
+            test_quant_repack test_backend_attention test_text_tokenizer test_text_reply test_image
             test_glm_dsa_parity "test_glm5next:--gtest_filter=-Glm5NextCli.*"
             test_engine test_engine_faults test_engine_stress test_server_unit
             test_fuzz_load_corpus)

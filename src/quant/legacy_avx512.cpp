@@ -10,6 +10,8 @@
 #endif
 #include <immintrin.h>
 
+#include <cmath>
+
 #include <cstring>
 
 #include "core/fp16.h"
@@ -92,7 +94,9 @@ float accumulate(int64_t nb, Pair pair, One one, Scale scale) {
     for (; i + 2 <= nb; i += 2)
         acc = _mm512_fmadd_ps(pair_scale(scale(i), scale(i + 1)), _mm512_cvtepi32_ps(pair(i)), acc);
     float sum = _mm512_reduce_add_ps(acc);
-    if (i < nb) sum += scale(i) * hsum256(_mm256_cvtepi32_ps(one(i)));
+    // One fused multiply-add, written out: GCC contracts `sum += a * b` only
+    // from -O2, and the repacked GEMM (repack_avx512.cpp) matches the fused form.
+    if (i < nb) sum = std::fma(scale(i), hsum256(_mm256_cvtepi32_ps(one(i))), sum);
     return sum;
 }
 

@@ -420,11 +420,10 @@ void q6k_tokens(int64_t nb, const Q6KGroupBlock* gb, const ActBlock* ab, float* 
 // the exact integer dot of values 4c..4c+3 of block b and d_b = fp16(x.d) *
 // fp16(y.d) rounded; then the lanes are summed as GCC's _mm512_reduce_add_ps
 // does (halves, quarters, pairs); an odd last block adds d * isum (its integer
-// sum exact) with one FMA (the compiler contracts the reference's
-// `sum += d * hsum`). Here each of those 16 lanes is one zmm accumulator
-// holding the 16 rows, so a token needs 16 registers: tokens are done one at
-// a time, each a pass over the group's blocks (Q5_0: the group decoded once
-// per run of tokens into a buffer).
+// sum exact) with one FMA (the reference's std::fma). Here each of those 16 lanes is one zmm
+// accumulator holding the 16 rows, so a token needs 16 registers: tokens are done one at a time,
+// each a pass over the group's blocks (Q5_0: the group decoded once per run of tokens into a
+// buffer).
 //
 // The integer dots are exact. The reference's Q8_0 product moves the weight's
 // sign onto the activation, which wraps for an activation of -128; the
