@@ -2,7 +2,9 @@
 // second): the ceiling each prefill/decode kernel can reach on this core.
 //
 //   gemm/<TYPE>/repack16/t<N>  : the repacked 16-row GEMM (repack.h), N tokens,
-//                                a cache-resident matrix (N = 1 is decode's GEMV)
+//                                a cache-resident matrix (N = 1 is decode's GEMV);
+//                                at the amx level Q4_K / Q6_K from 16 / 32 tokens
+//                                on the tile unit (GLM5_CPU=vnni: the VNNI kernels)
 //   gemm/<TYPE>/multi/t<N>     : vec_dot_multi_fn (one row decoded once for up to
 //                                8 tokens at a time, as the matmul calls it)
 //   gemm/<TYPE>/single/t<N>    : vec_dot_fn per (row, token): the baseline
