@@ -297,16 +297,16 @@ inline __m512 product(__m512 a, __m512 b) {
 }
 
 // The delta rule's passes over columns [j0, j0 + 16 C) of the state (C vectors,
-// the last one masked to n - j0 - 16 (C - 1) columns), the sums in registers.
+// the last one masked to d - j0 - 16 (C - 1) columns), the sums in registers.
 template <int C, bool Decay>
-void delta_columns(int64_t d, int64_t j0, int64_t n, const float* src, const float* a,
-                   const float* b, const float* u, float* S, float* acc) {
+void delta_columns(int64_t d, int64_t j0, const float* src, const float* a, const float* b,
+                   const float* u, float* S, float* acc) {
     __m512 sum[C];
     __mmask16 m[C];
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
         sum[c] = _mm512_setzero_ps();
-        m[c] = lanes(n - j0 - kLanes * c);
+        m[c] = lanes(d - j0 - kLanes * c);
     }
     __m512 uv[C];
     if constexpr (!Decay)
@@ -334,7 +334,7 @@ void delta_columns(int64_t d, int64_t j0, int64_t n, const float* src, const flo
 // delta_columns for 1..8 vectors of columns.
 template <bool Decay, int... Cs>
 constexpr auto delta_table(std::integer_sequence<int, Cs...>) {
-    return std::array<void (*)(int64_t, int64_t, int64_t, const float*, const float*, const float*,
+    return std::array<void (*)(int64_t, int64_t, const float*, const float*, const float*,
                                const float*, float*, float*),
                       sizeof...(Cs)>{delta_columns<Cs + 1, Decay>...};
 }
@@ -346,7 +346,7 @@ void delta_pass(int64_t d, const float* src, const float* a, const float* b, con
     // Up to 128 columns (8 vectors) per walk down the rows.
     for (int64_t j0 = 0; j0 < d; j0 += 8 * kLanes) {
         const int64_t c = std::min<int64_t>(8, (d - j0 + kLanes - 1) / kLanes);
-        kColumns[size_t(c - 1)](d, j0, d, src, a, b, u, S, acc);
+        kColumns[size_t(c - 1)](d, j0, src, a, b, u, S, acc);
     }
 }
 

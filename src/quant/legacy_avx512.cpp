@@ -11,7 +11,6 @@
 #include <immintrin.h>
 
 #include <cmath>
-
 #include <cstring>
 
 #include "core/fp16.h"

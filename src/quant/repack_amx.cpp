@@ -73,6 +73,7 @@ struct Acts {
     const int8_t* tile(int64_t b, int64_t t0) const {
         return qs[size_t(b * tpad + t0) * (QK_K / 64)].v;
     }
+    int8_t* row(int64_t b, int64_t t) { return qs[size_t(b * tpad + t) * (QK_K / 64)].v; }
 };
 
 void load_acts(const BlockQ8_K* const* acts, int64_t n_tok, int64_t nb, bool pairs, Acts& a) {
@@ -83,7 +84,7 @@ void load_acts(const BlockQ8_K* const* acts, int64_t n_tok, int64_t nb, bool pai
     if (pairs) a.pairs.resize(size_t(nb * n_tok));
     for (int64_t b = 0; b < nb; ++b)
         for (int64_t t = 0; t < a.tpad; ++t) {
-            auto* q = const_cast<int8_t*>(a.tile(b, t));
+            int8_t* q = a.row(b, t);
             if (t >= n_tok) {
                 std::memset(q, 0, QK_K);
                 continue;
@@ -213,10 +214,7 @@ inline void q6k_expand_rows(const Q6KGroupBlock& g, int h, Q6KTiles& out) {
     const __m512i sign_bytes = _mm512_set1_epi8(32);
     __m512i dw[2][3];  // [ch][digit]: the digit in both 16-bit words of a row's lane
     for (int ch = 0; ch < 2; ++ch) {
-        const __m512i pair = _mm512_cvtepi8_epi16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.scales[4 * h + J])));
-        const __m512i sc = ch == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16)
-                                   : _mm512_srai_epi32(pair, 16);
+        const __m512i sc = q6k_scale(g, h, J, ch);
         const __m512i packed = _mm512_i32gather_epi32(_mm512_add_epi32(sc, _mm512_set1_epi32(128)),
                                                       kQ6KDigits.data(), 4);
         for (int k = 0; k < 3; ++k) {

@@ -250,14 +250,6 @@ void q4k_tile(int64_t nb, const Q4KGroupBlock* const* gb, const ActBlock* ab, fl
 // dot_j is the single-row kernel's integer, summed in another order (exact in
 // int32).
 
-// Scale of sub-block 8h + 2j + ch in the 16 lanes: word ch of each row's pair.
-inline __m512i q6k_scale(const Q6KGroupBlock& g, int h, int j, int ch) {
-    const __m512i pair = _mm512_cvtepi8_epi16(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.scales[4 * h + j])));
-    return ch == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16)
-                   : _mm512_srai_epi32(pair, 16);
-}
-
 // acc + dx * d * (isum - 32 * sum_j scale_j * bsum_j) for one token.
 inline __m512 q6k_finish(__m512 acc, const Q6KGroupBlock& g, __m512 dx, const int16_t* bs, float d,
                          __m512i isum) {

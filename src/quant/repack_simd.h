@@ -1,7 +1,7 @@
 // What the repacked K-quant GEMMs of the VNNI kernels (repack_avx512.cpp) and
 // the AMX ones (repack_amx.cpp) share: the float finish (both must end every
 // block with the same operations for the same bits), the Q4_K mins and the
-// Q6_K levels.
+// Q6_K levels and scales.
 // Inline AVX-512 code: only files built with AVX-512 flags may include it.
 #pragma once
 
@@ -78,6 +78,14 @@ inline __m512i q6k_level(__m512i l, __m512i qh) {
     else
         return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4),
                                          _mm512_srli_epi16(qh, 2), top2, 0xD8);
+}
+
+// Scale of Q6_K sub-block 8h + 2j + ch in the 16 lanes: word ch of each row's pair.
+inline __m512i q6k_scale(const Q6KGroupBlock& g, int h, int j, int ch) {
+    const __m512i pair = _mm512_cvtepi8_epi16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.scales[4 * h + j])));
+    return ch == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16)
+                   : _mm512_srai_epi32(pair, 16);
 }
 
 }  // namespace glm5::quant::repacked
