@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu_kernels.h"
+#include "backend/cpu_memory.h"
 #include "backend/cpu_simd.h"
 #include "core/fp16.h"
 #include "quant/ops.h"
@@ -21,6 +22,7 @@
 
 using namespace glm5;
 using namespace glm5::backend;
+using cpu::dev;
 using cpu::F16Rows;
 
 namespace {
@@ -366,7 +368,7 @@ TEST(AttentionBackend, QueryOutputIndependentOfBatch) {
     // each query is one task.
     const int64_t rows = 2100;
     Cache c(rows, kWidth, 8);
-    CacheRows cr{reinterpret_cast<uint8_t*>(c.bits.data()), kWidth, CacheType::F16};
+    CacheRows cr{dev(reinterpret_cast<uint8_t*>(c.bits.data())), kWidth, CacheType::F16};
     const std::vector<int32_t> lens = {1, 17, 64, 300, 700, 2100};
     const std::vector<int32_t> picked = {5, 250, 31, 7, 199, 120};
     std::vector<int32_t> picked_long;  // a sparse selection of 1680 rows, ascending
@@ -379,23 +381,23 @@ TEST(AttentionBackend, QueryOutputIndependentOfBatch) {
         qs.push_back(f16_floats(size_t(kHeads * kWidth), 20 + uint32_t(i)));
         outs[size_t(i)].assign(size_t(kHeads * kValue), 0.0f);
         auto& a = batch[size_t(i)];
-        a.q = qs.back().data();
+        a.q = dev(qs.back().data());
         a.cache = cr;
         if (i < int64_t(lens.size())) {
             a.visible.n_dense = lens[size_t(i)];
         } else {
             const auto& sel = i == int64_t(lens.size()) ? picked : picked_long;
-            a.visible.rows = sel.data();
+            a.visible.rows = dev(sel.data());
             a.visible.n_rows = int32_t(sel.size());
         }
-        a.out = outs[size_t(i)].data();
+        a.out = dev(outs[size_t(i)].data());
     }
     const float scale = 0.0625f;
     be->mla_attention(batch, kHeads, kValue, scale);
     for (int64_t i = 0; i < nq; ++i) {
         std::vector<float> alone(static_cast<size_t>(kHeads * kValue));
         auto a = batch[size_t(i)];
-        a.out = alone.data();
+        a.out = dev(alone.data());
         be->mla_attention({&a, 1}, kHeads, kValue, scale);
         EXPECT_TRUE(same_bits(alone.data(), outs[size_t(i)].data(), alone.size())) << "query " << i;
         bool finite = true;
@@ -416,18 +418,18 @@ TEST(AttentionBackend, CountsTheCacheRowsEachQueryReads) {
     auto be = make_cpu_backend(opt);
     const int64_t rows = 300;
     Cache c(rows, kWidth, 30);
-    CacheRows cr{reinterpret_cast<uint8_t*>(c.bits.data()), kWidth, CacheType::F16};
+    CacheRows cr{dev(reinterpret_cast<uint8_t*>(c.bits.data())), kWidth, CacheType::F16};
     const std::vector<int32_t> picked = {5, 250, 31};
     const auto q = f16_floats(size_t(kHeads * kWidth), 31);
     std::vector<float> o1(size_t(kHeads * kValue)), o2(o1.size());
     std::vector<Backend::AttentionQuery> batch(2);
-    batch[0].q = batch[1].q = q.data();
+    batch[0].q = batch[1].q = dev(q.data());
     batch[0].cache = batch[1].cache = cr;
     batch[0].visible.n_dense = 200;
-    batch[0].out = o1.data();
-    batch[1].visible.rows = picked.data();
+    batch[0].out = dev(o1.data());
+    batch[1].visible.rows = dev(picked.data());
     batch[1].visible.n_rows = int32_t(picked.size());
-    batch[1].out = o2.data();
+    batch[1].out = dev(o2.data());
     be->reset_counters();
     be->mla_attention(batch, kHeads, kValue, 0.0625f);
     EXPECT_EQ(be->counters().cache_bytes, uint64_t(200 + 3) * uint64_t(kWidth) * 2);
@@ -438,11 +440,11 @@ TEST(AttentionBackend, CountsTheCacheRowsEachQueryReads) {
     const std::vector<float> w(static_cast<size_t>(ih), 0.5f);
     std::vector<int32_t> top(8);
     Backend::IndexerQuery x;
-    x.q = iq.data();
-    x.w = w.data();
-    x.keys = CacheRows{reinterpret_cast<uint8_t*>(k.bits.data()), dim, CacheType::F16};
+    x.q = dev(iq.data());
+    x.w = dev(w.data());
+    x.keys = CacheRows{dev(reinterpret_cast<uint8_t*>(k.bits.data())), dim, CacheType::F16};
     x.n_keys = int32_t(keys);
-    x.out_rows = top.data();
+    x.out_rows = dev(top.data());
     be->reset_counters();
     be->indexer_select({&x, 1}, ih, dim, 8);
     EXPECT_EQ(be->counters().cache_bytes, uint64_t(keys) * uint64_t(dim) * 2);

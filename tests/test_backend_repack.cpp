@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu_memory.h"
 #include "quant/quant.h"
 #include "quant/repack.h"
 #include "quant_test_util.h"
@@ -19,6 +20,7 @@
 
 using namespace glm5;
 using backend::Weight;
+using backend::cpu::dev;
 
 namespace {
 
@@ -75,8 +77,8 @@ TEST_P(BackendRepack, MatmulEqualsPlainLayoutBitwise) {
             for (int64_t n : {1, 3, 37}) {
                 const auto x = test::normal_floats(size_t(n * cols), uint32_t(n));
                 std::vector<float> yp(size_t(n * rows)), yr(size_t(n * rows), -1.0f);
-                be->matmul(w.p, x.data(), cols, n, yp.data(), rows);
-                be->matmul(w.r, x.data(), cols, n, yr.data(), rows);
+                be->matmul(w.p, dev(x.data()), cols, n, dev(yp.data()), rows);
+                be->matmul(w.r, dev(x.data()), cols, n, dev(yr.data()), rows);
                 EXPECT_TRUE(bitwise_equal(yp, yr))
                     << "cols " << cols << " rows " << rows << " tokens " << n;
             }
@@ -100,10 +102,10 @@ TEST_P(BackendRepack, SlicesEqualPlainLayoutBitwise) {
         const auto x = test::normal_floats(size_t(sh.n * sh.S * sh.cols), 3);
         std::vector<float> yp(size_t(sh.n * sh.S * sh.rows)),
             yr(size_t(sh.n * sh.S * sh.rows), -1.0f);
-        be->matmul_slices(w.p, x.data(), sh.S * sh.cols, sh.cols, sh.n, yp.data(), sh.S * sh.rows,
-                          sh.rows);
-        be->matmul_slices(w.r, x.data(), sh.S * sh.cols, sh.cols, sh.n, yr.data(), sh.S * sh.rows,
-                          sh.rows);
+        be->matmul_slices(w.p, dev(x.data()), sh.S * sh.cols, sh.cols, sh.n, dev(yp.data()),
+                          sh.S * sh.rows, sh.rows);
+        be->matmul_slices(w.r, dev(x.data()), sh.S * sh.cols, sh.cols, sh.n, dev(yr.data()),
+                          sh.S * sh.rows, sh.rows);
         EXPECT_TRUE(bitwise_equal(yp, yr)) << "cols " << sh.cols << " rows " << sh.rows
                                            << " slices " << sh.S << " tokens " << sh.n;
     }
@@ -134,8 +136,8 @@ TEST_P(BackendRepack, MoeEqualsPlainLayoutBitwise) {
     for (int64_t T : {1, 19}) {
         const auto x = test::normal_floats(size_t(T * E), uint32_t(T));
         std::vector<float> op(size_t(T * E)), orp(size_t(T * E), -1.0f);
-        be->moe(moe(false), x.data(), T, op.data());
-        be->moe(moe(true), x.data(), T, orp.data());
+        be->moe(moe(false), dev(x.data()), T, dev(op.data()));
+        be->moe(moe(true), dev(x.data()), T, dev(orp.data()));
         EXPECT_TRUE(bitwise_equal(op, orp)) << "tokens " << T;
     }
 }
@@ -167,13 +169,13 @@ TEST(BackendMatmuls, EqualSeparateMatmulsBitwise) {
                 const Weight& wt = packed ? w->r : w->p;
                 sep.emplace_back(size_t(n * wt.rows));
                 joint.emplace_back(size_t(n * wt.rows), -1.0f);
-                be->matmul(wt, x.data(), cols, n, sep.back().data(), wt.rows);
+                be->matmul(wt, dev(x.data()), cols, n, dev(sep.back().data()), wt.rows);
             }
             for (size_t j = 0; j < ws.size(); ++j) {
                 const Weight& wt = packed ? ws[j]->r : ws[j]->p;
-                outs.push_back({&wt, joint[j].data(), wt.rows});
+                outs.push_back({&wt, dev(joint[j].data()), wt.rows});
             }
-            be->matmuls(outs, x.data(), cols, n);
+            be->matmuls(outs, dev(x.data()), cols, n);
             for (size_t j = 0; j < ws.size(); ++j)
                 EXPECT_TRUE(bitwise_equal(sep[j], joint[j]))
                     << "weight " << j << " packed " << packed << " tokens " << n;

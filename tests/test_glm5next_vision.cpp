@@ -13,6 +13,7 @@
 #include <iterator>
 #include <random>
 
+#include "backend/cpu_memory.h"
 #include "core/fp16.h"
 #include "gen/mmproj.h"
 #include "gguf/writer.h"
@@ -110,7 +111,9 @@ TEST(VisionTower, TiledAttentionMatchesDirectSoftmax) {
             std::vector<float> q(size_t(n * W)), k(q.size()), v(q.size()), out(q.size());
             for (auto* x : {&q, &k, &v})
                 for (float& f : *x) f = 2.0f * nd(rng);
-            backend::Backend::FullAttentionSeq s{q.data(), k.data(), v.data(), out.data(), n};
+            using backend::cpu::dev;
+            backend::Backend::FullAttentionSeq s{dev(q.data()), dev(k.data()), dev(v.data()),
+                                                 dev(out.data()), n};
             const float scale = 1.0f / std::sqrt(float(D));
             be->attention_full({&s, 1}, H, D, W, scale);
             double worst = 0;

@@ -32,11 +32,11 @@ void split_forward(model::Model& m, std::span<const model::SeqInput> in, std::ve
     std::vector<float> h, next;
     int64_t first = 0;
     for (size_t i = 0; i <= cuts.size(); ++i) {
+        model::HostRows rows(h, &next);
         model::LayerSpan s;
         s.first = first;
         s.end = i < cuts.size() ? cuts[i] : -1;
-        s.hidden_in = h;
-        s.hidden_out = &next;
+        s.rows_in = s.rows_out = &rows;
         s.commit = i == cuts.size();
         m.forward(in, lg, s);
         h.swap(next);
@@ -101,11 +101,12 @@ TEST(LayerSpan, BadSpansAreRefusedWithoutTouchingTheStates) {
         const auto toks = random_ids(3, 5, m.n_vocab());
         model::SeqInput in{st.get(), toks, false, true};
         std::vector<float> lg, out, wrong(size_t(4 * W));
+        model::HostRows to_out({}, &out), from_wrong(wrong, &out);
         const model::LayerSpan bad[] = {
-            {L, -1, {}, &out, true},        // past the trunk
-            {2, 1, wrong, &out, true},      // empty
-            {1, -1, wrong, &out, true},     // 4 rows of hidden input for 5 tokens
-            {0, L - 1, {}, nullptr, true},  // ends before the head, nowhere to write
+            {L, -1, nullptr, &to_out, true},      // past the trunk
+            {2, 1, &from_wrong, &to_out, true},   // empty
+            {1, -1, &from_wrong, &to_out, true},  // 4 rows of hidden input for 5 tokens
+            {0, L - 1, nullptr, nullptr, true},   // ends before the head, nowhere to write
         };
         for (const auto& s : bad) {
             EXPECT_THROW(m.model->forward({&in, 1}, lg, s), Error) << path << " " << s.first;
@@ -115,13 +116,14 @@ TEST(LayerSpan, BadSpansAreRefusedWithoutTouchingTheStates) {
         for (int64_t l = 1; l < L; ++l)
             if (!m.model->can_split_before(l)) {
                 std::vector<float> h(size_t(5 * W));
+                model::HostRows from_h(h);
                 EXPECT_THROW(
-                    m.model->forward({&in, 1}, lg, model::LayerSpan{l, -1, h, nullptr, true}),
+                    m.model->forward({&in, 1}, lg, model::LayerSpan{l, -1, &from_h, nullptr, true}),
                     Error);
                 EXPECT_EQ(st->n_past(), 0);
             }
         // A span that does not commit leaves the position where it was.
-        m.model->forward({&in, 1}, lg, model::LayerSpan{0, 1, {}, &out, false});
+        m.model->forward({&in, 1}, lg, model::LayerSpan{0, 1, nullptr, &to_out, false});
         EXPECT_EQ(st->n_past(), 0);
         EXPECT_EQ(out.size(), size_t(5 * W));
     }
@@ -169,7 +171,8 @@ TEST(LayerSpan, PartialModelsChainedAreTheWholeModel) {
                 std::vector<float> a, b, h, next;
                 whole.model->forward(step(ws, toks), a);
                 for (int p = 0; p < 3; ++p) {
-                    model::LayerSpan s{bounds[p], bounds[p + 1], h, &next, false};
+                    model::HostRows rows(h, &next);
+                    model::LayerSpan s{bounds[p], bounds[p + 1], &rows, &rows, false};
                     const auto in = step(ps[size_t(p)], toks);
                     parts[size_t(p)]->model->forward(in, b, s);
                     // Uncommitted until every part has succeeded (the head's too).
@@ -191,10 +194,11 @@ TEST(LayerSpan, PartialModelsChainedAreTheWholeModel) {
             }
             // A part refuses the layers it does not hold.
             std::vector<float> lg, out;
+            model::HostRows to_out({}, &out);
             model::SeqInput in{ps[1][0].get(), toks[0], false, true};
             EXPECT_THROW(parts[1]->model->forward({&in, 1}, lg), Error) << path;
-            EXPECT_THROW(parts[0]->model->forward({&in, 1}, lg,
-                                                  model::LayerSpan{0, cuts[1], {}, &out, false}),
+            EXPECT_THROW(parts[0]->model->forward(
+                             {&in, 1}, lg, model::LayerSpan{0, cuts[1], nullptr, &to_out, false}),
                          Error);
         }
 }
@@ -235,7 +239,8 @@ TEST(LayerSplit, APartNeverTouchesOtherLayersPages) {
         std::vector<float> h(size_t(9 * W)), out, lg;
         for (size_t i = 0; i < h.size(); ++i) h[i] = float(int(i % 13) - 6) * 0.1f;
         model::SeqInput in{st.get(), toks, false, true};
-        part.model->forward({&in, 1}, lg, model::LayerSpan{cuts[0], cuts[1], h, &out, true});
+        model::HostRows rows(h, &out);
+        part.model->forward({&in, 1}, lg, model::LayerSpan{cuts[0], cuts[1], &rows, &rows, true});
         ASSERT_EQ(st->n_past(), 9);
 
         // The 64 KiB windows holding any byte of a held tensor.

@@ -100,6 +100,8 @@ int cmd_serve(int argc, char** argv) {
     a.option("read-timeout", "SECONDS", "30", "time a request (head and body) has to arrive");
     a.option("write-timeout", "SECONDS", "30",
              "time a reply may wait on a client that reads nothing before it is dropped");
+    a.option("keep-alive", "SECONDS", "3",
+             "an idle connection (between requests, or before the first) is closed after this");
     a.option("drain-timeout", "SECONDS", "30",
              "on SIGINT / SIGTERM, how long requests in flight may take to finish");
     a.option("temp", "T", "1.0", "default temperature (0: greedy)");
@@ -126,6 +128,8 @@ int cmd_serve(int argc, char** argv) {
         std::chrono::milliseconds(int64_t(a.get_double("read-timeout", 0.01, 86400) * 1000));
     so.write_timeout =
         std::chrono::milliseconds(int64_t(a.get_double("write-timeout", 0.01, 86400) * 1000));
+    so.keep_alive =
+        std::chrono::milliseconds(int64_t(a.get_double("keep-alive", 0.01, 86400) * 1000));
     so.log_requests = a.get_flag("log-requests");
 
     runtime::EngineOptions eo;

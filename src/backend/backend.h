@@ -4,9 +4,14 @@
 // implements them with a persistent thread pool; another backend (CUDA) can
 // implement the same interface without touching src/model/.
 //
-// Activations are float32 buffers owned by the backend (Backend::Buffer);
-// model code passes them between ops and never reads them itself, except
-// through Backend::read() at the very end (logits).
+// Memory the ops work on is the backend's: activations, caches, recurrent
+// state and the indexer's selections are DevPtr handles, which model code
+// offsets and passes between ops but cannot dereference (what they point at
+// is an incomplete type). Host memory enters and leaves only through explicit
+// copies (write, read: token rows in, logits out) and the batch's plan (token
+// ids, positions, the rows that want logits), which ops take as host arrays.
+// Weights are host views of the model file (Weight, `const float*` vectors):
+// a device backend makes its own copies of what it reads.
 #pragma once
 
 #include <cstddef>
@@ -15,11 +20,51 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "quant/types.h"
 
 namespace glm5::backend {
+
+// What a DevPtr points at: declared, never defined. Only a backend knows how
+// its handles map to memory (the CPU backend's are addresses).
+struct DeviceMemory;
+
+// A position in backend memory holding T values: offsets in elements like a
+// pointer, converts to a DevPtr of const T or of bytes, never to T*.
+template <class T>
+class DevPtr {
+  public:
+    DevPtr() = default;
+    DevPtr(std::nullptr_t) {}
+    template <class U>
+    requires(!std::is_same_v<U, T> && std::is_convertible_v<U*, T*>) DevPtr(DevPtr<U> o)
+        : p_(o.handle()) {}
+
+    static DevPtr from_handle(DeviceMemory* p) {
+        DevPtr d;
+        d.p_ = p;
+        return d;
+    }
+    DeviceMemory* handle() const { return p_; }
+    explicit operator bool() const { return p_ != nullptr; }
+    bool operator==(const DevPtr&) const = default;
+
+    DevPtr operator+(int64_t n) const requires(!std::is_void_v<T>) {
+        return from_handle(
+            reinterpret_cast<DeviceMemory*>(reinterpret_cast<char*>(p_) + n * int64_t(sizeof(T))));
+    }
+    DevPtr& operator+=(int64_t n) requires(!std::is_void_v<T>) { return *this = *this + n; }
+    // The same memory seen as other values (a byte cache holding floats).
+    template <class U>
+    DevPtr<U> as() const {
+        return DevPtr<U>::from_handle(p_);
+    }
+
+  private:
+    DeviceMemory* p_ = nullptr;
+};
 
 // A weight matrix, or a stack of matrices (experts, per-head slices), in its
 // storage format. Row r of slice s starts at data + s*slice_bytes + r*row_bytes.
@@ -57,17 +102,18 @@ size_t cache_elem_size(CacheType t);
 // Cache memory is allocated by the backend (alloc_cache) and owned by a
 // sequence's state.
 struct CacheRows {
-    uint8_t* data = nullptr;
+    DevPtr<uint8_t> data;
     int64_t width = 0;  // values per row
     CacheType type = CacheType::F32;
     size_t row_bytes() const { return size_t(width) * cache_elem_size(type); }
 };
 
 // Which cached rows one query attends to: either the dense prefix [0, n) or
-// an explicit list of row indices (the indexer's top-k selection).
+// an explicit list of row indices (the indexer's top-k selection, in backend
+// memory: the selection never visits the host).
 struct Visible {
-    int32_t n_dense = 0;            // > 0: rows [0, n_dense)
-    const int32_t* rows = nullptr;  // otherwise: n_rows listed rows
+    int32_t n_dense = 0;         // > 0: rows [0, n_dense)
+    DevPtr<const int32_t> rows;  // otherwise: n_rows listed rows
     int32_t n_rows = 0;
 };
 
@@ -96,13 +142,26 @@ struct Counters {
 };
 
 // Tensor parallelism: sums a partial result over the ranks that share a
-// layer's weights (provided by the multi-rank runtime).
+// layer's weights (provided by the multi-rank runtime, which moves host
+// memory; a backend whose memory is elsewhere stages through it, or talks to
+// its peers directly).
 class Reducer {
   public:
     virtual ~Reducer() = default;
     // x (n floats, host memory) becomes the sum of every rank's x, added in
     // rank order, so every rank gets the same bits.
     virtual void sum(float* x, int64_t n) = 0;
+};
+
+// Layer split: where the residual rows entering a process's first layer come
+// from, and where those leaving its last layer go (another rank, or a test's
+// host buffer). Host memory at this interface, as for Reducer.
+class RowChannel {
+  public:
+    virtual ~RowChannel() = default;
+    // n floats, in batch order.
+    virtual void receive(float* host, size_t n) = 0;
+    virtual void send(const float* host, size_t n) = 0;
 };
 
 class Backend {
@@ -114,58 +173,71 @@ class Backend {
     // ---- tensor parallelism ---------------------------------------------
     // The partial sums of a layer whose weights are split across ranks
     // become the whole sum (unchanged without a reducer: one process).
-    void reduce_sum(float* x, int64_t n) {
-        if (reducer_) reducer_->sum(x, n);
-    }
+    virtual void reduce_sum(DevPtr<float> x, int64_t n) = 0;
     void set_reducer(Reducer* r) { reducer_ = r; }
+    // Layer split: n floats of residual rows from / to the neighbouring part.
+    virtual void receive_rows(RowChannel& from, DevPtr<float> x, size_t n) = 0;
+    virtual void send_rows(RowChannel& to, DevPtr<const float> x, size_t n) = 0;
 
     // ---- memory --------------------------------------------------------
     // Scratch activations: valid until reset_scratch(). Sizes in floats.
-    virtual float* scratch(size_t n_floats) = 0;
+    virtual DevPtr<float> scratch(size_t n_floats) = 0;
+    // Scratch row indices (selections), from the same arena.
+    DevPtr<int32_t> scratch_ids(size_t n) { return scratch(n).as<int32_t>(); }
     virtual void reset_scratch() = 0;
     // Long-lived cache memory (zeroed). Freed with free_cache.
-    virtual uint8_t* alloc_cache(size_t bytes) = 0;
-    virtual void free_cache(uint8_t* p) = 0;
-    // Copies between backend memory and the host.
-    virtual void read(const float* src, float* host_dst, size_t n) = 0;
-    virtual void write(float* dst, const float* host_src, size_t n) = 0;
+    virtual DevPtr<uint8_t> alloc_cache(size_t bytes) = 0;
+    virtual void free_cache(DevPtr<uint8_t> p) = 0;
+    // Copies between backend memory and the host: the only way values cross.
+    virtual void read_bytes(DevPtr<const uint8_t> src, void* host_dst, size_t bytes) = 0;
+    virtual void write_bytes(DevPtr<uint8_t> dst, const void* host_src, size_t bytes) = 0;
+    template <class T>
+    void read(DevPtr<T> src, std::remove_const_t<T>* host_dst, size_t n) {
+        read_bytes(src.template as<const uint8_t>(), host_dst, n * sizeof(T));
+    }
+    template <class T>
+    void write(DevPtr<T> dst, const T* host_src, size_t n) {
+        write_bytes(dst.template as<uint8_t>(), host_src, n * sizeof(T));
+    }
     // `why` names the copy ("snapshot", "restore", "grow") for the profile
     // and BackendOptions::fault_hook.
-    virtual void copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes,
+    virtual void copy_cache(DevPtr<uint8_t> dst, DevPtr<const uint8_t> src, size_t bytes,
                             const char* why = "copy_cache") = 0;
 
     // ---- elementwise and norms -----------------------------------------
     // out[t] = table row ids[t] (dequantized).
-    virtual void embed(const Weight& table, std::span<const int32_t> ids, float* out) = 0;
+    virtual void embed(const Weight& table, std::span<const int32_t> ids, DevPtr<float> out) = 0;
     // y = x / sqrt(mean(x^2) + eps) (* w when w != null), per row of `dim`.
-    virtual void rms_norm(const float* x, int64_t x_stride, const float* w, int64_t n_rows,
-                          int64_t dim, float eps, float* y, int64_t y_stride) = 0;
+    virtual void rms_norm(DevPtr<const float> x, int64_t x_stride, const float* w, int64_t n_rows,
+                          int64_t dim, float eps, DevPtr<float> y, int64_t y_stride) = 0;
     // y = (x - mean) / sqrt(var + eps) * w + b, per row.
-    virtual void layer_norm(const float* x, const float* w, const float* b, int64_t n_rows,
-                            int64_t dim, float eps, float* y) = 0;
+    virtual void layer_norm(DevPtr<const float> x, const float* w, const float* b, int64_t n_rows,
+                            int64_t dim, float eps, DevPtr<float> y) = 0;
     // x[t][h*head_stride + 0..n_rot) rotated in place, GGML "normal" mode
     // (adjacent pairs), angle pos[t] * freq_base^(-2i/n_rot).
-    virtual void rope(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
+    virtual void rope(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
                       int64_t head_stride, int64_t n_rot, const int32_t* pos, float freq_base) = 0;
     // Normalised Walsh-Hadamard transform of n_vec vectors of `dim` (power of two), in place.
-    virtual void hadamard(float* x, int64_t n_vec, int64_t dim) = 0;
+    virtual void hadamard(DevPtr<float> x, int64_t n_vec, int64_t dim) = 0;
     // dst[i][0..n_cols) = src[rows ? rows[i] : i][0..n_cols) for i < n_rows.
-    virtual void copy_rows(const float* src, int64_t src_stride, const int32_t* rows,
-                           int64_t n_rows, int64_t n_cols, float* dst, int64_t dst_stride) = 0;
+    // (`rows` is the batch's plan: host memory.)
+    virtual void copy_rows(DevPtr<const float> src, int64_t src_stride, const int32_t* rows,
+                           int64_t n_rows, int64_t n_cols, DevPtr<float> dst,
+                           int64_t dst_stride) = 0;
     // y += x (n values)
-    virtual void add(float* y, const float* x, int64_t n) = 0;
+    virtual void add(DevPtr<float> y, DevPtr<const float> x, int64_t n) = 0;
     // y *= s
-    virtual void scale(float* y, float s, int64_t n) = 0;
+    virtual void scale(DevPtr<float> y, float s, int64_t n) = 0;
     // out = silu(g) * u with optional clamp (limit > 1e-6: u clamped to
     // [-limit, limit], g to at most limit); rows of n with strides.
-    virtual void swiglu(const float* g, const float* u, int64_t n_rows, int64_t n,
-                        int64_t in_stride, float clamp, float* out) = 0;
+    virtual void swiglu(DevPtr<const float> g, DevPtr<const float> u, int64_t n_rows, int64_t n,
+                        int64_t in_stride, float clamp, DevPtr<float> out) = 0;
 
     // ---- matrix products -------------------------------------------------
     // y[t][0..rows) = W . x[t] for t < n_tok. The input is rounded to the
     // weight's activation format first (Q8_0 / Q8_K / F16...), as llama.cpp does.
-    virtual void matmul(const Weight& w, const float* x, int64_t x_stride, int64_t n_tok, float* y,
-                        int64_t y_stride) = 0;
+    virtual void matmul(const Weight& w, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
+                        DevPtr<float> y, int64_t y_stride) = 0;
     // Several weights against the same input, as one op: for every j,
     // outs[j].y[t*outs[j].y_stride ..] = outs[j].w . x[t], with the results of
     // separate matmul calls, bit for bit. The input is rounded once per
@@ -174,19 +246,20 @@ class Backend {
     // worth an op each).
     struct MatmulOut {
         const Weight* w;
-        float* y;
+        DevPtr<float> y;
         int64_t y_stride;
     };
-    virtual void matmuls(std::span<const MatmulOut> outs, const float* x, int64_t x_stride,
+    virtual void matmuls(std::span<const MatmulOut> outs, DevPtr<const float> x, int64_t x_stride,
                          int64_t n_tok) = 0;
     // Per-slice products: for every slice s and token t,
     // y[t*y_tok + s*y_slice .. +rows) = W[s] . x[t*x_tok + s*x_slice .. +cols).
-    virtual void matmul_slices(const Weight& w, const float* x, int64_t x_tok, int64_t x_slice,
-                               int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice) = 0;
+    virtual void matmul_slices(const Weight& w, DevPtr<const float> x, int64_t x_tok,
+                               int64_t x_slice, int64_t n_tok, DevPtr<float> y, int64_t y_tok,
+                               int64_t y_slice) = 0;
 
     // ---- caches and attention --------------------------------------------
     // Store n_tok rows (each `width` floats, x_stride apart) at cache rows pos[t].
-    virtual void cache_store(const CacheRows& cache, const float* x, int64_t x_stride,
+    virtual void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride,
                              int64_t n_tok, const int32_t* pos) = 0;
 
     // Lightning-indexer selection for one query token: score(s) = sum_h w[h] *
@@ -194,11 +267,11 @@ class Backend {
     // highest scores (ties to the lower index) to out_rows (ascending order).
     // Queries are rounded to the cache type like the keys.
     struct IndexerQuery {
-        const float* q = nullptr;  // [n_heads][dim]
-        const float* w = nullptr;  // [n_heads]
-        CacheRows keys;            // this query's sequence's key cache
+        DevPtr<const float> q;  // [n_heads][dim]
+        DevPtr<const float> w;  // [n_heads]
+        CacheRows keys;         // this query's sequence's key cache
         int32_t n_keys = 0;
-        int32_t* out_rows = nullptr;  // top_k entries
+        DevPtr<int32_t> out_rows;  // top_k entries
     };
     virtual void indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
                                 int64_t top_k) = 0;
@@ -209,10 +282,10 @@ class Backend {
     // out[t][h] = sum_j p_j * row_j[0..v_width). With an F16 cache the query
     // and the probabilities are rounded to F16, as llama.cpp's F16 path does.
     struct AttentionQuery {
-        const float* q = nullptr;  // [n_heads][width]
+        DevPtr<const float> q;  // [n_heads][width]
         CacheRows cache;
         Visible visible;
-        float* out = nullptr;  // [n_heads][v_width]
+        DevPtr<float> out;  // [n_heads][v_width]
     };
     virtual void mla_attention(std::span<const AttentionQuery> queries, int64_t n_heads,
                                int64_t v_width, float scale) = 0;
@@ -221,7 +294,8 @@ class Backend {
     // Sigmoid router + selection bias, top n_used, renormalised and scaled
     // weights, SwiGLU experts summed in selection order, plus the shared expert.
     // x: [n_tok][E] (the normed FFN input), out: [n_tok][E] (overwritten).
-    virtual void moe(const MoeWeights& m, const float* x, int64_t n_tok, float* out) = 0;
+    virtual void moe(const MoeWeights& m, DevPtr<const float> x, int64_t n_tok,
+                     DevPtr<float> out) = 0;
 
     // ---- accounting --------------------------------------------------------
     virtual Counters counters() const = 0;
@@ -234,11 +308,12 @@ class Backend {
     // depend on how the tokens were batched.
 
     // L2 normalisation per row: y = x / max(||x||_2, eps); in place allowed.
-    virtual void l2_norm(const float* x, int64_t n_rows, int64_t dim, float eps, float* y) = 0;
+    virtual void l2_norm(DevPtr<const float> x, int64_t n_rows, int64_t dim, float eps,
+                         DevPtr<float> y) = 0;
     // y = sigmoid(y), n values in place.
-    virtual void apply_sigmoid(float* y, int64_t n) = 0;
+    virtual void apply_sigmoid(DevPtr<float> y, int64_t n) = 0;
     // y *= sigmoid(gate), n values.
-    virtual void mul_sigmoid(float* y, const float* gate, int64_t n) = 0;
+    virtual void mul_sigmoid(DevPtr<float> y, DevPtr<const float> gate, int64_t n) = 0;
 
     // Depthwise causal convolution of one sequence's new tokens, continuing
     // from the K-1 inputs before them:
@@ -247,21 +322,22 @@ class Backend {
     // oldest first). Afterwards `tail` holds the last K-1 inputs. With
     // `silu`, y = SiLU(conv). x and y must not overlap.
     struct ConvSeq {
-        const float* x = nullptr;  // [n_tok][x_stride]
-        float* tail = nullptr;     // [K-1][channels]: the new tail (the old one too when in place)
-        float* y = nullptr;        // [n_tok][y_stride]
+        DevPtr<const float> x;  // [n_tok][x_stride]
+        DevPtr<float> tail;     // [K-1][channels]: the new tail (the old one too when in place)
+        DevPtr<float> y;        // [n_tok][y_stride]
         int64_t n_tok = 0;
         // The old tail, when it lives elsewhere (double-buffered state: a
         // forward that fails leaves it untouched); null: `tail` in place.
-        const float* tail_in = nullptr;
+        DevPtr<const float> tail_in;
     };
     virtual void causal_conv(std::span<const ConvSeq> seqs, int64_t channels, const float* taps,
                              int64_t kernel, int64_t x_stride, int64_t y_stride, bool silu) = 0;
 
     // Per-channel log-decay bounded to (lower, 0):
     //   g[t][h*dim + i] = lower * sigmoid(rate[h] * (z[t][h*dim + i] + bias[h*dim + i])).
-    virtual void bounded_decay(const float* z, const float* bias, const float* rate, int64_t n_tok,
-                               int64_t n_heads, int64_t dim, float lower, float* g) = 0;
+    virtual void bounded_decay(DevPtr<const float> z, const float* bias, const float* rate,
+                               int64_t n_tok, int64_t n_heads, int64_t dim, float lower,
+                               DevPtr<float> g) = 0;
 
     // Gated delta rule, token by token in order, per head h with state
     // S [dim(key i)][dim(value j)]:
@@ -271,11 +347,11 @@ class Backend {
     // state: [n_heads][dim][dim], updated in place, or read from state_in and
     // written to state (double-buffered state; same bits either way).
     struct DeltaRuleSeq {
-        const float *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr;
-        float* state = nullptr;
-        float* out = nullptr;
+        DevPtr<const float> q, k, v, g, beta;
+        DevPtr<float> state;
+        DevPtr<float> out;
         int64_t n_tok = 0;
-        const float* state_in = nullptr;
+        DevPtr<const float> state_in;
     };
     virtual void gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n_heads, int64_t dim,
                                   float scale) = 0;
@@ -288,16 +364,18 @@ class Backend {
     //   then rows (over s) normalised, then iterations-1 times columns (over d)
     //   and rows; every normalisation divides by (sum + eps).
     // pre, post: [n_tok][S]; comb: [n_tok][S (destination)][S (source)].
-    virtual void hc_coefficients(const float* mix, int64_t n_tok, int64_t n_streams,
+    virtual void hc_coefficients(DevPtr<const float> mix, int64_t n_tok, int64_t n_streams,
                                  const float* base, const float* scale, float eps,
-                                 int64_t iterations, float* pre, float* post, float* comb) = 0;
+                                 int64_t iterations, DevPtr<float> pre, DevPtr<float> post,
+                                 DevPtr<float> comb) = 0;
     // y[t] = sum_s w[t][s] * X[t][s] (w == nullptr: the plain mean over streams).
     // X: [n_tok][n_streams][dim]; y: [n_tok][dim].
-    virtual void hc_reduce(const float* X, const float* w, int64_t n_tok, int64_t n_streams,
-                           int64_t dim, float* y) = 0;
+    virtual void hc_reduce(DevPtr<const float> X, DevPtr<const float> w, int64_t n_tok,
+                           int64_t n_streams, int64_t dim, DevPtr<float> y) = 0;
     // out[t][d] = post[t][d] * f[t] + sum_s comb[t][d][s] * X[t][s] (out != X).
-    virtual void hc_expand(const float* X, const float* f, const float* post, const float* comb,
-                           int64_t n_tok, int64_t n_streams, int64_t dim, float* out) = 0;
+    virtual void hc_expand(DevPtr<const float> X, DevPtr<const float> f, DevPtr<const float> post,
+                           DevPtr<const float> comb, int64_t n_tok, int64_t n_streams, int64_t dim,
+                           DevPtr<float> out) = 0;
 
     // Compressed keys of complete pools of `pool_size` consecutive cache rows.
     // Row r of `cells` is [key (key_width) | gate (gate_width: key_width or 1)].
@@ -309,34 +387,48 @@ class Backend {
     virtual void pool_compress(const CacheRows& cells, int64_t key_width, int64_t gate_width,
                                int64_t pool_size, const float* ape, const float* norm_w, float eps,
                                const CacheRows& pools, int64_t first_pool, int64_t n_pools) = 0;
+    // The cells a pooled selection lets one query see: its n_sel picked pools
+    // (ascending) expanded to their cells j*B .. j*B+B-1, then the cells of
+    // its trailing partial pool [(n_vis / B) * B, n_vis); `rows` receives
+    // n_sel*B + n_vis % B indices.
+    struct PoolCells {
+        DevPtr<const int32_t> picked;  // n_sel pool indices (indexer_select's output)
+        int32_t n_vis = 0;             // cells visible to the query
+        DevPtr<int32_t> rows;
+    };
+    virtual void pool_cells(std::span<const PoolCells> queries, int64_t n_sel,
+                            int64_t pool_size) = 0;
     // ==== end of glm5next ops ===================================================
 
     // ==== vision tower ops (docs/glm5next-format.md section 12.4) ================
     // y[r][i] += b[i] for r < n_rows, i < dim (rows `stride` apart).
-    virtual void add_bias(float* y, int64_t n_rows, int64_t dim, int64_t stride,
+    virtual void add_bias(DevPtr<float> y, int64_t n_rows, int64_t dim, int64_t stride,
                           const float* b) = 0;
     // y = 0.5 y (1 + erf(y / sqrt 2)), n values in place.
-    virtual void gelu_erf(float* y, int64_t n) = 0;
+    virtual void gelu_erf(DevPtr<float> y, int64_t n) = 0;
     // 2-D rotary embedding, rotate-half pairing, per head of `dim` values
     // (dim a multiple of 4) at x[t*tok_stride + h*dim]: with
     // f_i = theta^(-4i/dim) for i < dim/4 and the angles
     // a = [row[t] f | col[t] f] (dim/2 values),
     //   out[i] = x[i] cos a_i - x[i + dim/2] sin a_i,
     //   out[i + dim/2] = x[i + dim/2] cos a_i + x[i] sin a_i   (i < dim/2).
-    virtual void rope_2d(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads, int64_t dim,
-                         const int32_t* row, const int32_t* col, float theta) = 0;
+    virtual void rope_2d(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
+                         int64_t dim, const int32_t* row, const int32_t* col, float theta) = 0;
     // Non-causal attention of every token of a sequence to every token of it
     // (an image's patches): out = softmax(scale q k^T) v per head. q, k, v and
     // out are [n][stride], head h at columns h*dim.. . Streamed in tiles with
     // a running softmax: memory is O(n), never the n x n scores.
     struct FullAttentionSeq {
-        const float *q = nullptr, *k = nullptr, *v = nullptr;
-        float* out = nullptr;
+        DevPtr<const float> q, k, v;
+        DevPtr<float> out;
         int64_t n = 0;
     };
     virtual void attention_full(std::span<const FullAttentionSeq> seqs, int64_t n_heads,
                                 int64_t dim, int64_t stride, float scale) = 0;
     // ==== end of vision tower ops ===============================================
+
+  protected:
+    Reducer* reducer() const { return reducer_; }
 
   private:
     Reducer* reducer_ = nullptr;

@@ -5,11 +5,12 @@
 
 namespace glm5::backend::cpu {
 
-void CpuBackend::cache_store(const CacheRows& c, const float* x, int64_t xs, int64_t n_tok,
+void CpuBackend::cache_store(const CacheRows& c, DevPtr<const float> x_, int64_t xs, int64_t n_tok,
                              const int32_t* pos) {
+    const float* x = host(x_);
     OpTimer timer_(profile_, "cache_store", n_tok);
     for (int64_t t = 0; t < n_tok; ++t) {
-        uint8_t* dst = c.data + size_t(pos[t]) * c.row_bytes();
+        uint8_t* dst = host(c.data) + size_t(pos[t]) * c.row_bytes();
         const float* src = x + t * xs;
         if (c.type == CacheType::F32) {
             std::memcpy(dst, src, size_t(c.width) * sizeof(float));
@@ -50,22 +51,23 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
             const float* keys = nullptr;
             int64_t ks = dim;
             if (q.keys.type == CacheType::F32) {
-                keys =
-                    reinterpret_cast<const float*>(q.keys.data + size_t(s0) * q.keys.row_bytes());
+                keys = reinterpret_cast<const float*>(host(q.keys.data) +
+                                                      size_t(s0) * q.keys.row_bytes());
                 ks = int64_t(q.keys.row_bytes() / sizeof(float));
             } else {
                 for (int64_t s = s0; s < s1; ++s)
                     sv.f16_to_f32(dim,
-                                  reinterpret_cast<const uint16_t*>(q.keys.data +
+                                  reinterpret_cast<const uint16_t*>(host(q.keys.data) +
                                                                     size_t(s) * q.keys.row_bytes()),
                                   kf.data() + (s - s0) * dim);
                 keys = kf.data();
             }
-            sv.dots_f32(q.q, n_heads, keys, ks, s1 - s0, dim, qk.data(), n_heads);
+            sv.dots_f32(host(q.q), n_heads, keys, ks, s1 - s0, dim, qk.data(), n_heads);
             for (int64_t s = s0; s < s1; ++s) {
                 const float* d = qk.data() + (s - s0) * n_heads;
                 float score = 0.0f;
-                for (int64_t hh = 0; hh < n_heads; ++hh) score += std::max(d[hh], 0.0f) * q.w[hh];
+                for (int64_t hh = 0; hh < n_heads; ++hh)
+                    score += std::max(d[hh], 0.0f) * host(q.w)[hh];
                 scores[size_t(score_off[qi] + s)] = score;
             }
         }
@@ -75,7 +77,7 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
         for (int64_t qi = b; qi < e; ++qi) {
             const IndexerQuery& q = queries[size_t(qi)];
             const float* sc = scores.data() + score_off[size_t(qi)];
-            kernels::top_k_rows(sc, q.n_keys, top_k, idx, q.out_rows);
+            kernels::top_k_rows(sc, q.n_keys, top_k, idx, host(q.out_rows));
         }
     });
 }
@@ -120,17 +122,17 @@ void CpuBackend::attend_wide(const AttentionQuery& q, int64_t H, int64_t v_width
     const CacheRows& c = q.cache;
     const int64_t W = c.width;
     const int64_t n = n_visible(q);
-    const int32_t* idx = q.visible.n_dense > 0 ? nullptr : q.visible.rows;
+    const int32_t* idx = q.visible.n_dense > 0 ? nullptr : host(q.visible.rows);
     const SimdOps& sv = simd();
     // Rows [j0, ..) of the visible set, columns from c0 on.
     auto rows_from = [&](int64_t j0, int64_t c0) {
-        const uint8_t* base = c.data + size_t(c0) * sizeof(uint16_t);
+        const uint8_t* base = host(c.data) + size_t(c0) * sizeof(uint16_t);
         if (idx) return F16Rows{base, c.row_bytes(), idx + j0};
         return F16Rows{base + size_t(j0) * c.row_bytes(), c.row_bytes(), nullptr};
     };
     // Aligned: every thread's scores_f16 reads it in place.
     float* const wq = reinterpret_cast<float*>(wide_q_.get(size_t(H * W) * sizeof(float)));
-    sv.round_f16(H * W, q.q, wq);
+    sv.round_f16(H * W, host(q.q), wq);
     wide_scores_.resize(size_t(H * n));
     float* sc = wide_scores_.data();
     const int64_t T = pool_.size();
@@ -152,7 +154,7 @@ void CpuBackend::attend_wide(const AttentionQuery& q, int64_t H, int64_t v_width
             part.resize(size_t(H * w));
             sv.weighted_sum_f16(sc, n, H, rows_from(0, c0), n, w, part.data());
             for (int64_t h = 0; h < H; ++h)
-                std::memcpy(q.out + h * v_width + c0, part.data() + h * w,
+                std::memcpy(host(q.out) + h * v_width + c0, part.data() + h * w,
                             size_t(w) * sizeof(float));
         }
     });
@@ -167,18 +169,19 @@ void CpuBackend::attend(const AttentionQuery& q, int64_t h0, int64_t h1, int64_t
     const SimdOps& sv = simd();
     const quant::VecDotFn dot32 = quant::vec_dot_fn(quant::Type::F32);
     auto row_ptr = [&](int64_t j) {
-        const int64_t r = q.visible.n_dense > 0 ? j : q.visible.rows[j];
-        return c.data + size_t(r) * c.row_bytes();
+        const int64_t r = q.visible.n_dense > 0 ? j : host(q.visible.rows)[j];
+        return host(c.data) + size_t(r) * c.row_bytes();
     };
     // An F16 K cache makes the query F16 too (the activation of an F16
     // product). 64-byte aligned: scores_f16 reads it in place.
     float* const qh = reinterpret_cast<float*>(pt.q.get(size_t(nh * W) * sizeof(float)));
     if (f16)
-        sv.round_f16(nh * W, q.q + h0 * W, qh);
+        sv.round_f16(nh * W, host(q.q) + h0 * W, qh);
     else
-        std::memcpy(qh, q.q + h0 * W, size_t(nh * W) * sizeof(float));
+        std::memcpy(qh, host(q.q) + h0 * W, size_t(nh * W) * sizeof(float));
     pt.scores.resize(size_t(nh * n));
-    const F16Rows rows{c.data, c.row_bytes(), q.visible.n_dense > 0 ? nullptr : q.visible.rows};
+    const F16Rows rows{host(c.data), c.row_bytes(),
+                       q.visible.n_dense > 0 ? nullptr : host(q.visible.rows)};
     if (f16) {
         sv.scores_f16(qh, nh, W, rows, n, pt.scores.data(), n);
         for (float& v : pt.scores) v *= scale;
@@ -191,7 +194,7 @@ void CpuBackend::attend(const AttentionQuery& q, int64_t h0, int64_t h1, int64_t
     }
     for (int64_t h = 0; h < nh; ++h) sv.softmax(pt.scores.data() + h * n, n, f16);
     if (f16) {
-        sv.weighted_sum_f16(pt.scores.data(), n, nh, rows, n, v_width, q.out + h0 * v_width);
+        sv.weighted_sum_f16(pt.scores.data(), n, nh, rows, n, v_width, host(q.out) + h0 * v_width);
         return;
     }
     pt.acc.assign(size_t(nh * v_width), 0.0f);
@@ -202,7 +205,7 @@ void CpuBackend::attend(const AttentionQuery& q, int64_t h0, int64_t h1, int64_t
                         pt.acc.data() + h * v_width);
     }
     for (int64_t h = 0; h < nh; ++h)
-        std::memcpy(q.out + (h0 + h) * v_width, pt.acc.data() + h * v_width,
+        std::memcpy(host(q.out) + (h0 + h) * v_width, pt.acc.data() + h * v_width,
                     size_t(v_width) * sizeof(float));
 }
 

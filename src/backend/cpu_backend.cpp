@@ -25,7 +25,7 @@ CpuBackend::CpuBackend(const BackendOptions& opt)
     profile_.fault_hook = opt.fault_hook;
 }
 
-float* CpuBackend::scratch(size_t n) {
+DevPtr<float> CpuBackend::scratch(size_t n) {
     const size_t bytes = (n * sizeof(float) + kAlign - 1) / kAlign * kAlign;
     while (cur_ < blocks_.size() && blocks_[cur_].used + bytes > blocks_[cur_].cap) ++cur_;
     if (cur_ == blocks_.size()) {
@@ -37,7 +37,7 @@ float* CpuBackend::scratch(size_t n) {
     Block& b = blocks_[cur_];
     float* p = reinterpret_cast<float*>(b.p.get() + b.used);
     b.used += bytes;
-    return p;
+    return dev(p);
 }
 
 void CpuBackend::reset_scratch() {
@@ -45,7 +45,7 @@ void CpuBackend::reset_scratch() {
     cur_ = 0;
 }
 
-uint8_t* CpuBackend::alloc_cache(size_t bytes) {
+DevPtr<uint8_t> CpuBackend::alloc_cache(size_t bytes) {
     if (bytes >= kMappedCache) {
         void* m =
             ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -54,14 +54,15 @@ uint8_t* CpuBackend::alloc_cache(size_t bytes) {
                                 " bytes of cache");
         std::lock_guard<std::mutex> lk(mapped_mu_);
         mapped_[static_cast<uint8_t*>(m)] = bytes;
-        return static_cast<uint8_t*>(m);
+        return dev(static_cast<uint8_t*>(m));
     }
     auto* p = static_cast<uint8_t*>(aligned_malloc(std::max<size_t>(bytes, 1)));
     std::memset(p, 0, bytes);
-    return p;
+    return dev(p);
 }
 
-void CpuBackend::free_cache(uint8_t* p) {
+void CpuBackend::free_cache(DevPtr<uint8_t> p_) {
+    uint8_t* p = host(p_);
     if (!p) return;
     {
         std::lock_guard<std::mutex> lk(mapped_mu_);
@@ -75,12 +76,28 @@ void CpuBackend::free_cache(uint8_t* p) {
     std::free(p);
 }
 
-void CpuBackend::copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes, const char* why) {
+void CpuBackend::copy_cache(DevPtr<uint8_t> dst_, DevPtr<const uint8_t> src_, size_t bytes,
+                            const char* why) {
+    uint8_t* dst = host(dst_);
+    const uint8_t* src = host(src_);
     OpTimer timer_(profile_, why, int64_t(bytes));
     std::memcpy(dst, src, bytes);
 }
 
-void CpuBackend::embed(const Weight& table, std::span<const int32_t> ids, float* out) {
+void CpuBackend::reduce_sum(DevPtr<float> x, int64_t n) {
+    if (reducer()) reducer()->sum(host(x), n);
+}
+
+void CpuBackend::receive_rows(RowChannel& from, DevPtr<float> x, size_t n) {
+    from.receive(host(x), n);
+}
+
+void CpuBackend::send_rows(RowChannel& to, DevPtr<const float> x, size_t n) {
+    to.send(host(x), n);
+}
+
+void CpuBackend::embed(const Weight& table, std::span<const int32_t> ids, DevPtr<float> out_) {
+    float* out = host(out_);
     OpTimer timer_(profile_, "embed", int64_t(ids.size()));
     if (table.repacked) throw Error("embed: a repacked table has no plain rows");
     const int64_t E = table.cols;
@@ -90,16 +107,20 @@ void CpuBackend::embed(const Weight& table, std::span<const int32_t> ids, float*
     });
 }
 
-void CpuBackend::rms_norm(const float* x, int64_t xs, const float* w, int64_t n_rows, int64_t dim,
-                          float eps, float* y, int64_t ys) {
+void CpuBackend::rms_norm(DevPtr<const float> x_, int64_t xs, const float* w, int64_t n_rows,
+                          int64_t dim, float eps, DevPtr<float> y_, int64_t ys) {
+    const float* x = host(x_);
+    float* y = host(y_);
     OpTimer timer_(profile_, "rms_norm", n_rows);
     pool_.parallel_for(n_rows, 8, [&](int64_t b, int64_t e, int) {
         for (int64_t r = b; r < e; ++r) simd().rms_norm(x + r * xs, w, dim, eps, y + r * ys);
     });
 }
 
-void CpuBackend::layer_norm(const float* x, const float* w, const float* bias, int64_t n_rows,
-                            int64_t dim, float eps, float* y) {
+void CpuBackend::layer_norm(DevPtr<const float> x_, const float* w, const float* bias,
+                            int64_t n_rows, int64_t dim, float eps, DevPtr<float> y_) {
+    const float* x = host(x_);
+    float* y = host(y_);
     OpTimer timer_(profile_, "layer_norm", n_rows);
     pool_.parallel_for(n_rows, 8, [&](int64_t b, int64_t e, int) {
         for (int64_t r = b; r < e; ++r)
@@ -107,8 +128,9 @@ void CpuBackend::layer_norm(const float* x, const float* w, const float* bias, i
     });
 }
 
-void CpuBackend::rope(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
+void CpuBackend::rope(DevPtr<float> x_, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
                       int64_t head_stride, int64_t n_rot, const int32_t* pos, float freq_base) {
+    float* x = host(x_);
     OpTimer timer_(profile_, "rope", n_tok);
     pool_.parallel_for(n_tok, 4, [&](int64_t b, int64_t e, int ith) {
         std::vector<float>& cs = per_thread_[size_t(ith)].rope;
@@ -121,25 +143,32 @@ void CpuBackend::rope(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_hea
     });
 }
 
-void CpuBackend::hadamard(float* x, int64_t n_vec, int64_t dim) {
+void CpuBackend::hadamard(DevPtr<float> x_, int64_t n_vec, int64_t dim) {
+    float* x = host(x_);
     OpTimer timer_(profile_, "hadamard", n_vec);
     pool_.parallel_for(n_vec, 16, [&](int64_t b, int64_t e, int) {
         for (int64_t v = b; v < e; ++v) kernels::hadamard_row(x + v * dim, dim);
     });
 }
 
-void CpuBackend::copy_rows(const float* src, int64_t ss, const int32_t* rows, int64_t n_rows,
-                           int64_t n_cols, float* dst, int64_t ds) {
+void CpuBackend::copy_rows(DevPtr<const float> src_, int64_t ss, const int32_t* rows,
+                           int64_t n_rows, int64_t n_cols, DevPtr<float> dst_, int64_t ds) {
+    const float* src = host(src_);
+    float* dst = host(dst_);
     for (int64_t i = 0; i < n_rows; ++i)
         std::memcpy(dst + i * ds, src + (rows ? rows[i] : i) * ss, size_t(n_cols) * sizeof(float));
 }
 
-void CpuBackend::scale(float* y, float s, int64_t n) {
+void CpuBackend::scale(DevPtr<float> y_, float s, int64_t n) {
+    float* y = host(y_);
     for (int64_t i = 0; i < n; ++i) y[i] *= s;
 }
 
-void CpuBackend::swiglu(const float* g, const float* u, int64_t n_rows, int64_t n,
-                        int64_t in_stride, float clamp, float* out) {
+void CpuBackend::swiglu(DevPtr<const float> g_, DevPtr<const float> u_, int64_t n_rows, int64_t n,
+                        int64_t in_stride, float clamp, DevPtr<float> out_) {
+    const float* g = host(g_);
+    const float* u = host(u_);
+    float* out = host(out_);
     OpTimer timer_(profile_, "swiglu", n_rows);
     pool_.parallel_for(n_rows, 16, [&](int64_t b, int64_t e, int) {
         for (int64_t r = b; r < e; ++r)
@@ -147,14 +176,17 @@ void CpuBackend::swiglu(const float* g, const float* u, int64_t n_rows, int64_t 
     });
 }
 
-void CpuBackend::matmul(const Weight& w, const float* x, int64_t xs, int64_t n_tok, float* y,
-                        int64_t ys) {
+void CpuBackend::matmul(const Weight& w, DevPtr<const float> x_, int64_t xs, int64_t n_tok,
+                        DevPtr<float> y_, int64_t ys) {
+    const float* x = host(x_);
+    float* y = host(y_);
     OpTimer timer_(profile_, "matmul", n_tok, quant::name(w.type));
     products(w, 1, x, xs, 0, n_tok, y, ys, 0);
 }
 
-void CpuBackend::matmuls(std::span<const MatmulOut> outs, const float* x, int64_t xs,
+void CpuBackend::matmuls(std::span<const MatmulOut> outs, DevPtr<const float> x_, int64_t xs,
                          int64_t n_tok) {
+    const float* x = host(x_);
     OpTimer timer_(profile_, "matmuls", n_tok);
     if (n_tok <= 0 || outs.empty()) return;
     // One quantized copy of x per activation format (outs share few).
@@ -183,14 +215,18 @@ void CpuBackend::matmuls(std::span<const MatmulOut> outs, const float* x, int64_
         outs.size(), [&](size_t j) -> const Weight& { return *outs[j].w; },
         [&](size_t j, int64_t r0, int64_t r1) {
             const Act& a = acts[act_of[j]];
-            product_rows(*outs[j].w, 0, r0, r1, a.data, a.arow, n_tok, outs[j].y, outs[j].y_stride);
+            product_rows(*outs[j].w, 0, r0, r1, a.data, a.arow, n_tok, host(outs[j].y),
+                         outs[j].y_stride);
         });
     for (const MatmulOut& o : outs) weight_bytes_ += o.w->payload_bytes();
     matmul_calls_ += outs.size();
 }
 
-void CpuBackend::matmul_slices(const Weight& w, const float* x, int64_t x_tok, int64_t x_slice,
-                               int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice) {
+void CpuBackend::matmul_slices(const Weight& w, DevPtr<const float> x_, int64_t x_tok,
+                               int64_t x_slice, int64_t n_tok, DevPtr<float> y_, int64_t y_tok,
+                               int64_t y_slice) {
+    const float* x = host(x_);
+    float* y = host(y_);
     OpTimer timer_(profile_, "matmul_slices", n_tok, quant::name(w.type));
     products(w, w.slices, x, x_tok, x_slice, n_tok, y, y_tok, y_slice);
 }

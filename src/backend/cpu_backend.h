@@ -16,6 +16,7 @@
 #include <vector>
 #include "backend/backend.h"
 #include "backend/cpu_kernels.h"
+#include "backend/cpu_memory.h"
 #include "backend/cpu_simd.h"
 #include "core/error.h"
 #include "core/fp16.h"
@@ -112,58 +113,64 @@ class CpuBackend final : public Backend {
     int n_threads() const override { return pool_.size(); }
 
     // ---- memory ------------------------------------------------------------
-    float* scratch(size_t n) override;
+    DevPtr<float> scratch(size_t n_floats) override;
     void reset_scratch() override;
     // Large caches are anonymous mappings: zero without being written, and
     // resident only as their rows are filled (the memory plan counts the
     // whole size; a full context is not touched before it is used).
-    uint8_t* alloc_cache(size_t bytes) override;
-    void free_cache(uint8_t* p) override;
-    void read(const float* src, float* dst, size_t n) override {
-        std::memcpy(dst, src, n * sizeof(float));
+    DevPtr<uint8_t> alloc_cache(size_t bytes) override;
+    void free_cache(DevPtr<uint8_t> p) override;
+    void read_bytes(DevPtr<const uint8_t> src, void* dst, size_t bytes) override {
+        std::memcpy(dst, host(src), bytes);
     }
-    void write(float* dst, const float* src, size_t n) override {
-        std::memcpy(dst, src, n * sizeof(float));
+    void write_bytes(DevPtr<uint8_t> dst, const void* src, size_t bytes) override {
+        std::memcpy(host(dst), src, bytes);
     }
-    void copy_cache(uint8_t* dst, const uint8_t* src, size_t bytes,
+    // Multi-rank exchanges: the CPU backend's memory is the host's.
+    void reduce_sum(DevPtr<float> x, int64_t n) override;
+    void receive_rows(RowChannel& from, DevPtr<float> x, size_t n) override;
+    void send_rows(RowChannel& to, DevPtr<const float> x, size_t n) override;
+    void copy_cache(DevPtr<uint8_t> dst, DevPtr<const uint8_t> src, size_t bytes,
                     const char* why = "copy_cache") override;
 
     // ---- elementwise ---------------------------------------------------------
-    void embed(const Weight& table, std::span<const int32_t> ids, float* out) override;
+    void embed(const Weight& table, std::span<const int32_t> ids, DevPtr<float> out) override;
 
-    void rms_norm(const float* x, int64_t xs, const float* w, int64_t n_rows, int64_t dim,
-                  float eps, float* y, int64_t ys) override;
+    void rms_norm(DevPtr<const float> x, int64_t x_stride, const float* w, int64_t n_rows,
+                  int64_t dim, float eps, DevPtr<float> y, int64_t y_stride) override;
 
-    void layer_norm(const float* x, const float* w, const float* bias, int64_t n_rows, int64_t dim,
-                    float eps, float* y) override;
+    void layer_norm(DevPtr<const float> x, const float* w, const float* b, int64_t n_rows,
+                    int64_t dim, float eps, DevPtr<float> y) override;
 
-    void rope(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads, int64_t head_stride,
-              int64_t n_rot, const int32_t* pos, float freq_base) override;
+    void rope(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
+              int64_t head_stride, int64_t n_rot, const int32_t* pos, float freq_base) override;
 
-    void hadamard(float* x, int64_t n_vec, int64_t dim) override;
+    void hadamard(DevPtr<float> x, int64_t n_vec, int64_t dim) override;
 
-    void copy_rows(const float* src, int64_t ss, const int32_t* rows, int64_t n_rows,
-                   int64_t n_cols, float* dst, int64_t ds) override;
+    void copy_rows(DevPtr<const float> src, int64_t src_stride, const int32_t* rows, int64_t n_rows,
+                   int64_t n_cols, DevPtr<float> dst, int64_t dst_stride) override;
 
-    void add(float* y, const float* x, int64_t n) override { kernels::add_row(y, x, n); }
+    void add(DevPtr<float> y, DevPtr<const float> x, int64_t n) override {
+        kernels::add_row(host(y), host(x), n);
+    }
 
-    void scale(float* y, float s, int64_t n) override;
+    void scale(DevPtr<float> y, float s, int64_t n) override;
 
-    void swiglu(const float* g, const float* u, int64_t n_rows, int64_t n, int64_t in_stride,
-                float clamp, float* out) override;
+    void swiglu(DevPtr<const float> g, DevPtr<const float> u, int64_t n_rows, int64_t n,
+                int64_t in_stride, float clamp, DevPtr<float> out) override;
 
     // ---- matrix products -------------------------------------------------------
-    void matmul(const Weight& w, const float* x, int64_t xs, int64_t n_tok, float* y,
-                int64_t ys) override;
+    void matmul(const Weight& w, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
+                DevPtr<float> y, int64_t y_stride) override;
 
-    void matmuls(std::span<const MatmulOut> outs, const float* x, int64_t xs,
+    void matmuls(std::span<const MatmulOut> outs, DevPtr<const float> x, int64_t x_stride,
                  int64_t n_tok) override;
 
-    void matmul_slices(const Weight& w, const float* x, int64_t x_tok, int64_t x_slice,
-                       int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice) override;
+    void matmul_slices(const Weight& w, DevPtr<const float> x, int64_t x_tok, int64_t x_slice,
+                       int64_t n_tok, DevPtr<float> y, int64_t y_tok, int64_t y_slice) override;
 
     // ---- caches and attention ----------------------------------------------------
-    void cache_store(const CacheRows& c, const float* x, int64_t xs, int64_t n_tok,
+    void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
                      const int32_t* pos) override;
 
     void indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
@@ -173,34 +180,39 @@ class CpuBackend final : public Backend {
                        float scale) override;
 
     // ---- mixture of experts ----------------------------------------------------
-    void moe(const MoeWeights& m, const float* x, int64_t T, float* out) override;  // cpu_moe.cpp
+    void moe(const MoeWeights& m, DevPtr<const float> x, int64_t n_tok,
+             DevPtr<float> out) override;  // cpu_moe.cpp
 
     // ==== glm5next ops (cpu_kda.cpp, cpu_hyper.cpp, cpu_pool_indexer.cpp) ======
-    void l2_norm(const float* x, int64_t n_rows, int64_t dim, float eps, float* y) override;
-    void apply_sigmoid(float* y, int64_t n) override;
-    void mul_sigmoid(float* y, const float* gate, int64_t n) override;
+    void l2_norm(DevPtr<const float> x, int64_t n_rows, int64_t dim, float eps,
+                 DevPtr<float> y) override;
+    void apply_sigmoid(DevPtr<float> y, int64_t n) override;
+    void mul_sigmoid(DevPtr<float> y, DevPtr<const float> gate, int64_t n) override;
     void causal_conv(std::span<const ConvSeq> seqs, int64_t channels, const float* taps,
                      int64_t kernel, int64_t x_stride, int64_t y_stride, bool silu) override;
-    void bounded_decay(const float* z, const float* bias, const float* rate, int64_t n_tok,
-                       int64_t n_heads, int64_t dim, float lower, float* g) override;
+    void bounded_decay(DevPtr<const float> z, const float* bias, const float* rate, int64_t n_tok,
+                       int64_t n_heads, int64_t dim, float lower, DevPtr<float> g) override;
     void gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n_heads, int64_t dim,
                           float scale) override;
-    void hc_coefficients(const float* mix, int64_t n_tok, int64_t n_streams, const float* base,
-                         const float* scale, float eps, int64_t iterations, float* pre, float* post,
-                         float* comb) override;
-    void hc_reduce(const float* X, const float* w, int64_t n_tok, int64_t n_streams, int64_t dim,
-                   float* y) override;
-    void hc_expand(const float* X, const float* f, const float* post, const float* comb,
-                   int64_t n_tok, int64_t n_streams, int64_t dim, float* out) override;
+    void hc_coefficients(DevPtr<const float> mix, int64_t n_tok, int64_t n_streams,
+                         const float* base, const float* scale, float eps, int64_t iterations,
+                         DevPtr<float> pre, DevPtr<float> post, DevPtr<float> comb) override;
+    void hc_reduce(DevPtr<const float> X, DevPtr<const float> w, int64_t n_tok, int64_t n_streams,
+                   int64_t dim, DevPtr<float> y) override;
+    void hc_expand(DevPtr<const float> X, DevPtr<const float> f, DevPtr<const float> post,
+                   DevPtr<const float> comb, int64_t n_tok, int64_t n_streams, int64_t dim,
+                   DevPtr<float> out) override;
     void pool_compress(const CacheRows& cells, int64_t key_width, int64_t gate_width,
                        int64_t pool_size, const float* ape, const float* norm_w, float eps,
                        const CacheRows& pools, int64_t first_pool, int64_t n_pools) override;
+    void pool_cells(std::span<const PoolCells> queries, int64_t n_sel, int64_t pool_size) override;
     // ==== end of glm5next ops =====================================================
 
     // ==== vision tower ops (cpu_vision.cpp) ========================================
-    void add_bias(float* y, int64_t n_rows, int64_t dim, int64_t stride, const float* b) override;
-    void gelu_erf(float* y, int64_t n) override;
-    void rope_2d(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads, int64_t dim,
+    void add_bias(DevPtr<float> y, int64_t n_rows, int64_t dim, int64_t stride,
+                  const float* b) override;
+    void gelu_erf(DevPtr<float> y, int64_t n) override;
+    void rope_2d(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64_t n_heads, int64_t dim,
                  const int32_t* row, const int32_t* col, float theta) override;
     void attention_full(std::span<const FullAttentionSeq> seqs, int64_t n_heads, int64_t dim,
                         int64_t stride, float scale) override;
@@ -227,7 +239,7 @@ class CpuBackend final : public Backend {
 
     // Row s of a cache as floats (a pointer into the cache when it is F32).
     static const float* load_row(const CacheRows& c, int64_t s, float* buf) {
-        const uint8_t* p = c.data + size_t(s) * c.row_bytes();
+        const uint8_t* p = host(c.data) + size_t(s) * c.row_bytes();
         if (c.type == CacheType::F32) return reinterpret_cast<const float*>(p);
         simd().f16_to_f32(c.width, reinterpret_cast<const uint16_t*>(p), buf);
         return buf;

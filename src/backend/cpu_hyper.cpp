@@ -5,9 +5,13 @@
 
 namespace glm5::backend::cpu {
 
-void CpuBackend::hc_coefficients(const float* mix, int64_t T, int64_t S, const float* base,
-                                 const float* scale, float eps, int64_t iterations, float* pre,
-                                 float* post, float* comb) {
+void CpuBackend::hc_coefficients(DevPtr<const float> mix_, int64_t T, int64_t S, const float* base,
+                                 const float* scale, float eps, int64_t iterations,
+                                 DevPtr<float> pre_, DevPtr<float> post_, DevPtr<float> comb_) {
+    const float* mix = host(mix_);
+    float* pre = host(pre_);
+    float* post = host(post_);
+    float* comb = host(comb_);
     const int64_t M = (2 + S) * S;
     pool_.parallel_for(T, 8, [&](int64_t b, int64_t e, int) {
         // The S x S matrix is tiny: iterate it in double, round once at the end.
@@ -59,8 +63,11 @@ void CpuBackend::hc_coefficients(const float* mix, int64_t T, int64_t S, const f
     });
 }
 
-void CpuBackend::hc_reduce(const float* X, const float* w, int64_t T, int64_t S, int64_t E,
-                           float* y) {
+void CpuBackend::hc_reduce(DevPtr<const float> X_, DevPtr<const float> w_, int64_t T, int64_t S,
+                           int64_t E, DevPtr<float> y_) {
+    const float* X = host(X_);
+    const float* w = host(w_);
+    float* y = host(y_);
     pool_.parallel_for(T, 4, [&](int64_t b, int64_t e, int) {
         for (int64_t t = b; t < e; ++t) {
             const float* x = X + t * S * E;
@@ -84,8 +91,14 @@ void CpuBackend::hc_reduce(const float* X, const float* w, int64_t T, int64_t S,
     });
 }
 
-void CpuBackend::hc_expand(const float* X, const float* f, const float* post, const float* comb,
-                           int64_t T, int64_t S, int64_t E, float* out) {
+void CpuBackend::hc_expand(DevPtr<const float> X_, DevPtr<const float> f_,
+                           DevPtr<const float> post_, DevPtr<const float> comb_, int64_t T,
+                           int64_t S, int64_t E, DevPtr<float> out_) {
+    const float* X = host(X_);
+    const float* f = host(f_);
+    const float* post = host(post_);
+    const float* comb = host(comb_);
+    float* out = host(out_);
     pool_.parallel_for(T, 4, [&](int64_t b, int64_t e, int) {
         for (int64_t t = b; t < e; ++t) {
             const float* x = X + t * S * E;

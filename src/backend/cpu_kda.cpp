@@ -8,7 +8,10 @@
 
 namespace glm5::backend::cpu {
 
-void CpuBackend::l2_norm(const float* x, int64_t n_rows, int64_t dim, float eps, float* y) {
+void CpuBackend::l2_norm(DevPtr<const float> x_, int64_t n_rows, int64_t dim, float eps,
+                         DevPtr<float> y_) {
+    const float* x = host(x_);
+    float* y = host(y_);
     pool_.parallel_for(n_rows, 16, [&](int64_t b, int64_t e, int) {
         for (int64_t r = b; r < e; ++r) {
             const float* xr = x + r * dim;
@@ -22,11 +25,14 @@ void CpuBackend::l2_norm(const float* x, int64_t n_rows, int64_t dim, float eps,
     });
 }
 
-void CpuBackend::apply_sigmoid(float* y, int64_t n) {
+void CpuBackend::apply_sigmoid(DevPtr<float> y_, int64_t n) {
+    float* y = host(y_);
     for (int64_t i = 0; i < n; ++i) y[i] = sigmoid(y[i]);
 }
 
-void CpuBackend::mul_sigmoid(float* y, const float* gate, int64_t n) {
+void CpuBackend::mul_sigmoid(DevPtr<float> y_, DevPtr<const float> gate_, int64_t n) {
+    float* y = host(y_);
+    const float* gate = host(gate_);
     for (int64_t i = 0; i < n; ++i) y[i] *= sigmoid(gate[i]);
 }
 
@@ -45,30 +51,35 @@ void CpuBackend::causal_conv(std::span<const ConvSeq> seqs, int64_t C, const flo
             const ConvSeq& s = seqs[size_t(task / blocks)];
             const int64_t c0 = (task % blocks) * kBlock, c1 = std::min(C, c0 + kBlock);
             const int64_t n = s.n_tok;
-            const float* old_tail = s.tail_in ? s.tail_in : s.tail;
+            const float* old_tail = host(s.tail_in ? s.tail_in : DevPtr<const float>(s.tail));
+            const float* sx = host(s.x);
+            float* sy = host(s.y);
+            float* stail = host(s.tail);
             // Input at (relative) time tau: from the tail before the batch,
             // from the batch itself from 0 on.
             auto in = [&](int64_t tau, int64_t c) {
-                return tau < 0 ? old_tail[(n_tail + tau) * C + c] : s.x[tau * xs + c];
+                return tau < 0 ? old_tail[(n_tail + tau) * C + c] : sx[tau * xs + c];
             };
             for (int64_t c = c0; c < c1; ++c) {
                 const float* w = taps + c * K;
                 for (int64_t t = 0; t < n; ++t) {
                     float acc = 0.0f;
                     for (int64_t j = 0; j < K; ++j) acc += w[j] * in(t - n_tail + j, c);
-                    s.y[t * ys + c] = use_silu ? silu(acc) : acc;
+                    sy[t * ys + c] = use_silu ? silu(acc) : acc;
                 }
                 // New tail row i is the input at time n - (K-1) + i; in place,
                 // reading old tail rows i + n > i before overwriting row i is safe.
                 for (int64_t i = 0; i < n_tail && n > 0; ++i)
-                    s.tail[i * C + c] = in(n - n_tail + i, c);
+                    stail[i * C + c] = in(n - n_tail + i, c);
             }
         }
     });
 }
 
-void CpuBackend::bounded_decay(const float* z, const float* bias, const float* rate, int64_t n_tok,
-                               int64_t H, int64_t D, float lower, float* g) {
+void CpuBackend::bounded_decay(DevPtr<const float> z_, const float* bias, const float* rate,
+                               int64_t n_tok, int64_t H, int64_t D, float lower, DevPtr<float> g_) {
+    const float* z = host(z_);
+    float* g = host(g_);
     pool_.parallel_for(n_tok, 16, [&](int64_t b, int64_t e, int) {
         for (int64_t t = b; t < e; ++t)
             for (int64_t h = 0; h < H; ++h)
@@ -98,16 +109,16 @@ void CpuBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t H,
         for (int64_t task = b; task < e; ++task) {
             const DeltaRuleSeq& s = seqs[size_t(task / H)];
             const int64_t h = task % H;
-            float* S = s.state + h * D * D;  // S[i][j]: key channel i, value channel j
+            float* S = host(s.state) + h * D * D;  // S[i][j]: key channel i, value channel j
             // The first token reads the old state where it lives.
-            const float* S0 = s.state_in ? s.state_in + h * D * D : S;
+            const float* S0 = s.state_in ? host(s.state_in) + h * D * D : S;
             for (int64_t t = 0; t < s.n_tok; ++t) {
                 const float* Sr = t == 0 ? S0 : S;
-                const float* q = s.q + t * HD + h * D;
-                const float* k = s.k + t * HD + h * D;
-                const float* v = s.v + t * HD + h * D;
-                const float* g = s.g + t * HD + h * D;
-                const float beta = s.beta[t * H + h];
+                const float* q = host(s.q) + t * HD + h * D;
+                const float* k = host(s.k) + t * HD + h * D;
+                const float* v = host(s.v) + t * HD + h * D;
+                const float* g = host(s.g) + t * HD + h * D;
+                const float beta = host(s.beta)[t * H + h];
                 for (int64_t i = 0; i < D; ++i) decay[i] = std::exp(g[i]);
                 // Decay the state, then read it with the key: acc = S^T k.
                 sv.delta_decay(D, Sr, decay, k, S, acc);
@@ -115,7 +126,7 @@ void CpuBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t H,
                 // read from the updated state: acc = S^T q.
                 for (int64_t j = 0; j < D; ++j) upd[j] = beta * (v[j] - acc[j]);
                 sv.delta_update(D, k, upd, q, S, acc);
-                float* o = s.out + t * HD + h * D;
+                float* o = host(s.out) + t * HD + h * D;
                 for (int64_t j = 0; j < D; ++j) o[j] = scale * acc[j];
             }
         }

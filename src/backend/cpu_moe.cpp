@@ -7,7 +7,9 @@
 
 namespace glm5::backend::cpu {
 
-void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out) {
+void CpuBackend::moe(const MoeWeights& m, DevPtr<const float> x_, int64_t T, DevPtr<float> out_) {
+    const float* x = host(x_);
+    float* out = host(out_);
     OpTimer timer_(profile_, "moe", T);
     const int64_t E = m.router.cols, X = m.router.rows, K = m.n_used, F = m.gate.rows;
 
@@ -157,8 +159,8 @@ void CpuBackend::moe(const MoeWeights& m, const float* x, int64_t T, float* out)
             else
                 product_rows(*un.up, un.slice, r0, r1, un.au, un.arow_u, un.n, un.u, un.width);
         });
-    swiglu(g, u, P, F, F, m.clamp_routed, g);
-    if (shared) swiglu(g + P * F, u + P * F, T, S, S, m.clamp_shared, g + P * F);
+    swiglu(dev(g), dev(u), P, F, F, m.clamp_routed, dev(g));
+    if (shared) swiglu(dev(g + P * F), dev(u + P * F), T, S, S, m.clamp_shared, dev(g + P * F));
 
     phase.reset();
     phase.emplace(profile_, "moe.down", T);

@@ -45,9 +45,20 @@ void CpuBackend::pool_compress(const CacheRows& cells, int64_t Dk, int64_t Gw, i
             }
             simd().rms_norm(pooled.data(), norm_w, Dk, eps, pooled.data());
             const int32_t row = int32_t(j);
-            cache_store(pools, pooled.data(), Dk, 1, &row);
+            cache_store(pools, dev(pooled.data()), Dk, 1, &row);
         }
     });
+}
+
+void CpuBackend::pool_cells(std::span<const PoolCells> queries, int64_t n_sel, int64_t B) {
+    for (const PoolCells& q : queries) {
+        const int32_t* picked = host(q.picked);
+        int32_t* r = host(q.rows);
+        int64_t n = 0;
+        for (int64_t j = 0; j < n_sel; ++j)
+            for (int64_t s = 0; s < B; ++s) r[n++] = int32_t(picked[j] * B + s);
+        for (int64_t cell = (q.n_vis / B) * B; cell < q.n_vis; ++cell) r[n++] = int32_t(cell);
+    }
 }
 
 }  // namespace glm5::backend::cpu

@@ -48,14 +48,17 @@ const AttnTileOps& attn_tile_ops(int64_t dim) {
     return have_avx2 && dim % 8 == 0 ? fast : scalar;
 }
 
-void CpuBackend::add_bias(float* y, int64_t n_rows, int64_t dim, int64_t stride, const float* b) {
+void CpuBackend::add_bias(DevPtr<float> y_, int64_t n_rows, int64_t dim, int64_t stride,
+                          const float* b) {
+    float* y = host(y_);
     OpTimer timer_(profile_, "add_bias", n_rows);
     pool_.parallel_for(n_rows, 64, [&](int64_t r0, int64_t r1, int) {
         for (int64_t r = r0; r < r1; ++r) kernels::add_row(y + r * stride, b, dim);
     });
 }
 
-void CpuBackend::gelu_erf(float* y, int64_t n) {
+void CpuBackend::gelu_erf(DevPtr<float> y_, int64_t n) {
+    float* y = host(y_);
     OpTimer timer_(profile_, "gelu_erf", n);
     pool_.parallel_for(n, 4096, [&](int64_t b, int64_t e, int) {
         for (int64_t i = b; i < e; ++i)
@@ -63,8 +66,9 @@ void CpuBackend::gelu_erf(float* y, int64_t n) {
     });
 }
 
-void CpuBackend::rope_2d(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads, int64_t dim,
-                         const int32_t* row, const int32_t* col, float theta) {
+void CpuBackend::rope_2d(DevPtr<float> x_, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
+                         int64_t dim, const int32_t* row, const int32_t* col, float theta) {
+    float* x = host(x_);
     OpTimer timer_(profile_, "rope_2d", n_tok);
     const int64_t half = dim / 2, quarter = dim / 4;
     // Angles in double (positions reach a few hundred), rounded once.
@@ -113,7 +117,7 @@ void CpuBackend::attention_full(std::span<const FullAttentionSeq> seqs, int64_t 
             for (int64_t hc = b; hc < e; ++hc) {
                 const int64_t h = hc / D, c = hc % D;
                 float* dst = kt + hc * npad;
-                const float* src = sq.k + h * D + c;
+                const float* src = host(sq.k) + h * D + c;
                 for (int64_t j = 0; j < n; ++j) dst[j] = src[j * stride];
                 for (int64_t j = n; j < npad; ++j) dst[j] = 0.0f;
             }
@@ -130,7 +134,7 @@ void CpuBackend::attention_full(std::span<const FullAttentionSeq> seqs, int64_t 
             for (int64_t task = b; task < e; ++task) {
                 const int64_t h = task / qblocks, i0 = (task % qblocks) * kQueryTile;
                 const int64_t nq = std::min(kQueryTile, n - i0);
-                const float* q = sq.q + i0 * stride + h * D;
+                const float* q = host(sq.q) + i0 * stride + h * D;
                 const float* khead = kt + h * D * npad;
                 std::fill(O, O + nq * D, 0.0f);
                 for (int64_t i = 0; i < nq; ++i) {
@@ -154,11 +158,11 @@ void CpuBackend::attention_full(std::span<const FullAttentionSeq> seqs, int64_t 
                         }
                         sum[i] += ops.exp_sum(si, nk, m);
                     }
-                    ops.pv(S, kKeyTile, nq, sq.v + j0 * stride + h * D, stride, nk, D, O, D);
+                    ops.pv(S, kKeyTile, nq, host(sq.v) + j0 * stride + h * D, stride, nk, D, O, D);
                 }
                 for (int64_t i = 0; i < nq; ++i) {
                     const float inv = 1.0f / sum[i];
-                    float* out = sq.out + (i0 + i) * stride + h * D;
+                    float* out = host(sq.out) + (i0 + i) * stride + h * D;
                     for (int64_t c = 0; c < D; ++c) out[c] = O[i * D + c] * inv;
                 }
             }

@@ -330,7 +330,7 @@ void SplitModel::forward(std::span<const model::SeqInput> inputs, std::vector<fl
             // meet inside it (TensorReducer). Committed once all succeeded.
             std::string error;
             try {
-                local_->forward(local, logits, model::LayerSpan{0, -1, {}, nullptr, false});
+                local_->forward(local, logits, model::LayerSpan{0, -1, nullptr, nullptr, false});
             } catch (const std::exception& e) {
                 error = e.what();
             }
@@ -346,7 +346,8 @@ void SplitModel::forward(std::span<const model::SeqInput> inputs, std::vector<fl
             std::vector<float> hidden, unused;
             if (error.empty()) {
                 try {
-                    model::LayerSpan mine{0, ranks_[0].layer_end, {}, &hidden, false};
+                    model::HostRows out({}, &hidden);
+                    model::LayerSpan mine{0, ranks_[0].layer_end, nullptr, &out, false};
                     local_->forward(std::span(local).subspan(begin, end - begin), unused, mine);
                 } catch (const std::exception& e) {
                     error = e.what();
@@ -507,7 +508,8 @@ int serve_rank(Comm& comm, model::Model& local, bool tp) {
                     std::vector<float> logits;
                     if (error.empty()) {
                         try {
-                            local.forward(in, logits, model::LayerSpan{0, -1, {}, nullptr, false});
+                            local.forward(in, logits,
+                                          model::LayerSpan{0, -1, nullptr, nullptr, false});
                         } catch (const std::exception& e) {
                             error = e.what();
                         }
@@ -529,8 +531,9 @@ int serve_rank(Comm& comm, model::Model& local, bool tp) {
                     if (error.empty() && (end < begin || end > n)) error = "malformed micro-batch";
                     if (error.empty()) {
                         try {
+                            model::HostRows rows(hidden_in, &hidden_out);
                             model::LayerSpan span{info.layer_first, last ? -1 : info.layer_end,
-                                                  hidden_in, &hidden_out, false};
+                                                  &rows, &rows, false};
                             local.forward(std::span(in).subspan(begin, end - begin), logits, span);
                         } catch (const std::exception& e) {
                             error = e.what();

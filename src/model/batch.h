@@ -78,14 +78,13 @@ FlatBatch<State> flatten_batch(std::span<const SeqInput> inputs, int64_t n_vocab
 }
 
 // A forward's span resolved against the trunk: layers [first, end), and
-// whether it ends with the head. Throws on a span outside the trunk, missing
-// hidden rows or rows of the wrong size for `rows` tokens of `width` floats.
+// whether it ends with the head. Throws on a span outside the trunk or one
+// without the channel its rows enter or leave by.
 struct SpanRange {
     int64_t first = 0, end = 0;
     bool head = true;
 };
-inline SpanRange check_span(const LayerSpan& s, const HeldLayers& held, int64_t rows, int64_t width,
-                            const char* arch) {
+inline SpanRange check_span(const LayerSpan& s, const HeldLayers& held, const char* arch) {
     const int64_t n_layer = held.n_layer;
     SpanRange r{s.first, s.end < 0 ? n_layer : s.end, s.end < 0 || s.end == n_layer};
     const std::string what = std::string(arch) + ": layer span [" + std::to_string(r.first) + ", " +
@@ -96,10 +95,8 @@ inline SpanRange check_span(const LayerSpan& s, const HeldLayers& held, int64_t 
         throw Error(what + " runs layers this process does not hold (it holds [" +
                     std::to_string(held.first) + ", " + std::to_string(held.end) + ")" +
                     (held.head ? " and the head)" : ")"));
-    if (r.first > 0 && s.hidden_in.size() != size_t(rows * width))
-        throw Error(what + ": " + std::to_string(s.hidden_in.size()) +
-                    " hidden values in, the batch needs " + std::to_string(rows * width));
-    if (!r.head && !s.hidden_out) throw Error(what + " ends before the head and has no hidden_out");
+    if (r.first > 0 && !s.rows_in) throw Error(what + " starts after layer 0 and has no rows_in");
+    if (!r.head && !s.rows_out) throw Error(what + " ends before the head and has no rows_out");
     return r;
 }
 

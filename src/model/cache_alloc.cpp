@@ -16,13 +16,13 @@ void check_capacity(int64_t rows, int64_t n_past, int64_t n_ctx) {
 }
 
 void resize_caches(backend::Backend& be, std::span<const CacheResize> caches) {
-    std::vector<uint8_t*> fresh(caches.size(), nullptr);
+    std::vector<backend::DevPtr<uint8_t>> fresh(caches.size());
     try {
         for (size_t i = 0; i < caches.size(); ++i)
             if (caches[i].cache->width)
                 fresh[i] = be.alloc_cache(caches[i].cache->row_bytes() * size_t(caches[i].rows));
     } catch (...) {
-        for (uint8_t* p : fresh)
+        for (const backend::DevPtr<uint8_t>& p : fresh)
             if (p) be.free_cache(p);
         throw;
     }

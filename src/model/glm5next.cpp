@@ -20,6 +20,7 @@ namespace glm5::model {
 using backend::Backend;
 using backend::CacheRows;
 using backend::CacheType;
+using backend::DevPtr;
 
 namespace {
 
@@ -60,8 +61,8 @@ class NextState final : public SequenceState {
             }
         }
         try {
-            kda_ = reinterpret_cast<float*>(be_.alloc_cache(kda_bytes()));
-            next_ = reinterpret_cast<float*>(be_.alloc_cache(kda_bytes()));
+            kda_ = be_.alloc_cache(kda_bytes()).as<float>();
+            next_ = be_.alloc_cache(kda_bytes()).as<float>();
             resize(capacity);
         } catch (...) {
             release();
@@ -70,8 +71,8 @@ class NextState final : public SequenceState {
     }
     ~NextState() override { release(); }
     void release() {
-        if (kda_) be_.free_cache(reinterpret_cast<uint8_t*>(kda_));
-        if (next_) be_.free_cache(reinterpret_cast<uint8_t*>(next_));
+        if (kda_) be_.free_cache(kda_.as<uint8_t>());
+        if (next_) be_.free_cache(next_.as<uint8_t>());
         kda_ = next_ = nullptr;
         for (auto& ls : layers_)
             for (CacheRows* c : {&ls.latent, &ls.cells, &ls.pools})
@@ -82,9 +83,9 @@ class NextState final : public SequenceState {
 
     void reset() override {
         // Fresh (zeroed) recurrent state; positional caches are simply reused.
-        be_.free_cache(reinterpret_cast<uint8_t*>(kda_));
+        be_.free_cache(kda_.as<uint8_t>());
         kda_ = nullptr;
-        kda_ = reinterpret_cast<float*>(be_.alloc_cache(kda_bytes()));
+        kda_ = be_.alloc_cache(kda_bytes()).as<float>();
         n_past_ = 0;
         ++epoch_;
     }
@@ -102,8 +103,8 @@ class NextState final : public SequenceState {
         const NextState* owner;
         uint64_t epoch;
         int64_t n;
-        uint8_t* kda;
-        Snapshot(Backend& b, const NextState* o, uint64_t e, int64_t n_, uint8_t* k)
+        DevPtr<uint8_t> kda;
+        Snapshot(Backend& b, const NextState* o, uint64_t e, int64_t n_, DevPtr<uint8_t> k)
             : be(b), owner(o), epoch(e), n(n_), kda(k) {}
         ~Snapshot() override { be.free_cache(kda); }
         int64_t n_past() const override { return n; }
@@ -111,8 +112,8 @@ class NextState final : public SequenceState {
     // Spec 8: the KDA tails and states plus the position; the positional
     // caches need no copy (rows past n_past are overwritten when re-forwarded).
     std::unique_ptr<StateSnapshot> snapshot() const override {
-        uint8_t* copy = be_.alloc_cache(kda_bytes());
-        be_.copy_cache(copy, reinterpret_cast<const uint8_t*>(kda_), kda_bytes(), "snapshot");
+        const DevPtr<uint8_t> copy = be_.alloc_cache(kda_bytes());
+        be_.copy_cache(copy, kda_.as<const uint8_t>(), kda_bytes(), "snapshot");
         return std::make_unique<Snapshot>(be_, this, epoch_, n_past_, copy);
     }
     void restore(const StateSnapshot& s) override {
@@ -120,7 +121,7 @@ class NextState final : public SequenceState {
         if (!snap || snap->owner != this) throw Error("restore: snapshot of another sequence");
         if (snap->epoch != epoch_ || snap->n > n_past_)
             throw Error("restore: the sequence was reset since the snapshot");
-        be_.copy_cache(reinterpret_cast<uint8_t*>(kda_), snap->kda, kda_bytes(), "restore");
+        be_.copy_cache(kda_.as<uint8_t>(), snap->kda, kda_bytes(), "restore");
         n_past_ = snap->n;
     }
     size_t memory_bytes() const override {
@@ -159,14 +160,14 @@ class NextState final : public SequenceState {
 
     // Where a forward reads a KDA layer's state (the current block) and where
     // it writes the new one (the other block).
-    const float* conv_tail_in(int64_t il, int u, int64_t tail_rows_x_di) const {
+    DevPtr<const float> conv_tail_in(int64_t il, int u, int64_t tail_rows_x_di) const {
         return kda_ + layers_[size_t(il)].tail_off + u * tail_rows_x_di;
     }
-    float* conv_tail_out(int64_t il, int u, int64_t tail_rows_x_di) const {
+    DevPtr<float> conv_tail_out(int64_t il, int u, int64_t tail_rows_x_di) const {
         return next_ + layers_[size_t(il)].tail_off + u * tail_rows_x_di;
     }
-    const float* delta_in(int64_t il) const { return kda_ + layers_[size_t(il)].delta_off; }
-    float* delta_out(int64_t il) const { return next_ + layers_[size_t(il)].delta_off; }
+    DevPtr<const float> delta_in(int64_t il) const { return kda_ + layers_[size_t(il)].delta_off; }
+    DevPtr<float> delta_out(int64_t il) const { return next_ + layers_[size_t(il)].delta_off; }
     const CacheRows& latent(int64_t il) const { return layers_[size_t(il)].latent; }
     const CacheRows& cells(int64_t il) const { return layers_[size_t(il)].cells; }
     const CacheRows& pools(int64_t il) const { return layers_[size_t(il)].pools; }
@@ -186,8 +187,8 @@ class NextState final : public SequenceState {
     uint64_t epoch_ = 0;
     std::vector<LayerState> layers_;
     int64_t kda_floats_ = 0;
-    float* kda_ = nullptr;   // the current KDA block
-    float* next_ = nullptr;  // what the forward in flight writes
+    DevPtr<float> kda_;   // the current KDA block
+    DevPtr<float> next_;  // what the forward in flight writes
 };
 
 }  // namespace
@@ -204,10 +205,10 @@ struct Glm5NextModel::Batch {
     std::vector<int32_t> pos;  // position of every token
     int64_t T = 0;
     // Hyper-connection coefficients of the sublayer being evaluated.
-    float *xhat = nullptr, *mix = nullptr, *pre = nullptr, *post = nullptr, *comb = nullptr;
+    DevPtr<float> xhat, mix, pre, post, comb;
     // Work buffers, sized for the widest layer.
-    float* w[10] = {};
-    float* lowrank = nullptr;
+    DevPtr<float> w[10];
+    DevPtr<float> lowrank;
 };
 
 std::unique_ptr<SequenceState> Glm5NextModel::new_state(int64_t n_ctx, int64_t capacity) {
@@ -302,7 +303,7 @@ size_t Glm5NextModel::scratch_bytes(int64_t T, int64_t R, int64_t D) const {
 }
 
 // (pre, post, C) of one sublayer from the streams X (spec 6.3).
-void Glm5NextModel::hyper_coeffs(const Batch& b, const HyperConn& hc, const float* X) {
+void Glm5NextModel::hyper_coeffs(const Batch& b, const HyperConn& hc, DevPtr<const float> X) {
     Backend& be = *backend_;
     const int64_t S = hp_.hc_streams, SE = S * hp_.n_embd, T = b.T;
     be.rms_norm(X, SE, nullptr, T, SE, hp_.eps, b.xhat, SE);
@@ -312,23 +313,24 @@ void Glm5NextModel::hyper_coeffs(const Batch& b, const HyperConn& hc, const floa
 }
 
 // KDA linear attention (spec 6.4): x [T][E] normed input, out [T][E].
-void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, const float* x, float* out) {
+void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, DevPtr<const float> x,
+                        DevPtr<float> out) {
     Backend& be = *backend_;
     const int64_t T = b.T, E = hp_.n_embd, H = L.n_head, D = hp_.kda_dim, di = H * D;
     const int64_t K = hp_.conv_k;
-    float* raw = b.w[0];   // [3][T][di]: q, k, v projections before the conv
-    float* qkv = b.w[1];   // [3][T][di]: after conv + SiLU
-    float* g = b.w[2];     // [T][di] log-decay
-    float* o = b.w[3];     // [T][di] delta-rule output
-    float* gate = b.w[4];  // [T][di] output gate
-    float* beta = b.w[5];  // [T][H]
+    DevPtr<float> raw = b.w[0];   // [3][T][di]: q, k, v projections before the conv
+    DevPtr<float> qkv = b.w[1];   // [3][T][di]: after conv + SiLU
+    DevPtr<float> g = b.w[2];     // [T][di] log-decay
+    DevPtr<float> o = b.w[3];     // [T][di] delta-rule output
+    DevPtr<float> gate = b.w[4];  // [T][di] output gate
+    DevPtr<float> beta = b.w[5];  // [T][H]
 
     // 1. Projections and the short convs, continuing from each sequence's tail.
     const backend::Weight* proj[3] = {&L.wq, &L.wk, &L.wv};
     std::vector<Backend::ConvSeq> cs(b.segs.size());
     for (int u = 0; u < 3; ++u) {
-        float* r = raw + u * T * di;
-        float* c = qkv + u * T * di;
+        DevPtr<float> r = raw + u * T * di;
+        DevPtr<float> c = qkv + u * T * di;
         be.matmul(*proj[u], x, E, T, r, di);
         for (size_t i = 0; i < b.segs.size(); ++i) {
             const auto& s = b.segs[i];
@@ -337,9 +339,9 @@ void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, const float*
         }
         be.causal_conv(cs, di, L.conv[u], K, di, di, /*silu=*/true);
     }
-    float* q = qkv;
-    float* k = qkv + T * di;
-    float* v = qkv + 2 * T * di;
+    DevPtr<float> q = qkv;
+    DevPtr<float> k = qkv + T * di;
+    DevPtr<float> v = qkv + 2 * T * di;
     // 2. Unit-length query and key per head.
     be.l2_norm(q, T * H, D, hp_.eps, q);
     be.l2_norm(k, T * H, D, hp_.eps, k);
@@ -385,7 +387,8 @@ void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, const float*
 }
 
 // NoPE absorbed MLA over the cells the pooled indexer picks (spec 6.5, 6.6).
-void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, const float* x, float* out) {
+void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, DevPtr<const float> x,
+                        DevPtr<float> out) {
     Backend& be = *backend_;
     const Glm5NextHParams& h = hp_;
     const int64_t T = b.T;
@@ -400,16 +403,15 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, const float*
     for (const auto& s : b.segs)
         for (int64_t i = 0; i < s.n; ++i)
             visible[size_t(s.first + i)] = backend::Visible{int32_t(s.n_past + i + 1), nullptr, 0};
-    std::vector<int32_t> picked, rows;
     if (!L.indexer) {
         mla.project(x);
     } else {
         const int64_t Di = h.idx_dim, Hi = h.idx_heads, B = h.idx_pool, Gw = L.idx_gate_width;
         const int64_t n_sel = h.n_sel_pools();
         const int64_t CW = Di + Gw;
-        float* cellrow = b.w[6];  // [T][Di + Gw]: key | gate
-        float* iq = b.w[7];       // [T][Hi*Di]
-        float* iw = b.w[8];       // [T][Hi]
+        DevPtr<float> cellrow = b.w[6];  // [T][Di + Gw]: key | gate
+        DevPtr<float> iq = b.w[7];       // [T][Hi*Di]
+        DevPtr<float> iw = b.w[8];       // [T][Hi]
 
         // The indexer's projections go with the attention's: per-cell key and
         // gate, and the query side only when some query is past the dense
@@ -435,38 +437,35 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, const float*
                              s.state->pools(il), p0, p1 - p0);
         }
 
-        // Queries past the dense limit score the complete pools.
+        // Queries past the dense limit score the complete pools; the picks
+        // become cell rows on the backend (the picked pools ascending, then
+        // the query's trailing partial pool).
         if (any) {
             std::vector<Backend::IndexerQuery> queries;
-            picked.assign(size_t(T * n_sel), 0);
+            std::vector<Backend::PoolCells> cells;
+            const int64_t per_query = n_sel * B + B;
+            const DevPtr<int32_t> picked = be.scratch_ids(size_t(T * n_sel));
+            const DevPtr<int32_t> rows = be.scratch_ids(size_t(T * per_query));
             be.scale(iw, 1.0f / std::sqrt(float(Di * Hi)), T * Hi);
             for (const auto& s : b.segs)
                 for (int64_t i = 0; i < s.n; ++i) {
                     const int64_t t = s.first + i, n_vis = s.n_past + i + 1, P = n_vis / B;
                     if (P <= n_sel || dense_attention_) continue;
                     queries.push_back({iq + t * Hi * Di, iw + t * Hi, s.state->pools(il),
-                                       int32_t(P), picked.data() + t * n_sel});
+                                       int32_t(P), picked + t * n_sel});
+                    cells.push_back({picked + t * n_sel, int32_t(n_vis), rows + t * per_query});
+                    visible[size_t(t)] =
+                        backend::Visible{0, rows + t * per_query, int32_t(n_sel * B + n_vis % B)};
                 }
             be.indexer_select(queries, Hi, Di, n_sel);
-
-            // Expand the picked pools (ascending) and the trailing partial pool to cells.
-            const int64_t per_query = n_sel * B + B;
-            rows.assign(size_t(T * per_query), 0);
-            for (const auto& s : b.segs)
-                for (int64_t i = 0; i < s.n; ++i) {
-                    const int64_t t = s.first + i, n_vis = s.n_past + i + 1, P = n_vis / B;
-                    if (P <= n_sel || dense_attention_) continue;
-                    const int32_t* pj = picked.data() + t * n_sel;
-                    int32_t* r = rows.data() + t * per_query;
-                    int32_t n = 0;
-                    for (int64_t j = 0; j < n_sel; ++j)
-                        for (int64_t sl = 0; sl < B; ++sl) r[n++] = int32_t(pj[j] * B + sl);
-                    for (int64_t cell = P * B; cell < n_vis; ++cell) r[n++] = int32_t(cell);
-                    visible[size_t(t)] = backend::Visible{0, r, n};
-                    if (selection_hook_)
-                        selection_hook_(il, int32_t(n_vis - 1),
-                                        std::span<const int32_t>(pj, size_t(n_sel)));
+            be.pool_cells(cells, n_sel, B);
+            if (selection_hook_) {  // a diagnostic: the picks read back to the host
+                std::vector<int32_t> picks(static_cast<size_t>(n_sel));
+                for (const Backend::PoolCells& c : cells) {
+                    be.read(c.picked, picks.data(), picks.size());
+                    selection_hook_(il, c.n_vis - 1, picks);
                 }
+            }
         }
     }
 
@@ -477,15 +476,15 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, const float*
 }
 
 // Dense SwiGLU (clamped with the shared-expert limit) or the MoE (spec 6.7, 6.8).
-void Glm5NextModel::ffn(const Batch& b, const Layer& L, const float* x, float* out) {
+void Glm5NextModel::ffn(const Batch& b, const Layer& L, DevPtr<const float> x, DevPtr<float> out) {
     Backend& be = *backend_;
     const int64_t T = b.T, E = hp_.n_embd, F = hp_.n_ff;
     if (!L.dense) {
         be.moe(L.moe, x, T, out);
         return;
     }
-    float* fg = b.w[0];
-    float* fu = b.w[1];
+    DevPtr<float> fg = b.w[0];
+    DevPtr<float> fu = b.w[1];
     const Backend::MatmulOut gu[] = {{&L.ffn_gate, fg, F}, {&L.ffn_up, fu, F}};
     be.matmuls(gu, x, E, T);
     be.swiglu(fg, fu, T, F, F, L.dense_clamp, fg);
@@ -516,16 +515,16 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     logits.clear();
     const int64_t T = b.T = int64_t(tokens.size());
     if (T == 0) return;
-    const SpanRange sr = check_span(span, held_, T, SE, "glm5next");
+    const SpanRange sr = check_span(span, held_, "glm5next");
     for (const auto& s : b.segs) s.state->reserve(s.n_past + s.n);
 
     // Scratch: the streams (twice, for hc_expand), the sublayer input/output,
     // the hyper-connection coefficients and work buffers for the widest layer.
     be.reset_scratch();
-    float* X = be.scratch(size_t(T * SE));
-    float* Xnext = be.scratch(size_t(T * SE));
-    float* x = be.scratch(size_t(T * E));
-    float* sub = be.scratch(size_t(T * E));
+    DevPtr<float> X = be.scratch(size_t(T * SE));
+    DevPtr<float> Xnext = be.scratch(size_t(T * SE));
+    DevPtr<float> x = be.scratch(size_t(T * E));
+    DevPtr<float> sub = be.scratch(size_t(T * E));
     b.xhat = be.scratch(size_t(T * SE));
     b.mix = be.scratch(size_t(T * (2 + S) * S));
     b.pre = be.scratch(size_t(T * S));
@@ -544,7 +543,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
         for (const auto& e : flat.embeds) be.write(x + e.row * E, e.rows, size_t(e.n * E));
         for (int64_t s = 0; s < S; ++s) be.copy_rows(x, E, nullptr, T, E, X + s * E, SE);
     } else {
-        be.write(X, span.hidden_in.data(), size_t(T * SE));
+        be.receive_rows(*span.rows_in, X, size_t(T * SE));
     }
 
     for (int64_t il = sr.first; il < sr.end; ++il) {
@@ -573,8 +572,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     }
 
     if (!sr.head) {
-        span.hidden_out->resize(size_t(T * SE));
-        be.read(X, span.hidden_out->data(), size_t(T * SE));
+        be.send_rows(*span.rows_out, X, size_t(T * SE));
         if (span.commit)
             for (const auto& s : b.segs) s.state->advance(s.n);
         return;
@@ -587,12 +585,12 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
             for (const auto& s : b.segs) s.state->advance(s.n);
         return;
     }
-    float* Xo = be.scratch(size_t(R * SE));
+    DevPtr<float> Xo = be.scratch(size_t(R * SE));
     be.copy_rows(X, SE, out_rows.data(), R, SE, Xo, SE);
-    float* xo = be.scratch(size_t(R * E));
+    DevPtr<float> xo = be.scratch(size_t(R * E));
     be.hc_reduce(Xo, nullptr, R, S, E, xo);
     be.rms_norm(xo, E, output_norm_, R, E, h.eps, xo, E);
-    float* lg = be.scratch(size_t(R * h.n_vocab));
+    DevPtr<float> lg = be.scratch(size_t(R * h.n_vocab));
     be.matmul(output_, xo, E, R, lg, h.n_vocab);
     logits.resize(size_t(R * h.n_vocab));
     be.read(lg, logits.data(), logits.size());

@@ -141,10 +141,13 @@ class Glm5NextModel final : public Model {
     // A small table the ops read as floats (conv taps, slot embeddings), in
     // any storage type; checked against its shape.
     const float* load_floats(const std::string& name, std::initializer_list<int64_t> ne);
-    void hyper_coeffs(const Batch& b, const HyperConn& hc, const float* X);
-    void kda(const Batch& b, int64_t il, const Layer& L, const float* x, float* out);
-    void mla(const Batch& b, int64_t il, const Layer& L, const float* x, float* out);
-    void ffn(const Batch& b, const Layer& L, const float* x, float* out);
+    void hyper_coeffs(const Batch& b, const HyperConn& hc, backend::DevPtr<const float> X);
+    void kda(const Batch& b, int64_t il, const Layer& L, backend::DevPtr<const float> x,
+             backend::DevPtr<float> out);
+    void mla(const Batch& b, int64_t il, const Layer& L, backend::DevPtr<const float> x,
+             backend::DevPtr<float> out);
+    void ffn(const Batch& b, const Layer& L, backend::DevPtr<const float> x,
+             backend::DevPtr<float> out);
 
     Glm5NextHParams hp_;
     backend::CacheType cache_type_;

@@ -79,16 +79,16 @@ void VisionTower::encode(std::span<const Image> images, std::vector<float>& out)
     }
 
     be.reset_scratch();
-    float* px = be.scratch(size_t(N * P3));
-    float* X = be.scratch(size_t(N * D));
-    float* q = be.scratch(size_t(N * D));
-    float* k = be.scratch(size_t(N * D));
-    float* v = be.scratch(size_t(N * D));
-    float* att = be.scratch(size_t(N * D));
-    float* hn = be.scratch(size_t(N * D));
+    const backend::DevPtr<float> px = be.scratch(size_t(N * P3));
+    const backend::DevPtr<float> X = be.scratch(size_t(N * D));
+    const backend::DevPtr<float> q = be.scratch(size_t(N * D));
+    const backend::DevPtr<float> k = be.scratch(size_t(N * D));
+    const backend::DevPtr<float> v = be.scratch(size_t(N * D));
+    const backend::DevPtr<float> att = be.scratch(size_t(N * D));
+    const backend::DevPtr<float> hn = be.scratch(size_t(N * D));
     const int64_t C = std::min(N, kChunk);
-    float* g = be.scratch(size_t(C * F));
-    float* u = be.scratch(size_t(C * F));
+    const backend::DevPtr<float> g = be.scratch(size_t(C * F));
+    const backend::DevPtr<float> u = be.scratch(size_t(C * F));
     be.write(px, patches.data(), patches.size());
     {
         int64_t first = 0;
@@ -126,7 +126,7 @@ void VisionTower::encode(std::span<const Image> images, std::vector<float>& out)
         // ---- clamped SwiGLU MLP, chunk by chunk
         for (int64_t r0 = 0; r0 < N; r0 += C) {
             const int64_t n = std::min(C, N - r0);
-            float* xr = X + r0 * D;
+            const backend::DevPtr<float> xr = X + r0 * D;
             be.rms_norm(xr, D, B.ln2, n, D, h.eps, hn, D);
             const Backend::MatmulOut gu[2] = {{&B.gate, g, F}, {&B.up, u, F}};
             be.matmuls(gu, hn, D, n);
@@ -143,11 +143,11 @@ void VisionTower::encode(std::span<const Image> images, std::vector<float>& out)
     // ---- 2x2 merger (a merged cell's four patches are consecutive rows) and
     // the projector: fc, LayerNorm, exact GELU, clamped SwiGLU.
     const int64_t M = N / 4, Fp = h.proj_ff;
-    float* y = be.scratch(size_t(M * E));
-    float* z = be.scratch(size_t(M * E));
-    float* pg = be.scratch(size_t(M * Fp));
-    float* pu = be.scratch(size_t(M * Fp));
-    float* o = be.scratch(size_t(M * E));
+    const backend::DevPtr<float> y = be.scratch(size_t(M * E));
+    const backend::DevPtr<float> z = be.scratch(size_t(M * E));
+    const backend::DevPtr<float> pg = be.scratch(size_t(M * Fp));
+    const backend::DevPtr<float> pu = be.scratch(size_t(M * Fp));
+    const backend::DevPtr<float> o = be.scratch(size_t(M * E));
     be.matmul(merger_, X, 4 * D, M, y, E);
     be.add_bias(y, M, E, E, merger_bias_);
     be.matmul(fc_, y, E, M, z, E);

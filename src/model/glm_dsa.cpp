@@ -17,6 +17,7 @@ namespace glm5::model {
 
 using backend::CacheRows;
 using backend::CacheType;
+using backend::DevPtr;
 
 // Per-sequence caches: for every trunk layer one MLA latent row
 // [kv_lora | k_rope] per token, and on full indexer layers one indexer key row.
@@ -198,9 +199,9 @@ size_t GlmDsaModel::scratch_bytes(int64_t T, int64_t R, int64_t D) const {
 
 // The activations one decoder block needs for T rows.
 struct GlmDsaModel::Buffers {
-    float *xn, *tmp, *iq, *ik, *iw, *fg, *fu;
+    DevPtr<float> xn, tmp, iq, ik, iw, fg, fu;
     MlaBuffers mla;
-    std::vector<int32_t> sel;  // the indexer's selection, reused by shared layers
+    DevPtr<int32_t> sel;  // the indexer's selection, reused by shared layers
     std::vector<backend::Visible> visible;
     Buffers(backend::Backend& be, const GlmDsaHParams& h, int64_t T) {
         const int64_t E = h.n_embd, H = h.n_head, W = h.kv_lora + h.n_rot;
@@ -218,14 +219,14 @@ struct GlmDsaModel::Buffers {
         iw = be.scratch(size_t(T * h.idx_heads));
         fg = be.scratch(size_t(T * F));
         fu = be.scratch(size_t(T * F));
-        sel.resize(size_t(T * h.idx_top_k));
+        sel = be.scratch_ids(size_t(T * h.idx_top_k));
         visible.resize(size_t(T));
     }
 };
 
 // One decoder block over the rows of x: attention norm, q/kv projections,
 // the lightning indexer (full layers), absorbed MLA, then the dense or MoE FFN.
-void GlmDsaModel::block(const Layer& L, Buffers& b, float* x, int64_t T, const int32_t* pos,
+void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T, const int32_t* pos,
                         std::span<const BlockSegment> segs) {
     backend::Backend& be = *backend_;
     const GlmDsaHParams& h = hp_;
@@ -262,7 +263,7 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, float* x, int64_t T, const i
                     b.visible[size_t(t)] = backend::Visible{n_vis, nullptr, 0};
                     continue;
                 }
-                int32_t* rows = b.sel.data() + t * h.idx_top_k;
+                const DevPtr<int32_t> rows = b.sel + t * h.idx_top_k;
                 queries.push_back({b.iq + t * Hi * Di, b.iw + t * Hi, *s.keys, n_vis, rows});
                 b.visible[size_t(t)] = backend::Visible{0, rows, int32_t(h.idx_top_k)};
             }
@@ -318,19 +319,19 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     logits.clear();
     const int64_t T = fb.size();
     if (T == 0) return;
-    const SpanRange sr = check_span(span, held_, T, E, "glm-dsa");
+    const SpanRange sr = check_span(span, held_, "glm-dsa");
     if (!can_split_before(sr.first))
         throw Error("glm-dsa: a layer span cannot start at layer " + std::to_string(sr.first) +
                     ", which reuses the indexer selection of the layer before it");
     for (const Segment& s : fb.segs) s.state->reserve(s.n_past + s.n);
 
     be.reset_scratch();
-    float* x = be.scratch(size_t(T * E));
+    const DevPtr<float> x = be.scratch(size_t(T * E));
     Buffers b(be, h, T);
     if (sr.first == 0)
         be.embed(tok_embd_, fb.tokens, x);
     else
-        be.write(x, span.hidden_in.data(), size_t(T * E));
+        be.receive_rows(*span.rows_in, x, size_t(T * E));
 
     std::vector<BlockSegment> segs(fb.segs.size());
     for (int64_t il = sr.first; il < sr.end; ++il) {
@@ -341,8 +342,7 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
         block(layers_[size_t(il)], b, x, T, fb.pos.data(), segs);
     }
     if (!sr.head) {
-        span.hidden_out->resize(size_t(T * E));
-        be.read(x, span.hidden_out->data(), size_t(T * E));
+        be.send_rows(*span.rows_out, x, size_t(T * E));
         if (span.commit)
             for (const Segment& s : fb.segs) s.state->advance(s.n);
         return;
@@ -351,20 +351,20 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     // ---- output norm (every row when the NextN block needs the hidden
     // states) and the LM head, only for the rows that want logits
     const int64_t R = int64_t(out_rows.size());
-    float* hn = nullptr;
+    DevPtr<float> hn;
     if (nextn_) {
         hn = be.scratch(size_t(T * E));
         be.rms_norm(x, E, output_norm_, T, E, h.eps, hn, E);
     }
     if (R > 0) {
-        float* xo = be.scratch(size_t(R * E));
+        const DevPtr<float> xo = be.scratch(size_t(R * E));
         if (hn) {
             be.copy_rows(hn, E, out_rows.data(), R, E, xo, E);
         } else {
             be.copy_rows(x, E, out_rows.data(), R, E, xo, E);
             be.rms_norm(xo, E, output_norm_, R, E, h.eps, xo, E);
         }
-        float* lg = be.scratch(size_t(R * h.n_vocab));
+        const DevPtr<float> lg = be.scratch(size_t(R * h.n_vocab));
         be.matmul(output_, xo, E, R, lg, h.n_vocab);
         logits.resize(size_t(R * h.n_vocab));
         be.read(lg, logits.data(), logits.size());
@@ -379,33 +379,44 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
 // zero row at position 0, or where that state is gone), as llama.cpp's MTP
 // drafter does. A row a draft step already computed from the trunk's hidden
 // state is not computed again.
-void GlmDsaModel::mtp_catch_up(const FlatBatch<DsaState>& fb, const float* hn) {
+void GlmDsaModel::mtp_catch_up(const FlatBatch<DsaState>& fb, DevPtr<const float> hn) {
     backend::Backend& be = *backend_;
     const int64_t E = hp_.n_embd;
     std::vector<int32_t> tokens, pos;
-    std::vector<float> hin;
-    std::vector<std::pair<DsaState*, std::pair<int64_t, int64_t>>> spans;  // state, first, n
+    std::vector<BlockSegment> segs;
+    // Each sequence's rows still to compute are the tail of its segment,
+    // from i0 on: a row's hidden input is the trunk row before it (from the
+    // seed kept by the previous forward for the segment's first row).
+    struct Run {
+        const DsaState* st;
+        int64_t i0, first, n;  // segment offset, batch row, rows
+        int64_t row;           // their first row in the block's input
+    };
+    std::vector<Run> runs;
     for (const auto& s : fb.segs) {
         DsaState& st = *s.state;
-        const int64_t first = int64_t(tokens.size());
-        for (int64_t i = 0; i < s.n; ++i) {
-            const int64_t p = s.n_past + i;
-            if (p < st.mtp_valid) continue;
+        const int64_t i0 = std::clamp<int64_t>(st.mtp_valid - s.n_past, 0, s.n);
+        if (i0 == s.n) continue;
+        runs.push_back({&st, i0, s.first, s.n, int64_t(tokens.size())});
+        segs.push_back({&st.mtp_latent(), nullptr, int64_t(tokens.size()), s.n - i0});
+        for (int64_t i = i0; i < s.n; ++i) {
             tokens.push_back(fb.tokens[size_t(s.first + i)]);
-            pos.push_back(int32_t(p));
-            std::vector<float> row(size_t(E), 0.0f);
-            if (i > 0)
-                be.read(hn + (s.first + i - 1) * E, row.data(), size_t(E));
-            else if (const float* prev = st.hidden(p - 1))
-                row.assign(prev, prev + E);
-            hin.insert(hin.end(), row.begin(), row.end());
+            pos.push_back(int32_t(s.n_past + i));
         }
-        spans.push_back({&st, {first, int64_t(tokens.size()) - first}});
     }
     if (!tokens.empty()) {
-        std::vector<BlockSegment> segs;
-        for (auto& [st, fn] : spans)
-            if (fn.second > 0) segs.push_back({&st->mtp_latent(), nullptr, fn.first, fn.second});
+        const int64_t M = int64_t(tokens.size());
+        const DevPtr<float> hin = be.scratch(size_t(M * E));
+        for (const Run& r : runs) {
+            int64_t i = r.i0, row = r.row;
+            if (i == 0) {  // the seed: the trunk's row before this forward, or zeros
+                const float* prev = r.st->hidden(pos[size_t(row)] - 1);
+                const std::vector<float> zero(prev ? 0 : size_t(E), 0.0f);
+                be.write(hin + row * E, prev ? prev : zero.data(), size_t(E));
+                ++i, ++row;
+            }
+            be.copy_rows(hn + (r.first + i - 1) * E, E, nullptr, r.n - i, E, hin + row * E, E);
+        }
         mtp_block(tokens, pos, hin, segs);
     }
     // Only a completed pass changes the states. Every row's hidden state is
@@ -422,20 +433,18 @@ void GlmDsaModel::mtp_catch_up(const FlatBatch<DsaState>& fb, const float* hn) {
 // The NextN block over M rows: [enorm(embed(token)); hnorm(h)] through
 // eh_proj, one decoder block attending densely over the block's own cache,
 // and the shared head norm. Returns the normed rows (scratch, M x E).
-float* GlmDsaModel::mtp_block(std::span<const int32_t> tokens, std::span<const int32_t> pos,
-                              std::span<const float> hin, std::span<const BlockSegment> segs) {
+DevPtr<float> GlmDsaModel::mtp_block(std::span<const int32_t> tokens, std::span<const int32_t> pos,
+                                     DevPtr<const float> hh, std::span<const BlockSegment> segs) {
     backend::Backend& be = *backend_;
     const GlmDsaHParams& h = hp_;
     const NextN& nx = *nextn_;
     const int64_t E = h.n_embd, M = int64_t(tokens.size());
-    float* e = be.scratch(size_t(M * E));
+    const DevPtr<float> e = be.scratch(size_t(M * E));
     be.embed(nx.embed ? nx.embed : tok_embd_, tokens, e);
-    float* hh = be.scratch(size_t(M * E));
-    be.write(hh, hin.data(), size_t(M * E));
-    float* cat = be.scratch(size_t(M * 2 * E));
+    const DevPtr<float> cat = be.scratch(size_t(M * 2 * E));
     be.rms_norm(e, E, nx.enorm, M, E, h.eps, cat, 2 * E);
     be.rms_norm(hh, E, nx.hnorm, M, E, h.eps, cat + E, 2 * E);
-    float* x = be.scratch(size_t(M * E));
+    const DevPtr<float> x = be.scratch(size_t(M * E));
     be.matmul(nx.eh_proj, cat, 2 * E, M, x, E);
     Buffers b(be, h, M);
     for (int64_t t = 0; t < M; ++t)
@@ -484,8 +493,10 @@ void GlmDsaModel::draft(std::span<DraftRequest> reqs) {
             hin.insert(hin.end(), live[size_t(i)].h.begin(), live[size_t(i)].h.end());
             segs.push_back({&live[size_t(i)].st->mtp_latent(), nullptr, i, 1});
         }
-        float* hm = mtp_block(tokens, pos, hin, segs);
-        float* lg = be.scratch(size_t(M * V));
+        const DevPtr<float> hh = be.scratch(size_t(M * E));
+        be.write(hh, hin.data(), hin.size());
+        const DevPtr<float> hm = mtp_block(tokens, pos, hh, segs);
+        const DevPtr<float> lg = be.scratch(size_t(M * V));
         be.matmul(nextn_->head ? nextn_->head : output_, hm, E, M, lg, V);
         std::vector<float> host(size_t(M * V)), hrows(size_t(M * E));
         be.read(lg, host.data(), host.size());

@@ -102,11 +102,12 @@ class GlmDsaModel final : public Model {
     };
 
     void load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_indexer);
-    void block(const Layer& L, Buffers& b, float* x, int64_t T, const int32_t* pos,
+    void block(const Layer& L, Buffers& b, backend::DevPtr<float> x, int64_t T, const int32_t* pos,
                std::span<const BlockSegment> segs);
-    void mtp_catch_up(const FlatBatch<DsaState>& fb, const float* hn);
-    float* mtp_block(std::span<const int32_t> tokens, std::span<const int32_t> pos,
-                     std::span<const float> hin, std::span<const BlockSegment> segs);
+    void mtp_catch_up(const FlatBatch<DsaState>& fb, backend::DevPtr<const float> hn);
+    backend::DevPtr<float> mtp_block(std::span<const int32_t> tokens, std::span<const int32_t> pos,
+                                     backend::DevPtr<const float> hh,
+                                     std::span<const BlockSegment> segs);
 
     GlmDsaHParams hp_;
     backend::CacheType cache_type_;

@@ -103,4 +103,16 @@ SplitPlan split_layers(const gguf::File& file, backend::Backend& be, const LoadO
     return plan;
 }
 
+void HostRows::receive(float* host, size_t n) {
+    if (in_.size() != n)
+        throw Error("layer span: " + std::to_string(in_.size()) +
+                    " hidden values in, the batch needs " + std::to_string(n));
+    std::copy(in_.begin(), in_.end(), host);
+}
+
+void HostRows::send(const float* host, size_t n) {
+    if (!out_) throw Error("layer span: nowhere to send the hidden rows");
+    out_->assign(host, host + n);
+}
+
 }  // namespace glm5::model

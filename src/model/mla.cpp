@@ -29,7 +29,7 @@ MlaWeights load_mla(TensorSource& ts, const std::string& p, int64_t n_embd, cons
     return w;
 }
 
-void MlaBlock::project(const float* xn, std::span<const MatmulOut> from_x,
+void MlaBlock::project(backend::DevPtr<const float> xn, std::span<const MatmulOut> from_x,
                        std::span<const MatmulOut> from_qr) const {
     const int64_t Q = s_.q_lora;
     std::vector<MatmulOut> outs = {{&w_.q_a, b_.qr, Q}, {&w_.kv_a, b_.kv, s_.row()}};
@@ -42,7 +42,7 @@ void MlaBlock::project(const float* xn, std::span<const MatmulOut> from_x,
 }
 
 void MlaBlock::attend(const int32_t* pos, std::span<const MlaSeq> seqs,
-                      std::span<const backend::Visible> visible, float* out) const {
+                      std::span<const backend::Visible> visible, backend::DevPtr<float> out) const {
     backend::Backend& be = be_;
     const int64_t T = T_, H = s_.n_head, R = s_.kv_lora, W = s_.row();
     const int64_t Dq = s_.k_mla, Dv = s_.v_mla, n_rot = s_.n_rot;

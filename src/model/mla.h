@@ -45,12 +45,12 @@ MlaWeights load_mla(TensorSource& ts, const std::string& p, int64_t n_embd, cons
 
 // Activations for T rows (the caller's scratch), each row dense.
 struct MlaBuffers {
-    float* qr = nullptr;     // [T][q_lora]: the normed query latent (indexers read it too)
-    float* q = nullptr;      // [T][n_head * k_mla]
-    float* kv = nullptr;     // [T][row]: the rows the cache stores
-    float* qfull = nullptr;  // [T][n_head * row]: absorbed queries [q_abs | q_rope]
-    float* olat = nullptr;   // [T][n_head * kv_lora]
-    float* ov = nullptr;     // [T][n_head * v_mla]
+    backend::DevPtr<float> qr;     // [T][q_lora]: the normed query latent (indexers read it too)
+    backend::DevPtr<float> q;      // [T][n_head * k_mla]
+    backend::DevPtr<float> kv;     // [T][row]: the rows the cache stores
+    backend::DevPtr<float> qfull;  // [T][n_head * row]: absorbed queries [q_abs | q_rope]
+    backend::DevPtr<float> olat;   // [T][n_head * kv_lora]
+    backend::DevPtr<float> ov;     // [T][n_head * v_mla]
 };
 
 // One sequence's rows of the batch and its latent cache.
@@ -71,7 +71,7 @@ class MlaBlock {
     // latent (qr), the heads' queries (q) and the latent rows (kv). from_x and
     // from_qr: other products of the same inputs (an indexer's), one op each
     // with these (Backend::matmuls: the bits of separate products).
-    void project(const float* xn, std::span<const MatmulOut> from_x = {},
+    void project(backend::DevPtr<const float> xn, std::span<const MatmulOut> from_x = {},
                  std::span<const MatmulOut> from_qr = {}) const;
 
     // The rest, once each query's visible rows are known: the latent norm and
@@ -79,7 +79,7 @@ class MlaBlock {
     // absorbed queries, attention, and the heads' outputs projected to out
     // [T][n_embd] (under tensor parallelism this rank's part of the sum).
     void attend(const int32_t* pos, std::span<const MlaSeq> seqs,
-                std::span<const backend::Visible> visible, float* out) const;
+                std::span<const backend::Visible> visible, backend::DevPtr<float> out) const;
 
   private:
     backend::Backend& be_;

@@ -140,19 +140,34 @@ struct DraftRequest {
 
 // The layers one forward runs and what enters and leaves them: how a model is
 // split by layers (each part runs its own; between parts flow the residual
-// rows, Model::hidden_width() floats per token, in batch order).
+// rows, Model::hidden_width() floats per token, in batch order, through the
+// backend's receive_rows / send_rows).
 struct LayerSpan {
     int64_t first = 0;  // the first trunk layer
     int64_t end = -1;   // one past the last; -1: through the last layer and the LM head
-    // first > 0: the rows entering layer `first` (host memory).
-    std::span<const float> hidden_in = {};
-    // A span that ends before the last layer writes the rows leaving it here.
-    std::vector<float>* hidden_out = nullptr;
+    // first > 0: where the rows entering layer `first` come from.
+    backend::RowChannel* rows_in = nullptr;
+    // A span that ends before the last layer sends the rows leaving it here.
+    backend::RowChannel* rows_out = nullptr;
     // Whether the states commit this forward (positions advance, recurrent
     // state becomes current). One process running a sequence's layers in
     // several spans commits with the last; a process holding only some of
     // them runs uncommitted and calls Model::commit once every part succeeded.
     bool commit = true;
+};
+
+// A RowChannel over host memory: the rows a span receives are `in` (which
+// must hold exactly what the batch needs), the rows it sends land in `*out`.
+class HostRows final : public backend::RowChannel {
+  public:
+    explicit HostRows(std::span<const float> in = {}, std::vector<float>* out = nullptr)
+        : in_(in), out_(out) {}
+    void receive(float* host, size_t n) override;
+    void send(const float* host, size_t n) override;
+
+  private:
+    std::span<const float> in_;
+    std::vector<float>* out_;
 };
 
 // The part of a model one process holds: trunk layers [first, end), and the

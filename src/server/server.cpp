@@ -176,7 +176,7 @@ Server::Server(runtime::Engine& engine, ModelContext mc, ServerOptions opt)
     to.read_timeout = opt_.read_timeout;
     to.write_timeout = opt_.write_timeout;
     // An idle keep-alive connection holds a worker until this runs out.
-    to.keep_alive = std::chrono::seconds(3);
+    to.keep_alive = opt_.keep_alive;
     http_ = std::make_unique<Transport>(to);
     http_->set_payload_max_length(opt_.max_body_bytes);
     http_->set_keep_alive_max_count(1000);

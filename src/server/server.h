@@ -49,6 +49,8 @@ struct ServerOptions {
     int max_connections = 256;  // beyond: 503 and closed at once
     std::chrono::milliseconds read_timeout{30000};   // a whole request must arrive within it
     std::chrono::milliseconds write_timeout{30000};  // a write stalled this long drops the client
+    // An idle connection (no request in progress) is closed after this.
+    std::chrono::milliseconds keep_alive{3000};
     bool log_requests = true;
 };
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the "may use" column of docs/architecture.md's folder table against the code: every
 # `#include "X/..."` in src/F/ names F itself or a layer F may use. A new upward include, or a
-# table that no longer says what the code does, fails the test.
+# table that no longer says what the code does, fails the test. Above src/backend/, nothing may
+# look inside backend memory (a DevPtr's handle, a backend's own headers).
 #
 # usage: check_layers.sh REPO_ROOT
 set -uo pipefail
@@ -46,6 +47,13 @@ done
 for l in $layers; do
     grep -q "| \`src/$l/\` |" "$doc" || { echo "FAIL: src/$l/ has no row in docs/architecture.md"; fail=1; }
 done
+# Backend memory is opaque above src/backend/: only a backend turns a DevPtr
+# into an address (its handle) or includes a backend's own headers.
+while read -r hit; do
+    echo "FAIL: $hit: only src/backend/ may look inside backend memory"
+    fail=1
+done < <(grep -rnE '\.handle\(\)|from_handle|#include "backend/cpu_' "$root/src" "$root/apps" \
+    --include='*.h' --include='*.cpp' | grep -v "^$root/src/backend/" | sed "s|^$root/||")
 [[ $rows -gt 0 ]] || { echo "FAIL: no folder rows found in $doc"; exit 1; }
 [[ $fail == 0 ]] && echo "ok: $rows layers include only what docs/architecture.md allows"
 exit $fail
