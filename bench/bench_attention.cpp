@@ -4,12 +4,14 @@
 // softmax, and the lightning indexer's dot products for 8 heads over 256 keys.
 // Each tiled helper is timed beside the row-at-a-time form it must match bit
 // for bit (the row helpers it replaced), so the two figures come from one run.
+// And the --attn-bf16 form of a whole query on AMX-BF16 tiles.
 // Prints GFLOP/s (2 per multiply-add); there is no pass/fail.
 #include <benchmark/benchmark.h>
 
 #include <random>
 #include <vector>
 
+#include "backend/cpu_attention_amx.h"
 #include "backend/cpu_simd.h"
 #include "core/fp16.h"
 #include "quant/quant.h"
@@ -125,5 +127,27 @@ void BM_indexer_dots(benchmark::State& st) {
 BENCHMARK(BM_indexer_dots)->ArgName("tiled")->Arg(0)->Arg(1);
 
 }  // namespace
+
+// --attn-bf16: one query of 16 heads over 2048 rows on AMX-BF16 tiles, all
+// its blocks on one thread (the rows in the last-level cache).
+void BM_query_bf16(benchmark::State& st) {
+    if (!amx_bf16::available()) {
+        st.SkipWithError("no AMX-BF16 on this CPU");
+        return;
+    }
+    constexpr int64_t H = 16;
+    const auto q = floats(size_t(H * kWidth), 1);
+    const auto c = halves(size_t(kRows * kWidth), 2);
+    const amx_bf16::Rows rows{reinterpret_cast<const uint8_t*>(c.data()), size_t(kWidth) * 2,
+                              nullptr, true};
+    std::vector<float> out(size_t(H * kValue));
+    for (auto _ : st) {
+        amx_bf16::Query a(q.data(), H, kWidth, kValue, kRows, 0.04f);
+        for (int64_t b = 0; b < a.blocks(); ++b) a.block(rows, b);
+        a.finish(out.data(), kValue);
+    }
+    set_flops(st, double(H * kRows) * double(kWidth + kValue));
+}
+BENCHMARK(BM_query_bf16);
 
 BENCHMARK_MAIN();

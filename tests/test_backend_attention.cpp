@@ -16,6 +16,7 @@
 #include "backend/cpu_kernels.h"
 #include "backend/cpu_memory.h"
 #include "backend/cpu_simd.h"
+#include "core/error.h"
 #include "core/fp16.h"
 #include "quant/ops.h"
 #include "quant/quant.h"
@@ -448,6 +449,141 @@ TEST(AttentionBackend, CountsTheCacheRowsEachQueryReads) {
     be->reset_counters();
     be->indexer_select({&x, 1}, ih, dim, 8);
     EXPECT_EQ(be->counters().cache_bytes, uint64_t(keys) * uint64_t(dim) * 2);
+}
+
+}  // namespace
+
+namespace {
+
+// --attn-bf16: the AMX-BF16 path against a double-precision reference that
+// rounds what the tiles read (query, cache rows, each block's e^(s - max)) to BF16, at
+// shapes with partial tiles: more than 16 heads, widths and row counts that
+// are not multiples of a tile, dense and selected rows, F16 and F32 caches.
+float bf16_round(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+
+TEST(AttentionBf16, MatchesTheBf16RoundedReference) {
+    BackendOptions opt;
+    opt.n_threads = 2;
+    opt.attention_bf16 = true;
+    if (!quant::cpu_has_amx_bf16()) {  // refused here, with the reason
+        EXPECT_THROW(make_cpu_backend(opt), Error);
+        return;
+    }
+    auto be = make_cpu_backend(opt);
+    struct Shape {
+        int64_t heads, width, value, rows;
+        bool f16, pick;
+    };
+    for (const Shape& sh :
+         {Shape{16, 576, 512, 300, true, false}, Shape{20, 100, 72, 37, true, true},
+          Shape{3, 48, 32, 1, false, false}, Shape{16, 576, 512, 2100, true, true}}) {
+        const int64_t H = sh.heads, W = sh.width, V = sh.value, R = sh.rows;
+        const Cache c(R, W, 41);
+        std::vector<float> c32(size_t(R * W));
+        for (size_t i = 0; i < c32.size(); ++i) c32[i] = fp16_to_fp32(c.bits[i]);
+        std::vector<int32_t> pick;
+        for (int32_t j = 0; j < int32_t(R); ++j)
+            if (!sh.pick || j % 3 != 1) pick.push_back(j);
+        const int64_t n = int64_t(pick.size());
+        const auto q = f16_floats(size_t(H * W), 42);
+        std::vector<float> out(size_t(H * V), -1.0f);
+        Backend::AttentionQuery a;
+        a.q = dev(q.data());
+        a.cache =
+            sh.f16
+                ? CacheRows{dev(reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(c.bits.data()))),
+                            W, CacheType::F16}
+                : CacheRows{dev(reinterpret_cast<uint8_t*>(c32.data())), W, CacheType::F32};
+        if (sh.pick) {
+            a.visible.rows = dev(static_cast<const int32_t*>(pick.data()));
+            a.visible.n_rows = int32_t(n);
+        } else {
+            a.visible.n_dense = int32_t(n);
+        }
+        a.out = dev(out.data());
+        const float scale = 1.0f / std::sqrt(float(W));
+        be->mla_attention({&a, 1}, H, V, scale);
+        for (int64_t h = 0; h < H; ++h) {
+            std::vector<double> s(static_cast<size_t>(n));
+            double mx = -1e300, sum = 0;
+            for (int64_t j = 0; j < n; ++j) {
+                double d = 0;
+                for (int64_t i = 0; i < W; ++i)
+                    d += double(bf16_round(q[size_t(h * W + i)])) *
+                         bf16_round(c32[size_t(pick[size_t(j)] * W + i)]);
+                s[size_t(j)] = d * scale;
+                mx = std::max(mx, s[size_t(j)]);
+            }
+            // Each block of 256 rows rounds its e^(s - block max) to BF16; the
+            // blocks are rescaled to the common maximum when combined.
+            std::vector<double> e(static_cast<size_t>(n)), wgt(static_cast<size_t>(n));
+            for (int64_t b0 = 0; b0 < n; b0 += 256) {
+                const int64_t b1 = std::min(n, b0 + 256);
+                double bm = -1e300;
+                for (int64_t j = b0; j < b1; ++j) bm = std::max(bm, s[size_t(j)]);
+                for (int64_t j = b0; j < b1; ++j) {
+                    e[size_t(j)] = std::exp(s[size_t(j)] - bm);
+                    sum += e[size_t(j)] * std::exp(bm - mx);
+                    wgt[size_t(j)] = std::exp(bm - mx);
+                }
+            }
+            for (int64_t col = 0; col < V; ++col) {
+                double ref = 0, mag = 0;
+                for (int64_t j = 0; j < n; ++j) {
+                    const double p = bf16_round(float(e[size_t(j)])) * wgt[size_t(j)] / sum;
+                    const double v = bf16_round(c32[size_t(pick[size_t(j)] * W + col)]);
+                    ref += p * v;
+                    mag += std::fabs(p * v);
+                }
+                // The scores carry F32 sums of BF16 products (about 1e-6 relative),
+                // which move a probability across a BF16 rounding at most.
+                ASSERT_NEAR(out[size_t(h * V + col)], ref, 1e-4 * mag + 1e-6)
+                    << "heads " << H << " width " << W << " rows " << n << " head " << h << " col "
+                    << col;
+            }
+        }
+    }
+}
+
+// Decode (one query: keys and columns split between threads) and prefill
+// (one query per thread) give the same bits for a query.
+TEST(AttentionBf16, QueryOutputIndependentOfBatch) {
+    BackendOptions opt;
+    opt.n_threads = 2;
+    opt.attention_bf16 = true;
+    if (!quant::cpu_has_amx_bf16()) {  // refused here, with the reason
+        EXPECT_THROW(make_cpu_backend(opt), Error);
+        return;
+    }
+    auto be = make_cpu_backend(opt);
+    const int64_t rows = 2100;
+    Cache c(rows, kWidth, 8);
+    CacheRows cr{dev(reinterpret_cast<uint8_t*>(c.bits.data())), kWidth, CacheType::F16};
+    const std::vector<int32_t> lens = {1, 17, 64, 300, 2100};
+    std::vector<std::vector<float>> qs, outs(lens.size());
+    std::vector<Backend::AttentionQuery> batch(lens.size());
+    for (size_t i = 0; i < lens.size(); ++i) {
+        qs.push_back(f16_floats(size_t(kHeads * kWidth), 60 + uint32_t(i)));
+        outs[i].assign(size_t(kHeads * kValue), 0.0f);
+        batch[i].q = dev(qs.back().data());
+        batch[i].cache = cr;
+        batch[i].visible.n_dense = lens[i];
+        batch[i].out = dev(outs[i].data());
+    }
+    be->mla_attention(batch, kHeads, kValue, 0.0625f);
+    for (size_t i = 0; i < lens.size(); ++i) {
+        std::vector<float> alone(static_cast<size_t>(kHeads * kValue));
+        auto a = batch[i];
+        a.out = dev(alone.data());
+        be->mla_attention({&a, 1}, kHeads, kValue, 0.0625f);
+        EXPECT_TRUE(same_bits(alone.data(), outs[i].data(), alone.size())) << "query " << i;
+    }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "quant/ops.h"
 #include "util_cli.h"
 #include "util_model.h"
 
@@ -285,6 +286,28 @@ TEST(CliRun, SpeculativeMtpWithoutANextNBlockIsRefused) {
     std::remove(none.c_str());
     EXPECT_EQ(run_glm5("run --model " + kTiny + " --tokens 1 -n 1 --spec --spec-type bogus").code,
               2);
+}
+
+// --attn-bf16: refused with --spec (verification stays exact); where the CPU
+// has AMX-BF16 it runs, says so and keeps the greedy tokens of the exact path
+// on this model's few positions; elsewhere it is refused with the reason.
+TEST(CliRun, Bf16AttentionFlag) {
+    const CliResult spec =
+        run_glm5("run --model " + kTiny + " --tokens 1,2,3 -n 2 --spec --attn-bf16");
+    EXPECT_EQ(spec.code, 2);
+    EXPECT_NE(spec.err.find("cannot be combined with --spec"), std::string::npos) << spec.err;
+    const std::string gen = "run --model " + kTiny + " --tokens 5,9,13,7 --print-ids -n 6 --temp 0";
+    const CliResult bf16 = run_glm5(gen + " --attn-bf16");
+    if (glm5::quant::cpu_has_amx_bf16()) {
+        ASSERT_EQ(bf16.code, 0) << bf16.err;
+        EXPECT_NE(bf16.err.find("attention products in BF16"), std::string::npos) << bf16.err;
+        const CliResult exact = run_glm5(gen);
+        ASSERT_EQ(exact.code, 0) << exact.err;
+        EXPECT_EQ(bf16.out, exact.out);
+    } else {
+        EXPECT_EQ(bf16.code, 2);
+        EXPECT_NE(bf16.err.find("needs AMX-BF16"), std::string::npos) << bf16.err;
+    }
 }
 
 }  // namespace

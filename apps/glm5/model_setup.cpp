@@ -67,6 +67,10 @@ void add_model_flags(Args& a, bool model_required) {
              "with --spec: stop a NextN draft chain when the draft's probability falls below P");
     a.flag("spec-fixed",
            "with --spec: always draft the full window (no cost governor; for measurements)");
+    a.flag("attn-bf16",
+           "MLA attention products in BF16 on AMX tiles (CPUs with AMX-BF16): much faster deep "
+           "in a context, but logits differ slightly from the exact path's; not with --spec, "
+           "whose verification must be exact");
     a.flag("no-mmap",
            "copy the weights into memory instead of serving them from the file mapping "
            "(faster where file-backed pages are slow; needs RAM for the whole model)");
@@ -120,6 +124,15 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     lo.repack_if_fits = true;
     backend::BackendOptions bo;
     bo.n_threads = int(a.get_int("threads", 1, 1024));
+    bo.attention_bf16 = a.get_flag("attn-bf16");
+    if (bo.attention_bf16 && sp.type != runtime::DraftType::Off)
+        throw UsageError(
+            "--attn-bf16 cannot be combined with --spec: drafts are verified on the exact path");
+    if (bo.attention_bf16 && !quant::cpu_has_amx_bf16())
+        throw UsageError(std::string("--attn-bf16 needs AMX-BF16 tiles and AVX-512 BF16; this "
+                                     "CPU runs ") +
+                         quant::cpu_level_name(quant::cpu_level()) +
+                         " kernels without them: run without --attn-bf16");
 
     LoadedModel m;
     const int parts = int(a.get_int("layer-split", 1, 4096));
@@ -152,6 +165,10 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
              info.name.c_str(), info.arch.c_str(), blocks.c_str(),
              human_bytes(double(info.weight_bytes)).c_str(), (long long)info.n_vocab, ct.c_str(),
              m.backend->n_threads(), quant::cpu_level_name(quant::cpu_level()));
+    if (bo.attention_bf16)
+        log_info(
+            "glm5: attention products in BF16 on AMX tiles (--attn-bf16: logits differ "
+            "slightly from the exact path's)\n");
     if (sp.type != runtime::DraftType::Off)
         log_info("glm5: speculative decoding: %s drafts, window up to %d%s\n",
                  runtime::draft_type_name(sp.type), sp.draft_max,

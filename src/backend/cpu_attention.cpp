@@ -93,6 +93,10 @@ void CpuBackend::mla_attention(std::span<const AttentionQuery> queries, int64_t 
     const int64_t nq = int64_t(queries.size());
     for (const AttentionQuery& q : queries)
         cache_bytes_ += uint64_t(n_visible(q)) * q.cache.row_bytes();
+    if (attention_bf16_) {
+        attend_bf16(queries, n_heads, v_width, scale);
+        return;
+    }
     if (nq < pool_.size() && queries[0].cache.type == CacheType::F16) {
         for (const AttentionQuery& q : queries) {
             if (n_visible(q) < kWideRows)
@@ -104,6 +108,47 @@ void CpuBackend::mla_attention(std::span<const AttentionQuery> queries, int64_t 
     }
     attend_split(queries, std::clamp<int64_t>((pool_.size() + nq - 1) / nq, 1, n_heads), n_heads,
                  v_width, scale);
+}
+
+void CpuBackend::attend_bf16(std::span<const AttentionQuery> queries, int64_t H, int64_t v_width,
+                             float scale) {
+    using amx_bf16::Query;
+    const int64_t nq = int64_t(queries.size()), groups = (H + Query::kHeads - 1) / Query::kHeads;
+    auto rows_of = [](const AttentionQuery& q) {
+        return amx_bf16::Rows{host(q.cache.data), q.cache.row_bytes(),
+                              q.visible.n_dense > 0 ? nullptr : host(q.visible.rows),
+                              q.cache.type == CacheType::F16};
+    };
+    auto query = [&](const AttentionQuery& q, int64_t g) {
+        const int64_t h0 = g * Query::kHeads, nh = std::min(Query::kHeads, H - h0);
+        return Query(host(q.q) + h0 * q.cache.width, nh, q.cache.width, v_width, n_visible(q),
+                     scale);
+    };
+    if (nq < pool_.size()) {
+        // Few queries (decode): the blocks of each query's rows shared by the threads.
+        for (const AttentionQuery& q : queries) {
+            const amx_bf16::Rows rows = rows_of(q);
+            for (int64_t g = 0; g < groups; ++g) {
+                Query a = query(q, g);
+                pool_.parallel_for(a.blocks(), 1, [&](int64_t b, int64_t e, int) {
+                    for (int64_t k = b; k < e; ++k) a.block(rows, k);
+                });
+                a.finish(host(q.out) + g * Query::kHeads * v_width, v_width);
+            }
+        }
+        return;
+    }
+    // Many (prefill): one task per query and head group.
+    pool_.parallel_for(nq * groups, 1, [&](int64_t b, int64_t e, int) {
+        for (int64_t task = b; task < e; ++task) {
+            const AttentionQuery& q = queries[size_t(task / groups)];
+            const int64_t g = task % groups;
+            const amx_bf16::Rows rows = rows_of(q);
+            Query a = query(q, g);
+            for (int64_t k = 0; k < a.blocks(); ++k) a.block(rows, k);
+            a.finish(host(q.out) + g * Query::kHeads * v_width, v_width);
+        }
+    });
 }
 
 void CpuBackend::attend_split(std::span<const AttentionQuery> queries, int64_t groups,

@@ -23,6 +23,11 @@ CpuBackend::CpuBackend(const BackendOptions& opt)
     : pool_(opt.n_threads > 0 ? opt.n_threads : ThreadPool::default_threads()) {
     per_thread_.resize(size_t(pool_.size()));
     profile_.fault_hook = opt.fault_hook;
+    if (opt.attention_bf16 && !amx_bf16::available())
+        throw Error(
+            "BF16 attention needs AMX-BF16 tiles and AVX-512 BF16, which this CPU (or "
+            "the GLM5_CPU level) does not have: run without --attn-bf16");
+    attention_bf16_ = opt.attention_bf16;
 }
 
 DevPtr<float> CpuBackend::scratch(size_t n) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 #include "backend/backend.h"
+#include "backend/cpu_attention_amx.h"
 #include "backend/cpu_kernels.h"
 #include "backend/cpu_memory.h"
 #include "backend/cpu_simd.h"
@@ -246,6 +247,11 @@ class CpuBackend final : public Backend {
     }
 
     // Each query's heads in `groups` tasks, one attend() per task.
+    // --attn-bf16: the queries on AMX-BF16 tiles (cpu_attention_amx.h).
+    void attend_bf16(std::span<const AttentionQuery> queries, int64_t n_heads, int64_t v_width,
+                     float scale);
+    bool attention_bf16_ = false;
+
     void attend_split(std::span<const AttentionQuery> queries, int64_t groups, int64_t n_heads,
                       int64_t v_width, float scale);
 

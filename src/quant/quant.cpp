@@ -114,6 +114,14 @@ bool cpu_has_amx() {
     return cpu_level() >= CpuLevel::Amx;
 }
 
+// AMX-BF16 (CPUID leaf 7: EDX bit 22) and AVX-512 BF16 (leaf 7 subleaf 1:
+// EAX bit 5) on top of the AMX level.
+bool cpu_has_amx_bf16() {
+    unsigned a = 0, b = 0, c = 0, d = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+    return cpu_has_amx() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) &&
+           __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 & (1u << 5));
+}
+
 void dequantize_row(Type t, const void* src, float* dst, int64_t n) {
     check_blocks(t, n);
     const FormatOps& o = ops_for(t);

@@ -1,0 +1,322 @@
+// MLA attention of one query on AMX-BF16 tiles (cpu_attention_amx.h).
+//   scores: C[key][head] += K (16 keys x 32 dims) . Q^T (32 dims x 16 heads),
+//           the cache rows converted to BF16 in blocks, in their natural layout;
+//   softmax over the keys of each head (one vector holds a key's 16 heads),
+//           then the probabilities transposed to [head][key] BF16;
+//   values: C[head][col] += P (16 heads x 32 keys) . V (32 keys x 16 cols),
+//           pairs of value rows interleaved as the tile product reads them.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include "backend/cpu_attention_amx.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/avx512_exp.h"
+#include "quant/ops.h"
+
+namespace glm5::backend::cpu::amx_bf16 {
+
+namespace {
+
+constexpr int64_t kScoreKeys = 64;   // cache rows converted per score block (4 tiles)
+constexpr int64_t kValueKeys = 256;  // cache rows converted per value block
+
+__mmask16 lanes(int64_t n) {
+    return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// Every tile 16 rows of 64 bytes (palette 1).
+struct alignas(64) TileConfig {
+    uint8_t palette = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+void configure_tiles() {
+    TileConfig c;
+    for (int i = 0; i < 8; ++i) {
+        c.colsb[i] = 64;
+        c.rows[i] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+
+__m512i to_bf16(__m512 hi, __m512 lo) {
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+// 16 values [c, c + 16) of a row as floats, zero from w on.
+__m512 load16(const uint8_t* r, bool f16, int64_t c, int64_t w) {
+    const __mmask16 m = lanes(w - c);
+    if (f16)
+        return _mm512_cvtph_ps(
+            _mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(r) + c));
+    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(r) + c);
+}
+
+// 32 values [c, c + 32) of a row as BF16, zero from w on.
+__m512i load32_bf16(const uint8_t* r, bool f16, int64_t c, int64_t w) {
+    return to_bf16(load16(r, f16, c + 16, w), load16(r, f16, c, w));
+}
+
+// r[i] (16 floats each) becomes column i of the 16 x 16 block.
+void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    auto lo = [](__m512 a, __m512 b) {
+        return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+    };
+    auto hi = [](__m512 a, __m512 b) {
+        return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+    };
+    for (int i = 0; i < 4; ++i) {
+        r[4 * i] = lo(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
+    }
+    // r[4i + e] now holds, in 128-bit block b, element 4b + e of rows 4i .. 4i + 3.
+    __m512 o[16];
+    for (int e = 0; e < 4; ++e) {
+        const __m512 u0 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88);
+        const __m512 u1 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xdd);
+        const __m512 v0 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88);
+        const __m512 v1 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xdd);
+        o[e] = _mm512_shuffle_f32x4(u0, v0, 0x88);
+        o[8 + e] = _mm512_shuffle_f32x4(u0, v0, 0xdd);
+        o[4 + e] = _mm512_shuffle_f32x4(u1, v1, 0x88);
+        o[12 + e] = _mm512_shuffle_f32x4(u1, v1, 0xdd);
+    }
+    for (int i = 0; i < 16; ++i) r[i] = o[i];
+}
+
+}  // namespace
+
+bool available() {
+    return quant::cpu_has_amx_bf16();
+}
+
+Query::Query(const float* q, int64_t n_heads, int64_t w, int64_t v, int64_t n, float scale)
+    : heads_(n_heads),
+      w_(w),
+      wp_((w + 31) / 32 * 32),
+      v_(v),
+      vp_((v + 31) / 32 * 32),
+      ldo_(vp_ + 16),
+      n_(n),
+      scale_(scale) {
+    // The heads' rows in BF16 (zero past w, and for heads past n_heads), then
+    // regrouped as B tiles: chunk k's row p holds, for every head, its dims
+    // 32k + 2p and 32k + 2p + 1.
+    LineVector<uint16_t> qb(size_t(kHeads * wp_), 0);
+    for (int64_t h = 0; h < heads_; ++h) {
+        const auto* row = reinterpret_cast<const uint8_t*>(q + h * w);
+        for (int64_t c = 0; c < wp_; c += 32)
+            _mm512_storeu_si512(qb.data() + h * wp_ + c, load32_bf16(row, false, c, w));
+    }
+    qt_.resize(size_t(wp_ / 32 * 16 * 32));
+    const __m512i heads = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(int32_t(wp_ / 2)));
+    for (int64_t d = 0; d < wp_ / 2; ++d)  // dim pair d: its dword for each head
+        _mm512_store_si512(qt_.data() + d * 32,
+                           _mm512_i32gather_epi32(heads, qb.data() + 2 * d, 4));
+    max_.resize(size_t(blocks() * kHeads));
+    sum_.resize(size_t(blocks() * kHeads));
+    part_.reset(static_cast<float*>(::operator new(size_t(blocks() * kHeads * ldo_) * sizeof(float),
+                                                   std::align_val_t(64))));
+}
+
+namespace {
+
+// A block's working set, per thread: its rows converted in groups of 64, the
+// value rows interleaved in pairs as the tile product reads them, the scores
+// and the probabilities by head.
+constexpr int64_t kGroup = 64;
+constexpr int64_t kAhead = 16;  // rows prefetched ahead of the conversion (into L2)
+constexpr int64_t kPtStride = Query::kBlockKeys + 32;  // BF16s between heads (off 4K strides)
+struct BlockWork {
+    LineVector<uint16_t> kb, vb, pt;
+    LineVector<float> s;
+};
+
+BlockWork& block_work() {
+    thread_local BlockWork w;
+    return w;
+}
+
+}  // namespace
+
+void Query::block(const Rows& rows, int64_t b) {
+    const int64_t j0 = b * kBlockKeys, nk = std::min(kBlockKeys, n_ - j0);
+    const int64_t nk32 = (nk + 31) / 32 * 32;
+    const int64_t ldk = wp_ * 2;        // bytes between converted rows
+    const int64_t vrow = vp_ * 2 + 32;  // BF16s between value pairs (off 2K strides)
+    BlockWork& bw = block_work();
+    bw.kb.resize(size_t(kGroup * wp_));
+    bw.vb.resize(size_t(kBlockKeys / 2 * vrow));
+    bw.pt.resize(size_t(kHeads * kPtStride));
+    bw.s.resize(size_t(kBlockKeys * kHeads));
+    configure_tiles();
+    // Interleave the BF16 words of two rows: [a0, b0, a1, b1, ...] for columns
+    // 0..15 of a 32-column chunk, and for 16..31.
+    alignas(64) static const uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                 37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i lo_idx = _mm512_load_si512(kLo);
+    const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+
+    // ---- scores, 64 rows at a time (4 tiles), and the value pairs of those rows
+    for (int64_t g0 = 0; g0 < nk; g0 += kGroup) {
+        const int64_t ng = std::min(kGroup, nk - g0), nt = (ng + 15) / 16;
+        for (int64_t r = 0; r < nt * 16; ++r) {
+            uint16_t* dst = bw.kb.data() + r * wp_;
+            if (g0 + r + kAhead < nk) {  // the rows are scattered: ask for a later one now
+                const char* pf = reinterpret_cast<const char*>(rows.row(j0 + g0 + r + kAhead));
+                for (int64_t off = 0; off < int64_t(rows.row_bytes); off += 64)
+                    _mm_prefetch(pf + off, _MM_HINT_T1);
+            }
+            if (r < ng) {
+                const uint8_t* src = rows.row(j0 + g0 + r);
+                for (int64_t c = 0; c < wp_; c += 32)
+                    _mm512_store_si512(dst + c, load32_bf16(src, rows.f16, c, w_));
+            } else {
+                std::memset(dst, 0, size_t(wp_) * 2);
+            }
+        }
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        const uint16_t* k0 = bw.kb.data();
+        for (int64_t k = 0; k < wp_ / 32; ++k) {
+            _tile_loadd(5, qt_.data() + k * 512, 64);
+            _tile_loadd(4, k0 + k * 32, ldk);
+            _tile_dpbf16ps(0, 4, 5);
+            if (nt > 1) {
+                _tile_loadd(6, k0 + 16 * wp_ + k * 32, ldk);
+                _tile_dpbf16ps(1, 6, 5);
+            }
+            if (nt > 2) {
+                _tile_loadd(4, k0 + 32 * wp_ + k * 32, ldk);
+                _tile_dpbf16ps(2, 4, 5);
+            }
+            if (nt > 3) {
+                _tile_loadd(6, k0 + 48 * wp_ + k * 32, ldk);
+                _tile_dpbf16ps(3, 6, 5);
+            }
+        }
+        float* s = bw.s.data() + g0 * kHeads;
+        _tile_stored(0, s, 64);
+        if (nt > 1) _tile_stored(1, s + 16 * kHeads, 64);
+        if (nt > 2) _tile_stored(2, s + 32 * kHeads, 64);
+        if (nt > 3) _tile_stored(3, s + 48 * kHeads, 64);
+        // Value pairs (rows past the block's are zero rows of kb).
+        for (int64_t p = 0; p < nt * 8; ++p) {
+            const uint16_t* ra = bw.kb.data() + 2 * p * wp_;
+            uint16_t* dst = bw.vb.data() + (g0 / 2 + p) * vrow;
+            for (int64_t c = 0; c < vp_; c += 32) {
+                const __m512i a = _mm512_load_si512(ra + c), bb = _mm512_load_si512(ra + wp_ + c);
+                _mm512_storeu_si512(dst + 2 * c, _mm512_permutex2var_epi16(a, lo_idx, bb));
+                _mm512_storeu_si512(dst + 2 * c + 32, _mm512_permutex2var_epi16(a, hi_idx, bb));
+            }
+        }
+    }
+    if (nk32 > (nk + 15) / 16 * 16)  // a last tile of 16 rows left a pair tile half written
+        std::memset(bw.vb.data() + (nk32 / 2 - 8) * vrow, 0, size_t(8 * vrow) * 2);
+
+    // ---- softmax against the block's maximum, transposed to [head][key]
+    float* s = bw.s.data();
+    const __m512 sc = _mm512_set1_ps(scale_);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < nk; ++j)
+        mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_load_ps(s + j * kHeads), sc));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j0t = 0; j0t < nk32; j0t += 32) {
+        __m512 a[16], c[16];
+        for (int64_t i = 0; i < 32; ++i) {
+            const int64_t j = j0t + i;
+            __m512 e = _mm512_setzero_ps();
+            if (j < nk) {
+                e = exp_ps(_mm512_sub_ps(_mm512_mul_ps(_mm512_load_ps(s + j * kHeads), sc), mx));
+                sum = _mm512_add_ps(sum, e);
+            }
+            (i < 16 ? a[i] : c[i - 16]) = e;
+        }
+        transpose16(a);
+        transpose16(c);
+        for (int64_t h = 0; h < kHeads; ++h)
+            _mm512_store_si512(bw.pt.data() + h * kPtStride + j0t, to_bf16(c[h], a[h]));
+    }
+    _mm512_store_ps(max_.data() + b * kHeads, mx);
+    _mm512_store_ps(sum_.data() + b * kHeads, sum);
+
+    // ---- values: C[head][col] over the block's keys, 4 column tiles at a time
+    float* part = part_.get() + b * kHeads * ldo_;
+    for (int64_t g = 0; g < vp_; g += 64) {
+        const int64_t nt = std::min<int64_t>(4, (vp_ - g) / 16);
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t kc = 0; kc < nk32 / 32; ++kc) {
+            _tile_loadd(4, bw.pt.data() + 32 * kc, kPtStride * 2);
+            const uint16_t* vr = bw.vb.data() + 16 * kc * vrow + 2 * g;
+            _tile_loadd(5, vr, vrow * 2);
+            _tile_dpbf16ps(0, 4, 5);
+            if (nt > 1) {
+                _tile_loadd(7, vr + 32, vrow * 2);
+                _tile_dpbf16ps(1, 4, 7);
+            }
+            if (nt > 2) {
+                _tile_loadd(5, vr + 64, vrow * 2);
+                _tile_dpbf16ps(2, 4, 5);
+            }
+            if (nt > 3) {
+                _tile_loadd(7, vr + 96, vrow * 2);
+                _tile_dpbf16ps(3, 4, 7);
+            }
+        }
+        _tile_stored(0, part + g, ldo_ * 4);
+        if (nt > 1) _tile_stored(1, part + g + 16, ldo_ * 4);
+        if (nt > 2) _tile_stored(2, part + g + 32, ldo_ * 4);
+        if (nt > 3) _tile_stored(3, part + g + 48, ldo_ * 4);
+    }
+}
+
+void Query::finish(float* out, int64_t out_stride) const {
+    const int64_t nb = blocks();
+    for (int64_t h = 0; h < heads_; ++h) {
+        float m = -INFINITY;
+        for (int64_t b = 0; b < nb; ++b) m = std::max(m, max_[size_t(b * kHeads + h)]);
+        float l = 0.0f;
+        for (int64_t b = 0; b < nb; ++b)
+            l += std::exp(max_[size_t(b * kHeads + h)] - m) * sum_[size_t(b * kHeads + h)];
+        thread_local std::vector<float> w;
+        w.resize(size_t(nb));
+        for (int64_t b = 0; b < nb; ++b) w[size_t(b)] = std::exp(max_[size_t(b * kHeads + h)] - m) / l;
+        float* o = out + h * out_stride;
+        for (int64_t c = 0; c < v_; c += 16) {
+            const __mmask16 mk = lanes(v_ - c);
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; ++b)
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(w[size_t(b)]),
+                                      _mm512_maskz_loadu_ps(mk, part_.get() + (b * kHeads + h) * ldo_ + c),
+                                      acc);
+            _mm512_mask_storeu_ps(o + c, mk, acc);
+        }
+    }
+}
+
+}  // namespace glm5::backend::cpu::amx_bf16

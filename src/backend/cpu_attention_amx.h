@@ -1,0 +1,75 @@
+// MLA attention of one query on AMX-BF16 tiles (the --attn-bf16 mode): the
+// query, the cache rows and the probabilities are rounded to BF16 and the
+// products summed in F32 by the tile unit, about ten times the F32 FMA rate
+// of these cores. The results differ from the exact path's (its F16/F32
+// products) in the last bits of the scores, so the mode is opt-in and never
+// verifies speculative drafts. A result depends only on its query and rows:
+// each score tile and each output tile is one fixed sequence of tile
+// products, whichever thread runs it and however keys or columns are split.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <vector>
+
+namespace glm5::backend::cpu::amx_bf16 {
+
+// Tile rows on whole cache lines: a row split over two lines made each tile
+// load several times slower.
+template <class T>
+struct LineAlloc {
+    using value_type = T;
+    LineAlloc() = default;
+    template <class U>
+    LineAlloc(const LineAlloc<U>&) {}
+    T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+    void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+    bool operator==(const LineAlloc&) const { return true; }
+};
+template <class T>
+using LineVector = std::vector<T, LineAlloc<T>>;
+
+// The visible cache rows of a query: row j is base + (idx ? idx[j] : j) * row_bytes.
+struct Rows {
+    const uint8_t* base = nullptr;
+    size_t row_bytes = 0;
+    const int32_t* idx = nullptr;
+    bool f16 = true;  // binary16 values, else float
+    const uint8_t* row(int64_t j) const { return base + size_t(idx ? idx[j] : j) * row_bytes; }
+};
+
+// One query's attention for up to 16 heads, in blocks of kBlockKeys visible
+// rows that threads may take in any order: each block converts its rows once,
+// scores them, takes their softmax against the block's own maximum and sums
+// its values; finish() combines the blocks in order (the running-maximum
+// rescaling of flash attention, with a fixed block size, so the bits do not
+// depend on which thread ran which block).
+class Query {
+  public:
+    static constexpr int64_t kHeads = 16;
+    static constexpr int64_t kBlockKeys = 256;
+
+    // q: [n_heads][w] floats; n visible rows of width w whose first v values are the values.
+    Query(const float* q, int64_t n_heads, int64_t w, int64_t v, int64_t n, float scale);
+    int64_t blocks() const { return (n_ + kBlockKeys - 1) / kBlockKeys; }
+    void block(const Rows& rows, int64_t b);
+    // out[h * out_stride + c] for h < n_heads, c < v.
+    void finish(float* out, int64_t out_stride) const;
+
+  private:
+    int64_t heads_, w_, wp_, v_, vp_, ldo_, n_;
+    float scale_;
+    LineVector<uint16_t> qt_;  // the query as B tiles: [wp/32][16 dim pairs][16 heads][2]
+    LineVector<float> max_, sum_;  // per block and head: the scores' maximum, sum of e^(s - max)
+    // Per block: [16 heads][ldo] sums of e^(s - max) v (every value written by its block).
+    struct LineFree {
+        void operator()(float* p) const { ::operator delete(p, std::align_val_t(64)); }
+    };
+    std::unique_ptr<float[], LineFree> part_;
+};
+
+bool available();  // AMX-BF16 tiles and AVX-512 BF16 conversions usable here
+
+}  // namespace glm5::backend::cpu::amx_bf16
