@@ -467,15 +467,22 @@ float bf16_round(float x) {
     return x;
 }
 
-TEST(AttentionBf16, MatchesTheBf16RoundedReference) {
+// A two-thread backend in --attn-bf16 mode; null (after checking that it is
+// refused) where the CPU has no AMX-BF16.
+std::unique_ptr<Backend> bf16_backend() {
     BackendOptions opt;
     opt.n_threads = 2;
     opt.attention_bf16 = true;
-    if (!quant::cpu_has_amx_bf16()) {  // refused here, with the reason
+    if (!quant::cpu_has_amx_bf16()) {
         EXPECT_THROW(make_cpu_backend(opt), Error);
-        return;
+        return nullptr;
     }
-    auto be = make_cpu_backend(opt);
+    return make_cpu_backend(opt);
+}
+
+TEST(AttentionBf16, MatchesTheBf16RoundedReference) {
+    auto be = bf16_backend();
+    if (!be) return;
     struct Shape {
         int64_t heads, width, value, rows;
         bool f16, pick;
@@ -554,14 +561,8 @@ TEST(AttentionBf16, MatchesTheBf16RoundedReference) {
 // Decode (one query: keys and columns split between threads) and prefill
 // (one query per thread) give the same bits for a query.
 TEST(AttentionBf16, QueryOutputIndependentOfBatch) {
-    BackendOptions opt;
-    opt.n_threads = 2;
-    opt.attention_bf16 = true;
-    if (!quant::cpu_has_amx_bf16()) {  // refused here, with the reason
-        EXPECT_THROW(make_cpu_backend(opt), Error);
-        return;
-    }
-    auto be = make_cpu_backend(opt);
+    auto be = bf16_backend();
+    if (!be) return;
     const int64_t rows = 2100;
     Cache c(rows, kWidth, 8);
     CacheRows cr{dev(reinterpret_cast<uint8_t*>(c.bits.data())), kWidth, CacheType::F16};

@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "backend/avx512_exp.h"
+#include "quant/amx_tiles.h"
 #include "quant/ops.h"
 
 namespace glm5::backend::cpu::amx_bf16 {
@@ -29,24 +30,6 @@ constexpr int64_t kValueKeys = 256;  // cache rows converted per value block
 
 __mmask16 lanes(int64_t n) {
     return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
-}
-
-// Every tile 16 rows of 64 bytes (palette 1).
-struct alignas(64) TileConfig {
-    uint8_t palette = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
-void configure_tiles() {
-    TileConfig c;
-    for (int i = 0; i < 8; ++i) {
-        c.colsb[i] = 64;
-        c.rows[i] = 16;
-    }
-    _tile_loadconfig(&c);
 }
 
 __m512i to_bf16(__m512 hi, __m512 lo) {
@@ -126,16 +109,16 @@ Query::Query(const float* q, int64_t n_heads, int64_t w, int64_t v, int64_t n, f
             _mm512_storeu_si512(qb.data() + h * wp_ + c, load32_bf16(row, false, c, w));
     }
     qt_.resize(size_t(wp_ / 32 * 16 * 32));
-    const __m512i heads = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(int32_t(wp_ / 2)));
+    const __m512i heads =
+        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                           _mm512_set1_epi32(int32_t(wp_ / 2)));
     for (int64_t d = 0; d < wp_ / 2; ++d)  // dim pair d: its dword for each head
         _mm512_store_si512(qt_.data() + d * 32,
                            _mm512_i32gather_epi32(heads, qb.data() + 2 * d, 4));
     max_.resize(size_t(blocks() * kHeads));
     sum_.resize(size_t(blocks() * kHeads));
-    part_.reset(static_cast<float*>(::operator new(size_t(blocks() * kHeads * ldo_) * sizeof(float),
-                                                   std::align_val_t(64))));
+    part_.reset(static_cast<float*>(
+        ::operator new(size_t(blocks() * kHeads * ldo_) * sizeof(float), std::align_val_t(64))));
 }
 
 namespace {
@@ -168,7 +151,7 @@ void Query::block(const Rows& rows, int64_t b) {
     bw.vb.resize(size_t(kBlockKeys / 2 * vrow));
     bw.pt.resize(size_t(kHeads * kPtStride));
     bw.s.resize(size_t(kBlockKeys * kHeads));
-    configure_tiles();
+    const quant::AmxTiles tiles;
     // Interleave the BF16 words of two rows: [a0, b0, a1, b1, ...] for columns
     // 0..15 of a 32-column chunk, and for 16..31.
     alignas(64) static const uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
@@ -305,15 +288,16 @@ void Query::finish(float* out, int64_t out_stride) const {
             l += std::exp(max_[size_t(b * kHeads + h)] - m) * sum_[size_t(b * kHeads + h)];
         thread_local std::vector<float> w;
         w.resize(size_t(nb));
-        for (int64_t b = 0; b < nb; ++b) w[size_t(b)] = std::exp(max_[size_t(b * kHeads + h)] - m) / l;
+        for (int64_t b = 0; b < nb; ++b)
+            w[size_t(b)] = std::exp(max_[size_t(b * kHeads + h)] - m) / l;
         float* o = out + h * out_stride;
         for (int64_t c = 0; c < v_; c += 16) {
             const __mmask16 mk = lanes(v_ - c);
             __m512 acc = _mm512_setzero_ps();
             for (int64_t b = 0; b < nb; ++b)
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(w[size_t(b)]),
-                                      _mm512_maskz_loadu_ps(mk, part_.get() + (b * kHeads + h) * ldo_ + c),
-                                      acc);
+                acc = _mm512_fmadd_ps(
+                    _mm512_set1_ps(w[size_t(b)]),
+                    _mm512_maskz_loadu_ps(mk, part_.get() + (b * kHeads + h) * ldo_ + c), acc);
             _mm512_mask_storeu_ps(o + c, mk, acc);
         }
     }

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <vector>
 
+#include "quant/amx_tiles.h"
 #include "quant/repack_kernels.h"
 #include "quant/repack_simd.h"
 
@@ -35,24 +36,6 @@ namespace {
 
 constexpr int kTok = 16;    // tokens (rows) of an activation tile
 constexpr int kBytes = 64;  // bytes of a tile row: 64 values of K
-
-// Every tile 16 rows of 64 bytes (palette 1).
-struct alignas(64) TileConfig {
-    uint8_t palette = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
-void configure_tiles() {
-    TileConfig c;
-    for (int i = 0; i < 8; ++i) {
-        c.colsb[i] = kBytes;
-        c.rows[i] = kTok;
-    }
-    _tile_loadconfig(&c);
-}
 
 // The call's activations, copied once per call into 64-byte aligned tiles
 // (a tile row split over two cache lines made each tile load several times
@@ -274,14 +257,6 @@ inline void q6k_products(const Q6KTiles& w, const int8_t* a, int32_t (*c)[kTok *
     _tile_stored(2, c[2], kRows * 4);
 }
 
-// The tile state is the thread's from configure_tiles() to the release.
-struct Tiles {
-    Tiles() { configure_tiles(); }
-    ~Tiles() { _tile_release(); }
-    Tiles(const Tiles&) = delete;
-    Tiles& operator=(const Tiles&) = delete;
-};
-
 }  // namespace
 
 void gemm_q4_K_amx(int64_t nb, const Q4KGroupBlock* groups, int64_t n_groups,
@@ -290,7 +265,7 @@ void gemm_q4_K_amx(int64_t nb, const Q4KGroupBlock* groups, int64_t n_groups,
     thread_local std::vector<RowSums> acc;
     load_acts(acts, n_tok, nb, true, a);
     acc.resize(size_t(a.tpad));
-    const Tiles tiles;
+    const AmxTiles tiles;
     alignas(64) Q4KTiles w;
     alignas(64) int32_t c[2][2][kTok * kRows];
     for (int64_t g = 0; g < n_groups; ++g) {
@@ -336,7 +311,7 @@ void gemm_q6_K_amx(int64_t nb, const Q6KGroupBlock* groups, int64_t n_groups,
     thread_local std::vector<RowSums> acc;
     load_acts(acts, n_tok, nb, false, a);
     acc.resize(size_t(a.tpad));
-    const Tiles tiles;
+    const AmxTiles tiles;
     alignas(64) Q6KTiles w;
     alignas(64) int32_t c[3][kTok * kRows];
     for (int64_t g = 0; g < n_groups; ++g) {
