@@ -90,4 +90,41 @@ TEST(QuantMulti, BitIdenticalToSingleRowKernel) {
     }
 }
 
+// BF16 weights against activations expanded to floats once: the bits of the
+// single-row BF16 kernel on the BF16 rows. Offered exactly at the AVX-512 level.
+TEST(QuantMulti, Bf16AgainstExpandedActivationsIsTheBf16Dot) {
+    const VecDotMultiFn f32act = bf16_dot_multi_f32act_fn();
+    ASSERT_EQ(f32act != nullptr, cpu_has_avx512()) << "at level " << cpu_level_name(cpu_level());
+    if (!f32act) return;
+    const VecDotFn single = vec_dot_fn(Type::BF16);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int64_t n : {1024, 100, 200, 17}) {
+        std::vector<float> wf(static_cast<size_t>(n));
+        for (auto& v : wf) v = nd(rng) * 0.05f;
+        std::vector<uint8_t> w(row_size(Type::BF16, n));
+        quantize_rows(Type::BF16, wf.data(), w.data(), 1, n, nullptr);
+        for (int64_t n_act = 1; n_act <= 9; ++n_act) {
+            std::vector<float> x(static_cast<size_t>(n)), wide(size_t(n * n_act));
+            std::vector<uint8_t> narrow(row_size(Type::BF16, n) * size_t(n_act));
+            for (int64_t i = 0; i < n_act; ++i) {
+                for (auto& v : x) v = nd(rng) * (i % 3 == 0 ? 10.0f : 0.3f);
+                quantize_activation_row(Type::BF16, x.data(),
+                                        narrow.data() + size_t(i) * row_size(Type::BF16, n), n);
+                expand_bf16_activation(x.data(), wide.data() + i * n, n);
+            }
+            std::vector<float> got(static_cast<size_t>(n_act));
+            f32act(n, w.data(), wide.data(), size_t(n) * 4, n_act, got.data());
+            for (int64_t i = 0; i < n_act; ++i) {
+                const float want =
+                    single(n, w.data(), narrow.data() + size_t(i) * row_size(Type::BF16, n));
+                uint32_t a, b;
+                std::memcpy(&a, &want, 4);
+                std::memcpy(&b, &got[size_t(i)], 4);
+                ASSERT_EQ(a, b) << "n=" << n << " n_act=" << n_act << " row " << i;
+            }
+        }
+    }
+}
+
 }  // namespace

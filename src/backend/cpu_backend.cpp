@@ -199,6 +199,7 @@ void CpuBackend::matmuls(std::span<const MatmulOut> outs, DevPtr<const float> x_
         quant::Type type;
         const uint8_t* data;
         size_t arow;
+        bool expanded;
     };
     std::vector<Act> acts;
     std::vector<size_t> act_of(outs.size());
@@ -210,9 +211,10 @@ void CpuBackend::matmuls(std::span<const MatmulOut> outs, DevPtr<const float> x_
         if (a == acts.size()) {
             if (a >= multi_act_.size()) multi_act_.resize(a + 1);
             size_t arow = 0;
+            bool expanded = false;
             const uint8_t* d =
-                quantize_acts(multi_act_[a], w.type, w.cols, 1, x, xs, 0, n_tok, arow);
-            acts.push_back({at, d, arow});
+                quantize_acts(multi_act_[a], w.type, w.cols, 1, x, xs, 0, n_tok, arow, &expanded);
+            acts.push_back({at, d, arow, expanded});
         }
         act_of[j] = a;
     }
@@ -221,7 +223,7 @@ void CpuBackend::matmuls(std::span<const MatmulOut> outs, DevPtr<const float> x_
         [&](size_t j, int64_t r0, int64_t r1) {
             const Act& a = acts[act_of[j]];
             product_rows(*outs[j].w, 0, r0, r1, a.data, a.arow, n_tok, host(outs[j].y),
-                         outs[j].y_stride);
+                         outs[j].y_stride, a.expanded);
         });
     for (const MatmulOut& o : outs) weight_bytes_ += o.w->payload_bytes();
     matmul_calls_ += outs.size();
@@ -238,9 +240,12 @@ void CpuBackend::matmul_slices(const Weight& w, DevPtr<const float> x_, int64_t 
 
 const uint8_t* CpuBackend::quantize_acts(ByteBuffer& buf, quant::Type type, int64_t cols, int64_t S,
                                          const float* x, int64_t x_tok, int64_t x_slice, int64_t n,
-                                         size_t& arow) {
+                                         size_t& arow, bool* expanded) {
     const quant::Type at = quant::traits(type).vec_dot_type;
-    arow = quant::row_size(at, cols);
+    // BF16 activations read by every weight row are converted once, here.
+    const bool expand = expanded && type == quant::Type::BF16 && quant::bf16_dot_multi_f32act_fn();
+    if (expanded) *expanded = expand;
+    arow = expand ? size_t(cols) * sizeof(float) : quant::row_size(at, cols);
     uint8_t* act = buf.get(arow * size_t(S * n));
     // At least 16K values per chunk: decode's few rows (16 heads of a
     // slice product, 8 experts' hidden rows) take about a microsecond,
@@ -249,8 +254,12 @@ const uint8_t* CpuBackend::quantize_acts(ByteBuffer& buf, quant::Type type, int6
     pool_.parallel_for(S * n, grain, [&](int64_t b, int64_t e, int) {
         for (int64_t i = b; i < e; ++i) {
             const int64_t s = i / n, t = i % n;
-            quant::quantize_activation_row(at, x + t * x_tok + s * x_slice, act + size_t(i) * arow,
-                                           cols);
+            const float* xr = x + t * x_tok + s * x_slice;
+            if (expand)
+                quant::expand_bf16_activation(xr, reinterpret_cast<float*>(act + size_t(i) * arow),
+                                              cols);
+            else
+                quant::quantize_activation_row(at, xr, act + size_t(i) * arow, cols);
         }
     });
     return act;
@@ -260,21 +269,36 @@ void CpuBackend::products(const Weight& w, int64_t S, const float* x, int64_t x_
                           int64_t x_slice, int64_t n, float* y, int64_t y_tok, int64_t y_slice) {
     if (n <= 0) return;
     size_t arow = 0;
-    const uint8_t* act = quantize_acts(act_buf_, w.type, w.cols, S, x, x_tok, x_slice, n, arow);
+    bool expanded = false;
+    const uint8_t* act =
+        quantize_acts(act_buf_, w.type, w.cols, S, x, x_tok, x_slice, n, arow, &expanded);
     for_weight_rows(
         size_t(S), [&](size_t) -> const Weight& { return w; },
         [&](size_t s, int64_t r0, int64_t r1) {
             product_rows(w, int64_t(s), r0, r1, act + size_t(int64_t(s) * n) * arow, arow, n,
-                         y + int64_t(s) * y_slice, y_tok);
+                         y + int64_t(s) * y_slice, y_tok, expanded);
         });
     weight_bytes_ += uint64_t(S) * w.payload_bytes();
     matmul_calls_ += 1;
 }
 
 void CpuBackend::product_rows(const Weight& w, int64_t s, int64_t r0, int64_t r1,
-                              const uint8_t* act, size_t arow, int64_t n, float* y, int64_t y_tok) {
+                              const uint8_t* act, size_t arow, int64_t n, float* y, int64_t y_tok,
+                              bool expanded) {
     if (w.repacked) {
         repacked_rows(w, s, r0, r1, act, arow, n, y, y_tok);
+        return;
+    }
+    if (expanded) {  // every token count through the kernel that reads floats
+        const quant::VecDotMultiFn f32act = quant::bf16_dot_multi_f32act_fn();
+        for (int64_t t0 = 0; t0 < n; t0 += 8) {
+            const int64_t t1 = std::min(n, t0 + 8);
+            for (int64_t r = r0; r < r1; ++r) {
+                float o[8];
+                f32act(w.cols, w.row(r, s), act + size_t(t0) * arow, arow, t1 - t0, o);
+                for (int64_t t = t0; t < t1; ++t) y[t * y_tok + r] = o[t - t0];
+            }
+        }
         return;
     }
     const quant::VecDotFn dot = quant::vec_dot_fn(w.type);

@@ -282,9 +282,11 @@ class CpuBackend final : public Backend {
 
     // Rounds n rows of `cols` floats (row (s, t) at x + t*x_tok + s*x_slice)
     // into the activation format of `type`. Returns the buffer and row bytes.
+    // With `expanded` (BF16 weights, where the CPU has the kernel): the rows
+    // are floats holding the BF16 values instead, and *expanded is set.
     const uint8_t* quantize_acts(ByteBuffer& buf, quant::Type type, int64_t cols, int64_t S,
                                  const float* x, int64_t x_tok, int64_t x_slice, int64_t n,
-                                 size_t& arow);
+                                 size_t& arow, bool* expanded = nullptr);
 
     // y[(s, t)][r] = W[s] row r . x[(s, t)] for every slice s < S.
     void products(const Weight& w, int64_t S, const float* x, int64_t x_tok, int64_t x_slice,
@@ -292,8 +294,10 @@ class CpuBackend final : public Backend {
 
     // y[t * y_tok + r] = row r of slice s . activation row t (act + t*arow),
     // for rows [r0, r1).
+    // `expanded`: the activation rows are quantize_acts' expanded BF16 floats.
     static void product_rows(const Weight& w, int64_t s, int64_t r0, int64_t r1, const uint8_t* act,
-                             size_t arow, int64_t n, float* y, int64_t y_tok);
+                             size_t arow, int64_t n, float* y, int64_t y_tok,
+                             bool expanded = false);
 
     // Scheduling units of a weight's rows: whole groups when it is repacked
     // (the plain rows after the last group are one more unit), 16 rows

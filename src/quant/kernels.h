@@ -57,5 +57,9 @@ GLM5_QUANT_MULTI_DECL(q6_K, avx2)
 GLM5_QUANT_MULTI_DECL(q4_K, avx512)
 GLM5_QUANT_MULTI_DECL(q5_K, avx512)
 #undef GLM5_QUANT_MULTI_DECL
+// BF16 weights against activation rows already expanded to float (BF16
+// values): the bits of dot_bf16_multi_avx512 on the BF16 rows.
+void dot_bf16_f32act_multi_avx512(int64_t n, const void* w, const void* a, size_t a_stride,
+                                  int64_t n_act, float* out);
 
 }  // namespace glm5::quant::kernels

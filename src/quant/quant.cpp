@@ -8,6 +8,8 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/fp16.h"
+#include "quant/kernels.h"
 #include "quant/ops.h"
 
 namespace glm5::quant {
@@ -155,6 +157,14 @@ VecDotMultiFn vec_dot_multi_fn(Type t) {
     if (o.vec_dot_avx512 && cpu_has_avx512()) return o.vec_dot_multi_avx512;
     if (o.vec_dot_avx2 && cpu_has_avx2()) return o.vec_dot_multi_avx2;
     return nullptr;
+}
+
+VecDotMultiFn bf16_dot_multi_f32act_fn() {
+    return cpu_has_avx512() ? kernels::dot_bf16_f32act_multi_avx512 : nullptr;
+}
+
+void expand_bf16_activation(const float* x, float* dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
 }
 
 VecDotFn vec_dot_fn(Type t) {

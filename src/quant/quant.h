@@ -40,4 +40,12 @@ using VecDotMultiFn = void (*)(int64_t n, const void* w, const void* act, size_t
                                int64_t n_act, float* out);
 VecDotMultiFn vec_dot_multi_fn(Type t);
 
+// BF16 weights against activations expanded to float once (each value the
+// float of its BF16 rounding, expand_bf16_activation): out[i] is the bits of
+// vec_dot_fn(BF16) on the BF16 rows, but no activation is converted again for
+// every weight row. Null where the CPU has no such kernel.
+VecDotMultiFn bf16_dot_multi_f32act_fn();
+// dst[i] = float(bf16(x[i])), rounded to nearest even as BF16's activation format.
+void expand_bf16_activation(const float* x, float* dst, int64_t n);
+
 }  // namespace glm5::quant
