@@ -128,11 +128,6 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     if (bo.attention_bf16 && sp.type != runtime::DraftType::Off)
         throw UsageError(
             "--attn-bf16 cannot be combined with --spec: drafts are verified on the exact path");
-    if (bo.attention_bf16 && !quant::cpu_has_amx_bf16())
-        throw UsageError(std::string("--attn-bf16 needs AMX-BF16 tiles and AVX-512 BF16; this "
-                                     "CPU runs ") +
-                         quant::cpu_level_name(quant::cpu_level()) +
-                         " kernels without them: run without --attn-bf16");
 
     LoadedModel m;
     const int parts = int(a.get_int("layer-split", 1, 4096));

@@ -25,9 +25,6 @@ namespace glm5::backend::cpu::amx_bf16 {
 
 namespace {
 
-constexpr int64_t kScoreKeys = 64;   // cache rows converted per score block (4 tiles)
-constexpr int64_t kValueKeys = 256;  // cache rows converted per value block
-
 __mmask16 lanes(int64_t n) {
     return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
 }
@@ -280,16 +277,17 @@ void Query::block(const Rows& rows, int64_t b) {
 
 void Query::finish(float* out, int64_t out_stride) const {
     const int64_t nb = blocks();
+    thread_local std::vector<float> w;  // each block's weight e^(max_b - max) / sum
+    w.resize(size_t(nb));
     for (int64_t h = 0; h < heads_; ++h) {
         float m = -INFINITY;
         for (int64_t b = 0; b < nb; ++b) m = std::max(m, max_[size_t(b * kHeads + h)]);
         float l = 0.0f;
-        for (int64_t b = 0; b < nb; ++b)
-            l += std::exp(max_[size_t(b * kHeads + h)] - m) * sum_[size_t(b * kHeads + h)];
-        thread_local std::vector<float> w;
-        w.resize(size_t(nb));
-        for (int64_t b = 0; b < nb; ++b)
-            w[size_t(b)] = std::exp(max_[size_t(b * kHeads + h)] - m) / l;
+        for (int64_t b = 0; b < nb; ++b) {
+            w[size_t(b)] = std::exp(max_[size_t(b * kHeads + h)] - m);
+            l += w[size_t(b)] * sum_[size_t(b * kHeads + h)];
+        }
+        for (float& x : w) x /= l;
         float* o = out + h * out_stride;
         for (int64_t c = 0; c < v_; c += 16) {
             const __mmask16 mk = lanes(v_ - c);

@@ -24,7 +24,9 @@ struct LineAlloc {
     LineAlloc() = default;
     template <class U>
     LineAlloc(const LineAlloc<U>&) {}
-    T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+    T* allocate(size_t n) {
+        return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64)));
+    }
     void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
     bool operator==(const LineAlloc&) const { return true; }
 };
@@ -61,7 +63,7 @@ class Query {
   private:
     int64_t heads_, w_, wp_, v_, vp_, ldo_, n_;
     float scale_;
-    LineVector<uint16_t> qt_;  // the query as B tiles: [wp/32][16 dim pairs][16 heads][2]
+    LineVector<uint16_t> qt_;      // the query as B tiles: [wp/32][16 dim pairs][16 heads][2]
     LineVector<float> max_, sum_;  // per block and head: the scores' maximum, sum of e^(s - max)
     // Per block: [16 heads][ldo] sums of e^(s - max) v (every value written by its block).
     struct LineFree {

@@ -289,26 +289,16 @@ void CpuBackend::product_rows(const Weight& w, int64_t s, int64_t r0, int64_t r1
         repacked_rows(w, s, r0, r1, act, arow, n, y, y_tok);
         return;
     }
-    if (expanded) {  // every token count through the kernel that reads floats
-        const quant::VecDotMultiFn f32act = quant::bf16_dot_multi_f32act_fn();
-        for (int64_t t0 = 0; t0 < n; t0 += 8) {
-            const int64_t t1 = std::min(n, t0 + 8);
-            for (int64_t r = r0; r < r1; ++r) {
-                float o[8];
-                f32act(w.cols, w.row(r, s), act + size_t(t0) * arow, arow, t1 - t0, o);
-                for (int64_t t = t0; t < t1; ++t) y[t * y_tok + r] = o[t - t0];
-            }
-        }
-        return;
-    }
     const quant::VecDotFn dot = quant::vec_dot_fn(w.type);
-    const quant::VecDotMultiFn multi = quant::vec_dot_multi_fn(w.type);
+    // Expanded activations go through the kernel that reads floats, one token too.
+    const quant::VecDotMultiFn multi =
+        expanded ? quant::bf16_dot_multi_f32act_fn() : quant::vec_dot_multi_fn(w.type);
     for (int64_t t0 = 0; t0 < n; t0 += 8) {
         const int64_t t1 = std::min(n, t0 + 8);
         for (int64_t r = r0; r < r1; ++r) {
             const uint8_t* wr = w.row(r, s);
             const uint8_t* a0 = act + size_t(t0) * arow;
-            if (multi && t1 - t0 > 1) {
+            if (multi && (expanded || t1 - t0 > 1)) {
                 float o[8];
                 multi(w.cols, wr, a0, arow, t1 - t0, o);
                 for (int64_t t = t0; t < t1; ++t) y[t * y_tok + r] = o[t - t0];
