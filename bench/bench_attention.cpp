@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu_attention_amx.h"
+#include "backend/cpu_kernels.h"
 #include "backend/cpu_simd.h"
 #include "core/fp16.h"
 #include "quant/quant.h"
@@ -185,5 +186,43 @@ void BM_query_bf16_cold(benchmark::State& st) {
     st.counters["us_query"] = secs / double(n) * 1e6;
 }
 BENCHMARK(BM_query_bf16_cold)->Iterations(50);
+
+// --attn-bf16's indexer: one decode query of GLM-5's 32 heads x 128 dims over
+// 4096 F16 keys, the keys converted to B tiles and scored, one thread; and
+// the top-2048 selection that follows it (the same in both modes).
+void BM_indexer_bf16(benchmark::State& st) {
+    if (!amx_bf16::available()) {
+        st.SkipWithError("no AMX-BF16 on this CPU");
+        return;
+    }
+    constexpr int64_t H = 32, D = 128, N = 4096;
+    const auto q = floats(size_t(H * D), 1), w = floats(size_t(H), 2);
+    const auto k = halves(size_t(N * D), 3);
+    const amx_bf16::Rows rows{reinterpret_cast<const uint8_t*>(k.data()), size_t(D) * 2, nullptr,
+                              true};
+    amx_bf16::IndexerKeys keys;
+    keys.reset(N, D);
+    amx_bf16::LineVector<uint16_t> qb(size_t(keys.query_size(H)));
+    std::vector<float> out(static_cast<size_t>(N));
+    const bool score_only = st.range(0) != 0;
+    if (score_only)
+        for (int64_t t = 0; t < keys.tiles(); ++t) keys.convert(rows, t);
+    for (auto _ : st) {
+        if (!score_only)
+            for (int64_t t = 0; t < keys.tiles(); ++t) keys.convert(rows, t);
+        keys.convert_query(q.data(), H, qb.data());
+        keys.scores(qb.data(), H, w.data(), 0, N, out.data());
+    }
+    set_flops(st, double(H * N * D));
+}
+BENCHMARK(BM_indexer_bf16)->ArgName("keys_converted")->Arg(0)->Arg(1);
+
+void BM_top_k(benchmark::State& st) {
+    constexpr int64_t N = 4096, K = 2048;
+    const auto v = floats(size_t(N), 4);
+    std::vector<int32_t> tmp, out(static_cast<size_t>(K));
+    for (auto _ : st) backend::kernels::top_k_rows(v.data(), N, K, tmp, out.data());
+}
+BENCHMARK(BM_top_k);
 
 BENCHMARK_MAIN();

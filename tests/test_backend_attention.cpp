@@ -308,25 +308,28 @@ TEST(AttentionSimd, IndexerDotsHaveTheBitsOfTheF32Dot) {
 
 // The indexer's pick: the k best rows (ties to the lower index) in ascending
 // order, as sorting every row by that rule would give: ties, signed zeros, k
-// past n and k = n.
+// past n and k = n, and values spread over many of the radix buckets.
 TEST(IndexerSelect, TopKRowsAreTheBestInAscendingOrder) {
     std::mt19937 rng(31);
-    for (int64_t n : {1, 7, 100, 4096})
-        for (int64_t k : {int64_t(1), int64_t(3), n / 2, n, n + 5}) {
-            std::vector<float> v(static_cast<size_t>(n));
-            for (auto& x : v) x = float(int(rng() % 9) - 4) * 0.5f;  // many ties
-            if (n > 3) v[1] = -0.0f, v[2] = 0.0f;
-            std::vector<int32_t> all(static_cast<size_t>(n));
-            std::iota(all.begin(), all.end(), 0);
-            std::stable_sort(all.begin(), all.end(),
-                             [&](int32_t a, int32_t b) { return v[size_t(a)] > v[size_t(b)]; });
-            const int64_t m = std::min(k, n);
-            std::vector<int32_t> want(all.begin(), all.begin() + m);
-            std::sort(want.begin(), want.end());
-            std::vector<int32_t> tmp, got(static_cast<size_t>(m), -1);
-            kernels::top_k_rows(v.data(), n, k, tmp, got.data());
-            ASSERT_EQ(got, want) << "n " << n << " k " << k;
-        }
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (int64_t n : {1, 7, 100, 4096, 20000})
+        for (int64_t k : {int64_t(1), int64_t(3), n / 2, n - 1, n, n + 5})
+            for (bool ties : {true, false}) {
+                std::vector<float> v(static_cast<size_t>(n));
+                for (auto& x : v)  // many ties, or few (and values of both signs in one bucket)
+                    x = ties ? float(int(rng() % 9) - 4) * 0.5f : normal(rng) * 1e-3f;
+                if (n > 3) v[1] = -0.0f, v[2] = 0.0f;
+                std::vector<int32_t> all(static_cast<size_t>(n));
+                std::iota(all.begin(), all.end(), 0);
+                std::stable_sort(all.begin(), all.end(),
+                                 [&](int32_t a, int32_t b) { return v[size_t(a)] > v[size_t(b)]; });
+                const int64_t m = std::min(k, n);
+                std::vector<int32_t> want(all.begin(), all.begin() + m);
+                std::sort(want.begin(), want.end());
+                std::vector<int32_t> tmp, got(static_cast<size_t>(m), -1);
+                kernels::top_k_rows(v.data(), n, k, tmp, got.data());
+                ASSERT_EQ(got, want) << "n " << n << " k " << k << " ties " << ties;
+            }
 }
 
 // The KDA state passes (decay then read with the key; write then read with
@@ -584,6 +587,105 @@ TEST(AttentionBf16, QueryOutputIndependentOfBatch) {
         a.out = dev(alone.data());
         be->mla_attention({&a, 1}, kHeads, kValue, 0.0625f);
         EXPECT_TRUE(same_bits(alone.data(), outs[i].data(), alone.size())) << "query " << i;
+    }
+}
+
+// --attn-bf16 also scores the indexer's keys on tiles. The selection must be
+// the top-k of a double reference over BF16-rounded queries and keys, up to
+// keys whose reference scores are within rounding of the k-th: every picked
+// key scores at least the k-th minus that margin, every other key at most
+// the k-th plus it. Shapes with partial tiles: head counts that are not a
+// multiple of 16 (one, two and three head groups), widths that are not a
+// multiple of 32, key counts that end inside a tile, F16 and F32 keys, and
+// queries of two caches and of different lengths in one call, whose
+// selections must be those of each query alone.
+TEST(AttentionBf16, IndexerPicksTheBf16RoundedTopK) {
+    auto be = bf16_backend();
+    if (!be) return;
+    struct Shape {
+        int64_t heads, dim, keys, top_k;
+        bool f16;
+    };
+    for (const Shape& sh : {Shape{32, 128, 1000, 64, true}, Shape{20, 72, 301, 40, true},
+                            Shape{3, 128, 17, 5, false}, Shape{48, 128, 700, 100, true}}) {
+        const int64_t H = sh.heads, D = sh.dim, K = sh.top_k;
+        const Cache c0(sh.keys, D, 70), c1(sh.keys, D, 71);
+        std::vector<float> f0(size_t(sh.keys * D)), f1(f0.size());
+        for (size_t i = 0; i < f0.size(); ++i) {
+            f0[i] = fp16_to_fp32(c0.bits[i]);
+            f1[i] = fp16_to_fp32(c1.bits[i]);
+        }
+        auto rows_of = [&](int cache) {
+            const Cache& c = cache ? c1 : c0;
+            std::vector<float>& f = cache ? f1 : f0;
+            return sh.f16 ? CacheRows{dev(reinterpret_cast<uint8_t*>(
+                                          const_cast<uint16_t*>(c.bits.data()))),
+                                      D, CacheType::F16}
+                          : CacheRows{dev(reinterpret_cast<uint8_t*>(f.data())), D, CacheType::F32};
+        };
+        // Queries: the full length of each cache, and shorter ones of cache 0.
+        const std::vector<int32_t> lens = {int32_t(sh.keys), int32_t(sh.keys),
+                                           int32_t(std::max<int64_t>(K, sh.keys / 2 + 3)),
+                                           int32_t(K)};
+        const std::vector<int> cache_of = {0, 1, 0, 0};
+        std::vector<std::vector<float>> qs, ws;
+        std::vector<std::vector<int32_t>> picks(lens.size(), std::vector<int32_t>(size_t(K)));
+        std::vector<Backend::IndexerQuery> batch(lens.size());
+        for (size_t i = 0; i < lens.size(); ++i) {
+            qs.push_back(f16_floats(size_t(H * D), 80 + uint32_t(i)));
+            ws.push_back(f16_floats(size_t(H), 90 + uint32_t(i)));
+            batch[i].q = dev(static_cast<const float*>(qs.back().data()));
+            batch[i].w = dev(static_cast<const float*>(ws.back().data()));
+            batch[i].keys = rows_of(cache_of[i]);
+            batch[i].n_keys = lens[i];
+            batch[i].out_rows = dev(picks[i].data());
+        }
+        be->indexer_select(batch, H, D, K);
+        for (size_t i = 0; i < lens.size(); ++i) {
+            const std::vector<float>& f = cache_of[i] ? f1 : f0;
+            std::vector<double> ref(static_cast<size_t>(lens[i]));
+            double mag = 0;
+            for (int64_t s = 0; s < lens[i]; ++s) {
+                double score = 0, m = 0;
+                for (int64_t h = 0; h < H; ++h) {
+                    double d = 0, dm = 0;
+                    for (int64_t j = 0; j < D; ++j) {
+                        const double p = double(bf16_round(qs[i][size_t(h * D + j)])) *
+                                         bf16_round(f[size_t(s * D + j)]);
+                        d += p;
+                        dm += std::fabs(p);
+                    }
+                    score += std::max(d, 0.0) * ws[i][size_t(h)];
+                    m += dm * std::fabs(ws[i][size_t(h)]);
+                }
+                ref[size_t(s)] = score;
+                mag = std::max(mag, m);
+            }
+            std::vector<double> sorted = ref;
+            std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+            const double kth = sorted[size_t(std::min<int64_t>(K, lens[i]) - 1)];
+            const double margin = 1e-5 * mag;
+            std::vector<bool> picked(ref.size(), false);
+            for (int64_t j = 0; j < std::min<int64_t>(K, lens[i]); ++j) {
+                const int32_t s = picks[i][size_t(j)];
+                ASSERT_TRUE(s >= 0 && s < lens[i]);
+                if (j > 0) {
+                    ASSERT_GT(s, picks[i][size_t(j - 1)]) << "ascending, no repeats";
+                }
+                picked[size_t(s)] = true;
+                EXPECT_GE(ref[size_t(s)], kth - margin) << "heads " << H << " query " << i;
+            }
+            for (size_t s = 0; s < ref.size(); ++s) {
+                if (!picked[s]) {
+                    EXPECT_LE(ref[s], kth + margin) << "heads " << H << " query " << i;
+                }
+            }
+            std::vector<int32_t> alone(static_cast<size_t>(K));
+            Backend::IndexerQuery a = batch[i];
+            a.out_rows = dev(alone.data());
+            be->indexer_select({&a, 1}, H, D, K);
+            EXPECT_EQ(alone, picks[i]) << "heads " << H << " query " << i;
+        }
     }
 }
 

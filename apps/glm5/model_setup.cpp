@@ -68,8 +68,9 @@ void add_model_flags(Args& a, bool model_required) {
     a.flag("spec-fixed",
            "with --spec: always draft the full window (no cost governor; for measurements)");
     a.flag("attn-bf16",
-           "MLA attention products in BF16 on AMX tiles (CPUs with AMX-BF16): much faster deep "
-           "in a context, but logits differ slightly from the exact path's; not with --spec, "
+           "MLA attention and lightning-indexer products in BF16 on AMX tiles (CPUs with "
+           "AMX-BF16): much faster deep in a context, but logits differ slightly from the exact "
+           "path's; not with --spec, "
            "whose verification must be exact");
     a.flag("no-mmap",
            "copy the weights into memory instead of serving them from the file mapping "
@@ -162,7 +163,7 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
              m.backend->n_threads(), quant::cpu_level_name(quant::cpu_level()));
     if (bo.attention_bf16)
         log_info(
-            "glm5: attention products in BF16 on AMX tiles (--attn-bf16: logits differ "
+            "glm5: attention and indexer products in BF16 on AMX tiles (--attn-bf16: logits differ "
             "slightly from the exact path's)\n");
     if (sp.type != runtime::DraftType::Off)
         log_info("glm5: speculative decoding: %s drafts, window up to %d%s\n",

@@ -436,9 +436,11 @@ class Backend {
 
 struct BackendOptions {
     int n_threads = 0;  // 0: all cores we may run on
-    // mla_attention's products in BF16 on AMX tiles (--attn-bf16): several
-    // times faster deep in a context, but the scores lose the last bits of
-    // F16/F32 products, so logits differ slightly from the exact path's.
+    // mla_attention's and indexer_select's products in BF16 on AMX tiles
+    // (--attn-bf16): several times faster deep in a context, but the scores
+    // lose the last bits of F16/F32 products, so logits differ slightly from
+    // the exact path's (and a near-tie at the indexer's k-th key may pick
+    // another key).
     // Refused (make_cpu_backend throws) where the CPU has no AMX-BF16.
     bool attention_bf16 = false;
     // Fault injection for tests: called before each op with its name and

@@ -24,28 +24,44 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
                                 int64_t top_k) {
     OpTimer timer_(profile_, "indexer_select", int64_t(queries.size()));
     // Scores for every (query, key chunk), then a top-k per query.
-    constexpr int64_t kChunk = 256;
     std::vector<int64_t> first_task(queries.size() + 1, 0);
     std::vector<int64_t> score_off(queries.size() + 1, 0);
     for (size_t i = 0; i < queries.size(); ++i) {
-        first_task[i + 1] = first_task[i] + (queries[i].n_keys + kChunk - 1) / kChunk;
+        first_task[i + 1] = first_task[i] + (queries[i].n_keys + kIndexerChunk - 1) / kIndexerChunk;
         score_off[i + 1] = score_off[i] + queries[i].n_keys;
     }
     std::vector<float> scores(static_cast<size_t>(score_off.back()));
     for (const IndexerQuery& q : queries) cache_bytes_ += uint64_t(q.n_keys) * q.keys.row_bytes();
+    if (attention_bf16_)
+        indexer_scores_bf16(queries, n_heads, dim, first_task, score_off, scores);
+    else
+        indexer_scores(queries, n_heads, dim, first_task, score_off, scores);
+    pool_.parallel_for(int64_t(queries.size()), 1, [&](int64_t b, int64_t e, int ith) {
+        std::vector<int32_t>& idx = per_thread_[size_t(ith)].idx;
+        for (int64_t qi = b; qi < e; ++qi) {
+            const IndexerQuery& q = queries[size_t(qi)];
+            const float* sc = scores.data() + score_off[size_t(qi)];
+            kernels::top_k_rows(sc, q.n_keys, top_k, idx, host(q.out_rows));
+        }
+    });
+}
+
+void CpuBackend::indexer_scores(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
+                                const std::vector<int64_t>& first_task,
+                                const std::vector<int64_t>& score_off, std::vector<float>& scores) {
     const SimdOps& sv = simd();
     pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int ith) {
         PerThread& pt = per_thread_[size_t(ith)];
         std::vector<float>& kf = pt.row;
         std::vector<float>& qk = pt.acc;
-        kf.resize(size_t(kChunk * dim));
-        qk.resize(size_t(kChunk * n_heads));
+        kf.resize(size_t(kIndexerChunk * dim));
+        qk.resize(size_t(kIndexerChunk * n_heads));
         for (int64_t task = b; task < e; ++task) {
             const size_t qi = size_t(std::upper_bound(first_task.begin(), first_task.end(), task) -
                                      first_task.begin() - 1);
             const IndexerQuery& q = queries[qi];
-            const int64_t s0 = (task - first_task[qi]) * kChunk;
-            const int64_t s1 = std::min<int64_t>(q.n_keys, s0 + kChunk);
+            const int64_t s0 = (task - first_task[qi]) * kIndexerChunk;
+            const int64_t s1 = std::min<int64_t>(q.n_keys, s0 + kIndexerChunk);
             // The chunk's keys as floats, then every (key, head) dot product
             // in one tiled call: each key is read once for all the heads.
             const float* keys = nullptr;
@@ -72,12 +88,78 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
             }
         }
     });
-    pool_.parallel_for(int64_t(queries.size()), 1, [&](int64_t b, int64_t e, int ith) {
-        std::vector<int32_t>& idx = per_thread_[size_t(ith)].idx;
-        for (int64_t qi = b; qi < e; ++qi) {
-            const IndexerQuery& q = queries[size_t(qi)];
-            const float* sc = scores.data() + score_off[size_t(qi)];
-            kernels::top_k_rows(sc, q.n_keys, top_k, idx, host(q.out_rows));
+}
+
+void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, int64_t n_heads,
+                                     int64_t dim, const std::vector<int64_t>& first_task,
+                                     const std::vector<int64_t>& score_off,
+                                     std::vector<float>& scores) {
+    // Each distinct key cache converted once (prefill: every query of a
+    // sequence reads the same keys), up to the most keys a query reads.
+    const int64_t nq = int64_t(queries.size());
+    std::vector<size_t> cache_of(queries.size());
+    std::vector<const uint8_t*> bases;
+    std::vector<const CacheRows*> keys;
+    std::vector<int64_t> n_keys;
+    for (size_t i = 0; i < queries.size(); ++i) {
+        const uint8_t* base = host(queries[i].keys.data);
+        const size_t c = size_t(std::find(bases.begin(), bases.end(), base) - bases.begin());
+        if (c == bases.size()) {
+            bases.push_back(base);
+            keys.push_back(&queries[i].keys);
+            n_keys.push_back(0);
+        }
+        cache_of[i] = c;
+        n_keys[c] = std::max<int64_t>(n_keys[c], queries[i].n_keys);
+    }
+    if (idx_keys_.size() < bases.size()) idx_keys_.resize(bases.size());
+    std::vector<int64_t> first_tile(bases.size() + 1, 0);
+    for (size_t c = 0; c < bases.size(); ++c) {
+        idx_keys_[c].reset(n_keys[c], dim);
+        first_tile[c + 1] = first_tile[c] + idx_keys_[c].tiles();
+    }
+    std::vector<amx_bf16::Rows> rows(bases.size());
+    for (size_t c = 0; c < bases.size(); ++c)
+        rows[c] = amx_bf16::Rows{bases[c], keys[c]->row_bytes(), nullptr,
+                                 keys[c]->type == CacheType::F16};
+    const int64_t qsize = idx_keys_[0].query_size(n_heads);
+    idx_q_.resize(size_t(nq * qsize));
+    // Decode (no two queries share keys): each task converts the keys it
+    // scores, while they are in this core's cache. Otherwise every key tile
+    // is converted once first.
+    const bool fused = bases.size() == queries.size();
+    if (fused) {
+        for (int64_t qi = 0; qi < nq; ++qi)
+            idx_keys_[size_t(qi)].convert_query(host(queries[size_t(qi)].q), n_heads,
+                                                idx_q_.data() + qi * qsize);
+    } else {
+        pool_.parallel_for(first_tile.back() + nq, 1, [&](int64_t b, int64_t e, int) {
+            for (int64_t task = b; task < e; ++task) {
+                if (task >= first_tile.back()) {
+                    const int64_t qi = task - first_tile.back();
+                    idx_keys_[cache_of[size_t(qi)]].convert_query(
+                        host(queries[size_t(qi)].q), n_heads, idx_q_.data() + qi * qsize);
+                    continue;
+                }
+                const size_t c =
+                    size_t(std::upper_bound(first_tile.begin(), first_tile.end(), task) -
+                           first_tile.begin() - 1);
+                idx_keys_[c].convert(rows[c], task - first_tile[c]);
+            }
+        });
+    }
+    pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int) {
+        for (int64_t task = b; task < e; ++task) {
+            const size_t qi = size_t(std::upper_bound(first_task.begin(), first_task.end(), task) -
+                                     first_task.begin() - 1);
+            const IndexerQuery& q = queries[qi];
+            const int64_t s0 = (task - first_task[qi]) * kIndexerChunk;
+            const int64_t s1 = std::min<int64_t>(q.n_keys, s0 + kIndexerChunk);
+            amx_bf16::IndexerKeys& k = idx_keys_[cache_of[qi]];
+            if (fused)
+                for (int64_t t = s0 / 16; t < (s1 + 15) / 16; ++t) k.convert(rows[cache_of[qi]], t);
+            k.scores(idx_q_.data() + int64_t(qi) * qsize, n_heads, host(q.w), s0, s1,
+                     scores.data() + score_off[qi] + s0);
         }
     });
 }

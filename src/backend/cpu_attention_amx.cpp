@@ -301,4 +301,99 @@ void Query::finish(float* out, int64_t out_stride) const {
     }
 }
 
+void IndexerKeys::reset(int64_t n, int64_t dim) {
+    n_ = n;
+    dim_ = dim;
+    dp_ = (dim + 31) / 32 * 32;
+    b_.resize(size_t(tiles() * dp_ / 32 * 512));
+}
+
+void IndexerKeys::convert(const Rows& rows, int64_t t) {
+    uint16_t* dst = b_.data() + t * (dp_ / 32) * 512;
+    // The next tile's rows into L2 while this one converts.
+    for (int64_t i = 16 * (t + 2); i < std::min(n_, 16 * (t + 3)); ++i)
+        for (size_t off = 0; off < rows.row_bytes; off += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(rows.row(i)) + off, _MM_HINT_T1);
+    for (int64_t c = 0; c < dp_; c += 32, dst += 512) {
+        // Key i's 16 dim pairs in r[i]; transposed, r[p] is pair p of the 16 keys.
+        __m512 r[16];
+        for (int64_t i = 0; i < 16; ++i) {
+            const int64_t s = t * 16 + i;
+            r[i] = s < n_ ? _mm512_castsi512_ps(load32_bf16(rows.row(s), rows.f16, c, dim_))
+                          : _mm512_setzero_ps();
+        }
+        transpose16(r);
+        for (int64_t p = 0; p < 16; ++p)
+            _mm512_store_ps(reinterpret_cast<float*>(dst + p * 32), r[p]);
+    }
+}
+
+void IndexerKeys::convert_query(const float* q, int64_t n_heads, uint16_t* out) const {
+    const int64_t hp = (n_heads + 15) / 16 * 16;
+    for (int64_t h = 0; h < hp; ++h)
+        for (int64_t c = 0; c < dp_; c += 32)
+            _mm512_storeu_si512(
+                out + h * dp_ + c,
+                h < n_heads
+                    ? load32_bf16(reinterpret_cast<const uint8_t*>(q + h * dim_), false, c, dim_)
+                    : _mm512_setzero_si512());
+}
+
+void IndexerKeys::scores(const uint16_t* qb, int64_t n_heads, const float* w, int64_t s0,
+                         int64_t s1, float* out) const {
+    const int64_t chunks = dp_ / 32, groups = (n_heads + 15) / 16;
+    thread_local LineVector<float> cb;  // [head][32 keys]
+    cb.resize(size_t(groups * 16 * 32));
+    const quant::AmxTiles tiles;
+    // 32 keys at a time: C tiles 0, 1 for heads [16g, 16g + 16) and the two
+    // key tiles, 2 and 3 for the next 16 heads.
+    for (int64_t k0 = s0; k0 < s1; k0 += 32) {
+        const int64_t t0 = k0 / 16;
+        const bool two = k0 + 16 < s1;
+        const uint16_t* b0 = b_.data() + t0 * chunks * 512;
+        const uint16_t* b1 = b0 + chunks * 512;
+        for (int64_t g = 0; g < groups; g += 2) {
+            const bool g2 = g + 1 < groups;
+            const uint16_t* a0 = qb + g * 16 * dp_;
+            const uint16_t* a1 = a0 + 16 * dp_;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t c = 0; c < chunks; ++c) {
+                _tile_loadd(4, a0 + c * 32, dp_ * 2);
+                _tile_loadd(6, b0 + c * 512, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                if (two) {
+                    _tile_loadd(7, b1 + c * 512, 64);
+                    _tile_dpbf16ps(1, 4, 7);
+                }
+                if (g2) {
+                    _tile_loadd(5, a1 + c * 32, dp_ * 2);
+                    _tile_dpbf16ps(2, 5, 6);
+                    if (two) _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            float* c0 = cb.data() + g * 16 * 32;
+            _tile_stored(0, c0, 128);
+            if (two) _tile_stored(1, c0 + 16, 128);
+            if (g2) {
+                _tile_stored(2, c0 + 16 * 32, 128);
+                if (two) _tile_stored(3, c0 + 16 * 32 + 16, 128);
+            }
+        }
+        __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+        const __m512 zero = _mm512_setzero_ps();
+        for (int64_t h = 0; h < n_heads; ++h) {
+            const __m512 wh = _mm512_set1_ps(w[h]);
+            lo = _mm512_fmadd_ps(wh, _mm512_max_ps(_mm512_load_ps(cb.data() + h * 32), zero), lo);
+            if (two)
+                hi = _mm512_fmadd_ps(
+                    wh, _mm512_max_ps(_mm512_load_ps(cb.data() + h * 32 + 16), zero), hi);
+        }
+        _mm512_mask_storeu_ps(out + (k0 - s0), lanes(s1 - k0), lo);
+        if (two) _mm512_mask_storeu_ps(out + (k0 - s0) + 16, lanes(s1 - k0 - 16), hi);
+    }
+}
+
 }  // namespace glm5::backend::cpu::amx_bf16

@@ -1,4 +1,4 @@
-// MLA attention of one query on AMX-BF16 tiles (the --attn-bf16 mode): the
+// MLA attention and indexer scores on AMX-BF16 tiles (the --attn-bf16 mode): the
 // query, the cache rows and the probabilities are rounded to BF16 and the
 // products summed in F32 by the tile unit, about ten times the F32 FMA rate
 // of these cores. The results differ from the exact path's (its F16/F32
@@ -70,6 +70,29 @@ class Query {
         void operator()(float* p) const { ::operator delete(p, std::align_val_t(64)); }
     };
     std::unique_ptr<float[], LineFree> part_;
+};
+
+// Lightning-indexer scores on tiles (the same mode): C[head][key] += Q (16
+// heads x 32 dims) . K^T (32 dims x 16 keys), then each key's score
+// sum_h w[h] * relu(C[h][key]) in head order. The keys are converted once per
+// call into B tiles shared by every query of their cache.
+class IndexerKeys {
+  public:
+    // Sizes the buffer for n keys of `dim` values.
+    void reset(int64_t n, int64_t dim);
+    int64_t tiles() const { return (n_ + 15) / 16; }
+    // Converts keys [16 t, 16 t + 16) of `rows` (zero past n).
+    void convert(const Rows& rows, int64_t t);
+    // The query in A tiles: out gets query_size(n_heads) BF16s.
+    int64_t query_size(int64_t n_heads) const { return (n_heads + 15) / 16 * 16 * dp_; }
+    void convert_query(const float* q, int64_t n_heads, uint16_t* out) const;
+    // out[s - s0] = the score of key s, for s in [s0, s1) (s0 a multiple of 16).
+    void scores(const uint16_t* qb, int64_t n_heads, const float* w, int64_t s0, int64_t s1,
+                float* out) const;
+
+  private:
+    int64_t n_ = 0, dim_ = 0, dp_ = 0;  // dp_: dim rounded up to 32
+    LineVector<uint16_t> b_;            // [tile][dp_/32 chunks][16 dim pairs][16 keys][2]
 };
 
 bool available();  // AMX-BF16 tiles and AVX-512 BF16 conversions usable here

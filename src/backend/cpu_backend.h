@@ -250,6 +250,18 @@ class CpuBackend final : public Backend {
     // --attn-bf16: the queries on AMX-BF16 tiles (cpu_attention_amx.h).
     void attend_bf16(std::span<const AttentionQuery> queries, int64_t n_heads, int64_t v_width,
                      float scale);
+    // The indexer's scores into scores[score_off[i] + s] (first_task:
+    // indexer_select's tasks of kIndexerChunk keys per query); the _bf16 form
+    // on tiles under --attn-bf16.
+    static constexpr int64_t kIndexerChunk = 256;
+    void indexer_scores(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
+                        const std::vector<int64_t>& first_task,
+                        const std::vector<int64_t>& score_off, std::vector<float>& scores);
+    void indexer_scores_bf16(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
+                             const std::vector<int64_t>& first_task,
+                             const std::vector<int64_t>& score_off, std::vector<float>& scores);
+    std::vector<amx_bf16::IndexerKeys> idx_keys_;  // per distinct key cache of a call
+    amx_bf16::LineVector<uint16_t> idx_q_;         // the call's queries as A tiles
     bool attention_bf16_ = false;
 
     void attend_split(std::span<const AttentionQuery> queries, int64_t groups, int64_t n_heads,

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -145,23 +146,57 @@ inline void top_k_desc(const float* v, int64_t n, int64_t k, std::vector<int32_t
     order.resize(size_t(k));
 }
 
-// The k highest-scoring rows (ties to the lower index), written in ascending row order.
+// A float's order as an unsigned integer: a < b exactly when key(a) <
+// key(b), and both zeros are one key (they compare equal).
+inline uint32_t order_key(float x) {
+    if (x == 0.0f) x = 0.0f;
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof(u));
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The k highest-scoring rows (ties to the lower index), written in ascending
+// row order. A bucket select over the values' order keys: a histogram of
+// 2048 buckets spanning the keys actually present (scores cluster, so fixed
+// top bits would put most rows in a few buckets) finds the bucket of the
+// k-th best key, the key itself comes from that bucket's rows, and one
+// ascending pass takes every row above it and the lowest-indexed rows equal
+// to it. Sorting indices by value, even partially, cost several times more
+// at GLM-5's top-2048 of a few thousand keys.
 inline void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t>& tmp,
                        int32_t* out) {
-    tmp.resize(size_t(n));
-    for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] = int32_t(i);
-    auto better = [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
     k = std::min(k, n);
     if (k <= 0) return;
-    std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), better);
-    // The k-th best (value, index) bounds the set: every row better than it
-    // or it, collected in one ascending pass (sorting the k picks cost more
-    // than the selection at GLM-5's top-2048).
-    const float vt = v[tmp[size_t(k - 1)]];
-    const int32_t it = tmp[size_t(k - 1)];
+    constexpr int64_t kBuckets = 2048;
+    tmp.resize(size_t(n + kBuckets));
+    uint32_t* key = reinterpret_cast<uint32_t*>(tmp.data());
+    int32_t* hist = tmp.data() + n;
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        key[i] = order_key(v[i]);
+        lo = std::min(lo, key[i]);
+        hi = std::max(hi, key[i]);
+    }
+    int shift = 0;
+    while (((hi - lo) >> shift) >= uint32_t(kBuckets)) ++shift;
+    std::fill(hist, hist + kBuckets, 0);
+    for (int64_t i = 0; i < n; ++i) ++hist[(key[i] - lo) >> shift];
+    int64_t above = 0;  // rows in buckets above b
+    int64_t b = int64_t((hi - lo) >> shift);
+    while (above + hist[b] < k) above += hist[b--];
+    // The bucket's keys; the (k - above)-th largest of them is the k-th key.
+    thread_local std::vector<uint32_t> cand;
+    cand.clear();
+    for (int64_t i = 0; i < n; ++i)
+        if (int64_t((key[i] - lo) >> shift) == b) cand.push_back(key[i]);
+    const int64_t r = k - above;
+    std::nth_element(cand.begin(), cand.begin() + (r - 1), cand.end(), std::greater<uint32_t>());
+    const uint32_t kth = cand[size_t(r - 1)];
+    int64_t equal = r;  // rows equal to the k-th that are taken
+    for (int64_t j = 0; j < r - 1; ++j) equal -= cand[size_t(j)] > kth;
     int64_t m = 0;
     for (int32_t i = 0; i < int32_t(n); ++i)
-        if (v[i] > vt || (v[i] == vt && i <= it)) out[m++] = i;
+        if (key[i] > kth || (key[i] == kth && equal-- > 0)) out[m++] = i;
 }
 
 }  // namespace glm5::backend::kernels
