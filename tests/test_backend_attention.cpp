@@ -596,7 +596,8 @@ TEST(AttentionBf16, QueryOutputIndependentOfBatch) {
 // key scores at least the k-th minus that margin, every other key at most
 // the k-th plus it. Shapes with partial tiles: head counts that are not a
 // multiple of 16 (one, two and three head groups), widths that are not a
-// multiple of 32, key counts that end inside a tile, F16 and F32 keys, and
+// multiple of 32, key counts that end inside a tile, F16, F32 and BF16 keys
+// (read in place where the rows hold whole tile rows), and
 // queries of two caches and of different lengths in one call, whose
 // selections must be those of each query alone.
 TEST(AttentionBf16, IndexerPicksTheBf16RoundedTopK) {
@@ -604,10 +605,12 @@ TEST(AttentionBf16, IndexerPicksTheBf16RoundedTopK) {
     if (!be) return;
     struct Shape {
         int64_t heads, dim, keys, top_k;
-        bool f16;
+        CacheType type;
     };
-    for (const Shape& sh : {Shape{32, 128, 1000, 64, true}, Shape{20, 72, 301, 40, true},
-                            Shape{3, 128, 17, 5, false}, Shape{48, 128, 700, 100, true}}) {
+    for (const Shape& sh :
+         {Shape{32, 128, 1000, 64, CacheType::F16}, Shape{20, 72, 301, 40, CacheType::F16},
+          Shape{3, 128, 17, 5, CacheType::F32}, Shape{48, 128, 700, 100, CacheType::F16},
+          Shape{32, 128, 1000, 64, CacheType::BF16}, Shape{20, 72, 301, 40, CacheType::BF16}}) {
         const int64_t H = sh.heads, D = sh.dim, K = sh.top_k;
         const Cache c0(sh.keys, D, 70), c1(sh.keys, D, 71);
         std::vector<float> f0(size_t(sh.keys * D)), f1(f0.size());
@@ -615,13 +618,34 @@ TEST(AttentionBf16, IndexerPicksTheBf16RoundedTopK) {
             f0[i] = fp16_to_fp32(c0.bits[i]);
             f1[i] = fp16_to_fp32(c1.bits[i]);
         }
+        // BF16 keys (the --attn-bf16 storage of glm-dsa's key caches) are
+        // stored through cache_store, which must round each value to nearest;
+        // the caches are exactly as long as their keys (a last partial tile
+        // read in place must not read past them).
+        std::vector<uint16_t> b0(f0.size()), b1(f0.size());
+        if (sh.type == CacheType::BF16) {
+            std::vector<int32_t> pos(static_cast<size_t>(sh.keys));
+            std::iota(pos.begin(), pos.end(), 0);
+            for (int cache : {0, 1}) {
+                std::vector<uint16_t>& b = cache ? b1 : b0;
+                const std::vector<float>& f = cache ? f1 : f0;
+                be->cache_store(
+                    CacheRows{dev(reinterpret_cast<uint8_t*>(b.data())), D, CacheType::BF16},
+                    dev(f.data()), D, sh.keys, pos.data());
+                for (size_t i = 0; i < b.size(); ++i) ASSERT_EQ(b[i], fp32_to_bf16(f[i])) << i;
+            }
+        }
         auto rows_of = [&](int cache) {
             const Cache& c = cache ? c1 : c0;
             std::vector<float>& f = cache ? f1 : f0;
-            return sh.f16 ? CacheRows{dev(reinterpret_cast<uint8_t*>(
-                                          const_cast<uint16_t*>(c.bits.data()))),
-                                      D, CacheType::F16}
-                          : CacheRows{dev(reinterpret_cast<uint8_t*>(f.data())), D, CacheType::F32};
+            std::vector<uint16_t>& b = cache ? b1 : b0;
+            if (sh.type == CacheType::BF16)
+                return CacheRows{dev(reinterpret_cast<uint8_t*>(b.data())), D, CacheType::BF16};
+            if (sh.type == CacheType::F16)
+                return CacheRows{
+                    dev(reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(c.bits.data()))), D,
+                    CacheType::F16};
+            return CacheRows{dev(reinterpret_cast<uint8_t*>(f.data())), D, CacheType::F32};
         };
         // Queries: the full length of each cache, and shorter ones of cache 0.
         const std::vector<int32_t> lens = {int32_t(sh.keys), int32_t(sh.keys),

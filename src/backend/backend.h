@@ -94,7 +94,8 @@ struct Weight {
 };
 
 // Storage type of attention caches (MLA latent rows, indexer keys).
-enum class CacheType { F32, F16 };
+// BF16 only where the backend asks for it (indexer_key_type).
+enum class CacheType { F32, F16, BF16 };
 const char* cache_type_name(CacheType t);
 size_t cache_elem_size(CacheType t);
 
@@ -259,6 +260,11 @@ class Backend {
 
     // ---- caches and attention --------------------------------------------
     // Store n_tok rows (each `width` floats, x_stride apart) at cache rows pos[t].
+    // The storage to allocate for indexer key caches where the model would
+    // use `requested` (same bytes per value): the CPU backend under
+    // --attn-bf16 keeps F16 keys as BF16, which its tile product reads in place.
+    virtual CacheType indexer_key_type(CacheType requested) const { return requested; }
+
     virtual void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride,
                              int64_t n_tok, const int32_t* pos) = 0;
 

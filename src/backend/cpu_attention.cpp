@@ -14,6 +14,8 @@ void CpuBackend::cache_store(const CacheRows& c, DevPtr<const float> x_, int64_t
         const float* src = x + t * xs;
         if (c.type == CacheType::F32) {
             std::memcpy(dst, src, size_t(c.width) * sizeof(float));
+        } else if (c.type == CacheType::BF16) {
+            amx_bf16::round_row(src, c.width, reinterpret_cast<uint16_t*>(dst));
         } else {
             simd().f32_to_f16(c.width, src, reinterpret_cast<uint16_t*>(dst));
         }
@@ -32,6 +34,8 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
     }
     std::vector<float> scores(static_cast<size_t>(score_off.back()));
     for (const IndexerQuery& q : queries) cache_bytes_ += uint64_t(q.n_keys) * q.keys.row_bytes();
+    if (!queries.empty() && queries[0].keys.type == CacheType::BF16 && !attention_bf16_)
+        throw Error("indexer_select: BF16 keys are read by the --attn-bf16 path only");
     if (attention_bf16_)
         indexer_scores_bf16(queries, n_heads, dim, first_task, score_off, scores);
     else
@@ -94,8 +98,9 @@ void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, int6
                                      int64_t dim, const std::vector<int64_t>& first_task,
                                      const std::vector<int64_t>& score_off,
                                      std::vector<float>& scores) {
-    // Each distinct key cache converted once (prefill: every query of a
-    // sequence reads the same keys), up to the most keys a query reads.
+    // Each distinct key cache prepared once (prefill: every query of a
+    // sequence reads the same keys), up to the most keys a query reads:
+    // F16/F32 keys converted to BF16 tiles, BF16 keys read in place.
     const int64_t nq = int64_t(queries.size());
     std::vector<size_t> cache_of(queries.size());
     std::vector<const uint8_t*> bases;
@@ -115,13 +120,11 @@ void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, int6
     if (idx_keys_.size() < bases.size()) idx_keys_.resize(bases.size());
     std::vector<int64_t> first_tile(bases.size() + 1, 0);
     for (size_t c = 0; c < bases.size(); ++c) {
-        idx_keys_[c].reset(n_keys[c], dim);
+        idx_keys_[c].reset(
+            amx_bf16::Rows{bases[c], keys[c]->row_bytes(), nullptr, elem_of(keys[c]->type)},
+            n_keys[c], dim);
         first_tile[c + 1] = first_tile[c] + idx_keys_[c].tiles();
     }
-    std::vector<amx_bf16::Rows> rows(bases.size());
-    for (size_t c = 0; c < bases.size(); ++c)
-        rows[c] = amx_bf16::Rows{bases[c], keys[c]->row_bytes(), nullptr,
-                                 keys[c]->type == CacheType::F16};
     const int64_t qsize = idx_keys_[0].query_size(n_heads);
     idx_q_.resize(size_t(nq * qsize));
     // Decode (no two queries share keys): each task converts the keys it
@@ -144,7 +147,7 @@ void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, int6
                 const size_t c =
                     size_t(std::upper_bound(first_tile.begin(), first_tile.end(), task) -
                            first_tile.begin() - 1);
-                idx_keys_[c].convert(rows[c], task - first_tile[c]);
+                idx_keys_[c].convert(task - first_tile[c]);
             }
         });
     }
@@ -156,8 +159,8 @@ void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, int6
             const int64_t s0 = (task - first_task[qi]) * kIndexerChunk;
             const int64_t s1 = std::min<int64_t>(q.n_keys, s0 + kIndexerChunk);
             amx_bf16::IndexerKeys& k = idx_keys_[cache_of[qi]];
-            if (fused)
-                for (int64_t t = s0 / 16; t < (s1 + 15) / 16; ++t) k.convert(rows[cache_of[qi]], t);
+            if (fused && k.tiles() > 0)
+                for (int64_t t = s0 / 16; t < (s1 + 15) / 16; ++t) k.convert(t);
             k.scores(idx_q_.data() + int64_t(qi) * qsize, n_heads, host(q.w), s0, s1,
                      scores.data() + score_off[qi] + s0);
         }
@@ -199,7 +202,7 @@ void CpuBackend::attend_bf16(std::span<const AttentionQuery> queries, int64_t H,
     auto rows_of = [](const AttentionQuery& q) {
         return amx_bf16::Rows{host(q.cache.data), q.cache.row_bytes(),
                               q.visible.n_dense > 0 ? nullptr : host(q.visible.rows),
-                              q.cache.type == CacheType::F16};
+                              elem_of(q.cache.type)};
     };
     auto query = [&](const AttentionQuery& q, int64_t g) {
         const int64_t h0 = g * Query::kHeads, nh = std::min(Query::kHeads, H - h0);

@@ -33,18 +33,23 @@ __m512i to_bf16(__m512 hi, __m512 lo) {
     return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
-// 16 values [c, c + 16) of a row as floats, zero from w on.
-__m512 load16(const uint8_t* r, bool f16, int64_t c, int64_t w) {
+// 16 values [c, c + 16) of an F16 or F32 row as floats, zero from w on.
+__m512 load16(const uint8_t* r, Elem e, int64_t c, int64_t w) {
     const __mmask16 m = lanes(w - c);
-    if (f16)
+    if (e == Elem::F16)
         return _mm512_cvtph_ps(
             _mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(r) + c));
     return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(r) + c);
 }
 
 // 32 values [c, c + 32) of a row as BF16, zero from w on.
-__m512i load32_bf16(const uint8_t* r, bool f16, int64_t c, int64_t w) {
-    return to_bf16(load16(r, f16, c + 16, w), load16(r, f16, c, w));
+__m512i load32_bf16(const uint8_t* r, Elem e, int64_t c, int64_t w) {
+    if (e == Elem::BF16) {
+        const int64_t n = std::clamp<int64_t>(w - c, 0, 32);
+        const __mmask32 m = n == 32 ? __mmask32(~0u) : __mmask32((1u << n) - 1);
+        return _mm512_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(r) + c);
+    }
+    return to_bf16(load16(r, e, c + 16, w), load16(r, e, c, w));
 }
 
 // r[i] (16 floats each) becomes column i of the 16 x 16 block.
@@ -83,6 +88,14 @@ void transpose16(__m512 r[16]) {
 
 }  // namespace
 
+void round_row(const float* x, int64_t n, uint16_t* out) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = lanes(n - i);
+        const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
+        _mm256_mask_storeu_epi16(out + i, m, reinterpret_cast<const __m256i&>(v));
+    }
+}
+
 bool available() {
     return quant::cpu_has_amx_bf16();
 }
@@ -103,7 +116,7 @@ Query::Query(const float* q, int64_t n_heads, int64_t w, int64_t v, int64_t n, f
     for (int64_t h = 0; h < heads_; ++h) {
         const auto* row = reinterpret_cast<const uint8_t*>(q + h * w);
         for (int64_t c = 0; c < wp_; c += 32)
-            _mm512_storeu_si512(qb.data() + h * wp_ + c, load32_bf16(row, false, c, w));
+            _mm512_storeu_si512(qb.data() + h * wp_ + c, load32_bf16(row, Elem::F32, c, w));
     }
     qt_.resize(size_t(wp_ / 32 * 16 * 32));
     const __m512i heads =
@@ -170,7 +183,7 @@ void Query::block(const Rows& rows, int64_t b) {
             if (r < ng) {
                 const uint8_t* src = rows.row(j0 + g0 + r);
                 for (int64_t c = 0; c < wp_; c += 32)
-                    _mm512_store_si512(dst + c, load32_bf16(src, rows.f16, c, w_));
+                    _mm512_store_si512(dst + c, load32_bf16(src, rows.elem, c, w_));
             } else {
                 std::memset(dst, 0, size_t(wp_) * 2);
             }
@@ -301,98 +314,126 @@ void Query::finish(float* out, int64_t out_stride) const {
     }
 }
 
-void IndexerKeys::reset(int64_t n, int64_t dim) {
+void IndexerKeys::reset(const Rows& rows, int64_t n, int64_t dim) {
+    rows_ = rows;
     n_ = n;
     dim_ = dim;
     dp_ = (dim + 31) / 32 * 32;
-    b_.resize(size_t(tiles() * dp_ / 32 * 512));
+    in_place_ = rows.elem == Elem::BF16 && dim % 32 == 0 && rows.row_bytes % 64 == 0;
+    if (!in_place_) buf_.resize(size_t(tiles() * 16 * dp_));
 }
 
-void IndexerKeys::convert(const Rows& rows, int64_t t) {
-    uint16_t* dst = b_.data() + t * (dp_ / 32) * 512;
+void IndexerKeys::convert(int64_t t) {
     // The next tile's rows into L2 while this one converts.
     for (int64_t i = 16 * (t + 2); i < std::min(n_, 16 * (t + 3)); ++i)
-        for (size_t off = 0; off < rows.row_bytes; off += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(rows.row(i)) + off, _MM_HINT_T1);
-    for (int64_t c = 0; c < dp_; c += 32, dst += 512) {
-        // Key i's 16 dim pairs in r[i]; transposed, r[p] is pair p of the 16 keys.
-        __m512 r[16];
-        for (int64_t i = 0; i < 16; ++i) {
-            const int64_t s = t * 16 + i;
-            r[i] = s < n_ ? _mm512_castsi512_ps(load32_bf16(rows.row(s), rows.f16, c, dim_))
-                          : _mm512_setzero_ps();
-        }
-        transpose16(r);
-        for (int64_t p = 0; p < 16; ++p)
-            _mm512_store_ps(reinterpret_cast<float*>(dst + p * 32), r[p]);
-    }
+        for (size_t off = 0; off < rows_.row_bytes; off += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(rows_.row(i)) + off, _MM_HINT_T1);
+    for (int64_t s = 16 * t; s < 16 * (t + 1); ++s)
+        for (int64_t c = 0; c < dp_; c += 32)
+            _mm512_store_si512(
+                buf_.data() + s * dp_ + c,
+                s < n_ ? load32_bf16(rows_.row(s), rows_.elem, c, dim_) : _mm512_setzero_si512());
 }
 
 void IndexerKeys::convert_query(const float* q, int64_t n_heads, uint16_t* out) const {
-    const int64_t hp = (n_heads + 15) / 16 * 16;
-    for (int64_t h = 0; h < hp; ++h)
+    // Head rows in BF16 (zero past dim and past n_heads), then as B tiles:
+    // group g, chunk c, dim pair p holds that pair of the group's 16 heads.
+    const int64_t groups = (n_heads + 15) / 16, chunks = dp_ / 32;
+    thread_local LineVector<uint16_t> rows;
+    rows.resize(size_t(groups * 16 * dp_));
+    for (int64_t h = 0; h < groups * 16; ++h)
         for (int64_t c = 0; c < dp_; c += 32)
-            _mm512_storeu_si512(
-                out + h * dp_ + c,
-                h < n_heads
-                    ? load32_bf16(reinterpret_cast<const uint8_t*>(q + h * dim_), false, c, dim_)
-                    : _mm512_setzero_si512());
+            _mm512_store_si512(rows.data() + h * dp_ + c,
+                               h < n_heads
+                                   ? load32_bf16(reinterpret_cast<const uint8_t*>(q + h * dim_),
+                                                 Elem::F32, c, dim_)
+                                   : _mm512_setzero_si512());
+    const auto* src = reinterpret_cast<const uint32_t*>(rows.data());
+    auto* dst = reinterpret_cast<uint32_t*>(out);
+    for (int64_t g = 0; g < groups; ++g)
+        for (int64_t c = 0; c < chunks; ++c)
+            for (int64_t p = 0; p < 16; ++p)
+                for (int64_t h = 0; h < 16; ++h)
+                    dst[((g * chunks + c) * 16 + p) * 16 + h] =
+                        src[(g * 16 + h) * (dp_ / 2) + c * 16 + p];
 }
 
 void IndexerKeys::scores(const uint16_t* qb, int64_t n_heads, const float* w, int64_t s0,
                          int64_t s1, float* out) const {
     const int64_t chunks = dp_ / 32, groups = (n_heads + 15) / 16;
-    thread_local LineVector<float> cb;  // [head][32 keys]
-    cb.resize(size_t(groups * 16 * 32));
+    thread_local LineVector<float> cb;       // [group][32 keys][16 heads]
+    thread_local LineVector<uint16_t> tail;  // a last, partial tile read in place, padded
+    cb.resize(size_t(groups * 32 * 16));
     const quant::AmxTiles tiles;
-    // 32 keys at a time: C tiles 0, 1 for heads [16g, 16g + 16) and the two
-    // key tiles, 2 and 3 for the next 16 heads.
+    // Key tile t as A tiles: its rows and their stride in bytes.
+    auto key_tile = [&](int64_t t, const uint8_t*& p, int64_t& ld) {
+        if (!in_place_) {
+            p = reinterpret_cast<const uint8_t*>(buf_.data() + t * 16 * dp_);
+            ld = dp_ * 2;
+        } else if (16 * (t + 1) <= n_) {
+            p = rows_.row(16 * t);
+            ld = int64_t(rows_.row_bytes);
+        } else {  // rows past n may lie past the cache's end
+            tail.assign(size_t(16 * dp_), 0);
+            for (int64_t s = 16 * t; s < n_; ++s)
+                std::memcpy(tail.data() + (s - 16 * t) * dp_, rows_.row(s), size_t(dp_) * 2);
+            p = reinterpret_cast<const uint8_t*>(tail.data());
+            ld = dp_ * 2;
+        }
+    };
+    const __m512 zero = _mm512_setzero_ps();
+    // 32 keys at a time: C tiles 0, 1 for the two key tiles and heads
+    // [16g, 16g + 16), 2 and 3 for the next 16 heads.
     for (int64_t k0 = s0; k0 < s1; k0 += 32) {
-        const int64_t t0 = k0 / 16;
         const bool two = k0 + 16 < s1;
-        const uint16_t* b0 = b_.data() + t0 * chunks * 512;
-        const uint16_t* b1 = b0 + chunks * 512;
+        const uint8_t *a0 = nullptr, *a1 = nullptr;
+        int64_t ld0 = 0, ld1 = 0;
+        key_tile(k0 / 16, a0, ld0);
+        if (two) key_tile(k0 / 16 + 1, a1, ld1);
         for (int64_t g = 0; g < groups; g += 2) {
             const bool g2 = g + 1 < groups;
-            const uint16_t* a0 = qb + g * 16 * dp_;
-            const uint16_t* a1 = a0 + 16 * dp_;
+            const uint16_t* b0 = qb + g * chunks * 512;
+            const uint16_t* b1 = b0 + chunks * 512;
             _tile_zero(0);
             _tile_zero(1);
             _tile_zero(2);
             _tile_zero(3);
             for (int64_t c = 0; c < chunks; ++c) {
-                _tile_loadd(4, a0 + c * 32, dp_ * 2);
+                _tile_loadd(4, a0 + c * 64, ld0);
                 _tile_loadd(6, b0 + c * 512, 64);
                 _tile_dpbf16ps(0, 4, 6);
                 if (two) {
-                    _tile_loadd(7, b1 + c * 512, 64);
-                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_loadd(5, a1 + c * 64, ld1);
+                    _tile_dpbf16ps(1, 5, 6);
                 }
                 if (g2) {
-                    _tile_loadd(5, a1 + c * 32, dp_ * 2);
-                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_loadd(7, b1 + c * 512, 64);
+                    _tile_dpbf16ps(2, 4, 7);
                     if (two) _tile_dpbf16ps(3, 5, 7);
                 }
             }
-            float* c0 = cb.data() + g * 16 * 32;
-            _tile_stored(0, c0, 128);
-            if (two) _tile_stored(1, c0 + 16, 128);
+            float* c0 = cb.data() + g * 32 * 16;
+            _tile_stored(0, c0, 64);
+            if (two) _tile_stored(1, c0 + 16 * 16, 64);
             if (g2) {
-                _tile_stored(2, c0 + 16 * 32, 128);
-                if (two) _tile_stored(3, c0 + 16 * 32 + 16, 128);
+                _tile_stored(2, c0 + 32 * 16, 64);
+                if (two) _tile_stored(3, c0 + 48 * 16, 64);
             }
         }
-        __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
-        const __m512 zero = _mm512_setzero_ps();
-        for (int64_t h = 0; h < n_heads; ++h) {
-            const __m512 wh = _mm512_set1_ps(w[h]);
-            lo = _mm512_fmadd_ps(wh, _mm512_max_ps(_mm512_load_ps(cb.data() + h * 32), zero), lo);
-            if (two)
-                hi = _mm512_fmadd_ps(
-                    wh, _mm512_max_ps(_mm512_load_ps(cb.data() + h * 32 + 16), zero), hi);
+        for (int64_t kt = 0; kt < (two ? 2 : 1); ++kt) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t g = 0; g < groups; ++g) {
+                __m512 r[16];  // key i's 16 heads; transposed, head h of the 16 keys
+                for (int64_t i = 0; i < 16; ++i)
+                    r[i] = _mm512_load_ps(cb.data() + ((g * 32) + kt * 16 + i) * 16);
+                transpose16(r);
+                for (int64_t h = 0; h < std::min<int64_t>(16, n_heads - 16 * g); ++h)
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(w[16 * g + h]), _mm512_max_ps(r[h], zero),
+                                          acc);
+            }
+            const int64_t k = k0 + 16 * kt;
+            _mm512_mask_storeu_ps(out + (k - s0), lanes(s1 - k), acc);
         }
-        _mm512_mask_storeu_ps(out + (k0 - s0), lanes(s1 - k0), lo);
-        if (two) _mm512_mask_storeu_ps(out + (k0 - s0) + 16, lanes(s1 - k0 - 16), hi);
     }
 }
 

@@ -34,11 +34,12 @@ template <class T>
 using LineVector = std::vector<T, LineAlloc<T>>;
 
 // The visible cache rows of a query: row j is base + (idx ? idx[j] : j) * row_bytes.
+enum class Elem : uint8_t { F32, F16, BF16 };
 struct Rows {
     const uint8_t* base = nullptr;
     size_t row_bytes = 0;
     const int32_t* idx = nullptr;
-    bool f16 = true;  // binary16 values, else float
+    Elem elem = Elem::F16;
     const uint8_t* row(int64_t j) const { return base + size_t(idx ? idx[j] : j) * row_bytes; }
 };
 
@@ -72,18 +73,19 @@ class Query {
     std::unique_ptr<float[], LineFree> part_;
 };
 
-// Lightning-indexer scores on tiles (the same mode): C[head][key] += Q (16
-// heads x 32 dims) . K^T (32 dims x 16 keys), then each key's score
-// sum_h w[h] * relu(C[h][key]) in head order. The keys are converted once per
-// call into B tiles shared by every query of their cache.
+// Lightning-indexer scores on tiles (the same mode): C[key][head] += K (16
+// keys x 32 dims) . Q^T (32 dims x 16 heads), then each key's score
+// sum_h w[h] * relu(C[key][h]) in head order. BF16 keys whose rows hold
+// whole tile rows are read in place; others are converted once per call (in
+// tiles of 16 keys) into a buffer that every query of their cache shares.
 class IndexerKeys {
   public:
-    // Sizes the buffer for n keys of `dim` values.
-    void reset(int64_t n, int64_t dim);
-    int64_t tiles() const { return (n_ + 15) / 16; }
-    // Converts keys [16 t, 16 t + 16) of `rows` (zero past n).
-    void convert(const Rows& rows, int64_t t);
-    // The query in A tiles: out gets query_size(n_heads) BF16s.
+    // Prepares keys [0, n) of dense `rows`, dim values each.
+    void reset(const Rows& rows, int64_t n, int64_t dim);
+    // Tiles of 16 keys that convert() must prepare first (0: read in place).
+    int64_t tiles() const { return in_place_ ? 0 : (n_ + 15) / 16; }
+    void convert(int64_t t);  // keys [16 t, 16 t + 16), zero past n
+    // The query as B tiles: out gets query_size(n_heads) BF16s.
     int64_t query_size(int64_t n_heads) const { return (n_heads + 15) / 16 * 16 * dp_; }
     void convert_query(const float* q, int64_t n_heads, uint16_t* out) const;
     // out[s - s0] = the score of key s, for s in [s0, s1) (s0 a multiple of 16).
@@ -91,9 +93,14 @@ class IndexerKeys {
                 float* out) const;
 
   private:
+    Rows rows_;
     int64_t n_ = 0, dim_ = 0, dp_ = 0;  // dp_: dim rounded up to 32
-    LineVector<uint16_t> b_;            // [tile][dp_/32 chunks][16 dim pairs][16 keys][2]
+    bool in_place_ = false;
+    LineVector<uint16_t> buf_;  // converted keys: [key][dp_] BF16
 };
+
+// n floats rounded to BF16 (to nearest, ties to even): a BF16 cache row.
+void round_row(const float* x, int64_t n, uint16_t* out);
 
 bool available();  // AMX-BF16 tiles and AVX-512 BF16 conversions usable here
 

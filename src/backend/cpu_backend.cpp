@@ -11,10 +11,10 @@
 namespace glm5::backend {
 
 const char* cache_type_name(CacheType t) {
-    return t == CacheType::F16 ? "f16" : "f32";
+    return t == CacheType::F16 ? "f16" : t == CacheType::BF16 ? "bf16" : "f32";
 }
 size_t cache_elem_size(CacheType t) {
-    return t == CacheType::F16 ? 2 : 4;
+    return t == CacheType::F32 ? 4 : 2;
 }
 
 namespace cpu {

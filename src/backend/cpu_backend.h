@@ -171,6 +171,9 @@ class CpuBackend final : public Backend {
                        int64_t n_tok, DevPtr<float> y, int64_t y_tok, int64_t y_slice) override;
 
     // ---- caches and attention ----------------------------------------------------
+    CacheType indexer_key_type(CacheType requested) const override {
+        return attention_bf16_ && requested == CacheType::F16 ? CacheType::BF16 : requested;
+    }
     void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
                      const int32_t* pos) override;
 
@@ -238,7 +241,13 @@ class CpuBackend final : public Backend {
         std::vector<int32_t> idx;
     };
 
-    // Row s of a cache as floats (a pointer into the cache when it is F32).
+    static amx_bf16::Elem elem_of(CacheType t) {
+        return t == CacheType::F32   ? amx_bf16::Elem::F32
+               : t == CacheType::F16 ? amx_bf16::Elem::F16
+                                     : amx_bf16::Elem::BF16;
+    }
+
+    // Row s of an F16 or F32 cache as floats (a pointer into the cache when it is F32).
     static const float* load_row(const CacheRows& c, int64_t s, float* buf) {
         const uint8_t* p = host(c.data) + size_t(s) * c.row_bytes();
         if (c.type == CacheType::F32) return reinterpret_cast<const float*>(p);

@@ -34,8 +34,8 @@ class GlmDsaModel::DsaState final : public SequenceState {
         for (int64_t il = 0; il < hp.n_layer; ++il) {
             const bool mine = held.holds_layer(il);
             latent_.push_back(CacheRows{nullptr, mine ? hp.kv_lora + hp.n_rot : 0, type});
-            keys_.push_back(
-                CacheRows{nullptr, mine && hp.idx_full[size_t(il)] ? hp.idx_dim : 0, type});
+            keys_.push_back(CacheRows{nullptr, mine && hp.idx_full[size_t(il)] ? hp.idx_dim : 0,
+                                      be.indexer_key_type(type)});
         }
         mtp_latent_ = CacheRows{nullptr, mtp ? hp.kv_lora + hp.n_rot : 0, type};
         try {
