@@ -50,6 +50,16 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
     });
 }
 
+// Task `task` of indexer_select: its query and that query's keys [s0, s1).
+CpuBackend::IndexerTask CpuBackend::indexer_task(std::span<const IndexerQuery> queries,
+                                                 const std::vector<int64_t>& first_task,
+                                                 int64_t task) {
+    const size_t qi = size_t(std::upper_bound(first_task.begin(), first_task.end(), task) -
+                             first_task.begin() - 1);
+    const int64_t s0 = (task - first_task[qi]) * kIndexerChunk;
+    return {qi, s0, std::min<int64_t>(queries[qi].n_keys, s0 + kIndexerChunk)};
+}
+
 void CpuBackend::indexer_scores(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
                                 const std::vector<int64_t>& first_task,
                                 const std::vector<int64_t>& score_off, std::vector<float>& scores) {
@@ -61,11 +71,8 @@ void CpuBackend::indexer_scores(std::span<const IndexerQuery> queries, int64_t n
         kf.resize(size_t(kIndexerChunk * dim));
         qk.resize(size_t(kIndexerChunk * n_heads));
         for (int64_t task = b; task < e; ++task) {
-            const size_t qi = size_t(std::upper_bound(first_task.begin(), first_task.end(), task) -
-                                     first_task.begin() - 1);
+            const auto [qi, s0, s1] = indexer_task(queries, first_task, task);
             const IndexerQuery& q = queries[qi];
-            const int64_t s0 = (task - first_task[qi]) * kIndexerChunk;
-            const int64_t s1 = std::min<int64_t>(q.n_keys, s0 + kIndexerChunk);
             // The chunk's keys as floats, then every (key, head) dot product
             // in one tiled call: each key is read once for all the heads.
             const float* keys = nullptr;
@@ -153,11 +160,8 @@ void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, int6
     }
     pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int) {
         for (int64_t task = b; task < e; ++task) {
-            const size_t qi = size_t(std::upper_bound(first_task.begin(), first_task.end(), task) -
-                                     first_task.begin() - 1);
+            const auto [qi, s0, s1] = indexer_task(queries, first_task, task);
             const IndexerQuery& q = queries[qi];
-            const int64_t s0 = (task - first_task[qi]) * kIndexerChunk;
-            const int64_t s1 = std::min<int64_t>(q.n_keys, s0 + kIndexerChunk);
             amx_bf16::IndexerKeys& k = idx_keys_[cache_of[qi]];
             if (fused && k.tiles() > 0)
                 for (int64_t t = s0 / 16; t < (s1 + 15) / 16; ++t) k.convert(t);

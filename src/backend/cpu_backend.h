@@ -263,6 +263,12 @@ class CpuBackend final : public Backend {
     // indexer_select's tasks of kIndexerChunk keys per query); the _bf16 form
     // on tiles under --attn-bf16.
     static constexpr int64_t kIndexerChunk = 256;
+    struct IndexerTask {
+        size_t qi;
+        int64_t s0, s1;
+    };
+    static IndexerTask indexer_task(std::span<const IndexerQuery> queries,
+                                    const std::vector<int64_t>& first_task, int64_t task);
     void indexer_scores(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
                         const std::vector<int64_t>& first_task,
                         const std::vector<int64_t>& score_off, std::vector<float>& scores);
