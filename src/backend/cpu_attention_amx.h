@@ -33,8 +33,10 @@ struct LineAlloc {
 template <class T>
 using LineVector = std::vector<T, LineAlloc<T>>;
 
-// The visible cache rows of a query: row j is base + (idx ? idx[j] : j) * row_bytes.
+// The element type of cache rows.
 enum class Elem : uint8_t { F32, F16, BF16 };
+
+// The visible cache rows of a query: row j is base + (idx ? idx[j] : j) * row_bytes.
 struct Rows {
     const uint8_t* base = nullptr;
     size_t row_bytes = 0;

@@ -276,7 +276,7 @@ class CpuBackend final : public Backend {
                              const std::vector<int64_t>& first_task,
                              const std::vector<int64_t>& score_off, std::vector<float>& scores);
     std::vector<amx_bf16::IndexerKeys> idx_keys_;  // per distinct key cache of a call
-    amx_bf16::LineVector<uint16_t> idx_q_;         // the call's queries as A tiles
+    amx_bf16::LineVector<uint16_t> idx_q_;         // the call's queries as B tiles
     bool attention_bf16_ = false;
 
     void attend_split(std::span<const AttentionQuery> queries, int64_t groups, int64_t n_heads,
