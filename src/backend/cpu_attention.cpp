@@ -110,54 +110,46 @@ void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, int6
     // F16/F32 keys converted to BF16 tiles, BF16 keys read in place.
     const int64_t nq = int64_t(queries.size());
     std::vector<size_t> cache_of(queries.size());
-    std::vector<const uint8_t*> bases;
-    std::vector<const CacheRows*> keys;
+    std::vector<const CacheRows*> keys;  // distinct caches
     std::vector<int64_t> n_keys;
     for (size_t i = 0; i < queries.size(); ++i) {
-        const uint8_t* base = host(queries[i].keys.data);
-        const size_t c = size_t(std::find(bases.begin(), bases.end(), base) - bases.begin());
-        if (c == bases.size()) {
-            bases.push_back(base);
-            keys.push_back(&queries[i].keys);
+        const CacheRows& k = queries[i].keys;
+        size_t c = 0;
+        while (c < keys.size() && host(keys[c]->data) != host(k.data)) ++c;
+        if (c == keys.size()) {
+            keys.push_back(&k);
             n_keys.push_back(0);
         }
         cache_of[i] = c;
         n_keys[c] = std::max<int64_t>(n_keys[c], queries[i].n_keys);
     }
-    if (idx_keys_.size() < bases.size()) idx_keys_.resize(bases.size());
-    std::vector<int64_t> first_tile(bases.size() + 1, 0);
-    for (size_t c = 0; c < bases.size(); ++c) {
-        idx_keys_[c].reset(
-            amx_bf16::Rows{bases[c], keys[c]->row_bytes(), nullptr, elem_of(keys[c]->type)},
-            n_keys[c], dim);
-        first_tile[c + 1] = first_tile[c] + idx_keys_[c].tiles();
+    // Decode (no two queries share keys): each scoring task converts the keys
+    // it scores, while they are in this core's cache. Otherwise every key
+    // tile is converted once first, beside the queries.
+    const bool fused = keys.size() == queries.size();
+    if (idx_keys_.size() < keys.size()) idx_keys_.resize(keys.size());
+    std::vector<int64_t> first_tile(keys.size() + 1, 0);
+    for (size_t c = 0; c < keys.size(); ++c) {
+        idx_keys_[c].reset(amx_bf16::Rows{host(keys[c]->data), keys[c]->row_bytes(), nullptr,
+                                          elem_of(keys[c]->type)},
+                           n_keys[c], dim);
+        first_tile[c + 1] = first_tile[c] + (fused ? 0 : idx_keys_[c].tiles());
     }
     const int64_t qsize = idx_keys_[0].query_size(n_heads);
     idx_q_.resize(size_t(nq * qsize));
-    // Decode (no two queries share keys): each task converts the keys it
-    // scores, while they are in this core's cache. Otherwise every key tile
-    // is converted once first.
-    const bool fused = bases.size() == queries.size();
-    if (fused) {
-        for (int64_t qi = 0; qi < nq; ++qi)
-            idx_keys_[size_t(qi)].convert_query(host(queries[size_t(qi)].q), n_heads,
-                                                idx_q_.data() + qi * qsize);
-    } else {
-        pool_.parallel_for(first_tile.back() + nq, 1, [&](int64_t b, int64_t e, int) {
-            for (int64_t task = b; task < e; ++task) {
-                if (task >= first_tile.back()) {
-                    const int64_t qi = task - first_tile.back();
-                    idx_keys_[cache_of[size_t(qi)]].convert_query(
-                        host(queries[size_t(qi)].q), n_heads, idx_q_.data() + qi * qsize);
-                    continue;
-                }
-                const size_t c =
-                    size_t(std::upper_bound(first_tile.begin(), first_tile.end(), task) -
-                           first_tile.begin() - 1);
-                idx_keys_[c].convert(task - first_tile[c]);
+    pool_.parallel_for(first_tile.back() + nq, 1, [&](int64_t b, int64_t e, int) {
+        for (int64_t task = b; task < e; ++task) {
+            if (task >= first_tile.back()) {
+                const int64_t qi = task - first_tile.back();
+                idx_keys_[cache_of[size_t(qi)]].convert_query(host(queries[size_t(qi)].q), n_heads,
+                                                              idx_q_.data() + qi * qsize);
+                continue;
             }
-        });
-    }
+            const size_t c = size_t(std::upper_bound(first_tile.begin(), first_tile.end(), task) -
+                                    first_tile.begin() - 1);
+            idx_keys_[c].convert(task - first_tile[c]);
+        }
+    });
     pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int) {
         for (int64_t task = b; task < e; ++task) {
             const auto [qi, s0, s1] = indexer_task(queries, first_task, task);

@@ -86,6 +86,28 @@ void transpose16(__m512 r[16]) {
     for (int i = 0; i < 16; ++i) r[i] = o[i];
 }
 
+// Asks for a row's cache lines (into L2): the rows the kernels read are scattered.
+void prefetch_row(const uint8_t* row, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(row) + off, _MM_HINT_T1);
+}
+
+// Up to 16 heads' rows (w floats each, w apart) as B tiles: [wp/32 chunks]
+// [16 dim pairs][16 heads][2] BF16, zero past w and for heads past nh.
+void heads_as_b_tiles(const float* q, int64_t nh, int64_t w, int64_t wp, uint16_t* out) {
+    LineVector<uint16_t> qb(size_t(16 * wp), 0);
+    for (int64_t h = 0; h < nh; ++h) {
+        const auto* row = reinterpret_cast<const uint8_t*>(q + h * w);
+        for (int64_t c = 0; c < wp; c += 32)
+            _mm512_store_si512(qb.data() + h * wp + c, load32_bf16(row, Elem::F32, c, w));
+    }
+    const __m512i heads =
+        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                           _mm512_set1_epi32(int32_t(wp / 2)));
+    for (int64_t d = 0; d < wp / 2; ++d)  // dim pair d: its dword for each head
+        _mm512_storeu_si512(out + d * 32, _mm512_i32gather_epi32(heads, qb.data() + 2 * d, 4));
+}
+
 }  // namespace
 
 void round_row(const float* x, int64_t n, uint16_t* out) {
@@ -109,22 +131,8 @@ Query::Query(const float* q, int64_t n_heads, int64_t w, int64_t v, int64_t n, f
       ldo_(vp_ + 16),
       n_(n),
       scale_(scale) {
-    // The heads' rows in BF16 (zero past w, and for heads past n_heads), then
-    // regrouped as B tiles: chunk k's row p holds, for every head, its dims
-    // 32k + 2p and 32k + 2p + 1.
-    LineVector<uint16_t> qb(size_t(kHeads * wp_), 0);
-    for (int64_t h = 0; h < heads_; ++h) {
-        const auto* row = reinterpret_cast<const uint8_t*>(q + h * w);
-        for (int64_t c = 0; c < wp_; c += 32)
-            _mm512_storeu_si512(qb.data() + h * wp_ + c, load32_bf16(row, Elem::F32, c, w));
-    }
     qt_.resize(size_t(wp_ / 32 * 16 * 32));
-    const __m512i heads =
-        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                           _mm512_set1_epi32(int32_t(wp_ / 2)));
-    for (int64_t d = 0; d < wp_ / 2; ++d)  // dim pair d: its dword for each head
-        _mm512_store_si512(qt_.data() + d * 32,
-                           _mm512_i32gather_epi32(heads, qb.data() + 2 * d, 4));
+    heads_as_b_tiles(q, heads_, w, wp_, qt_.data());
     max_.resize(size_t(blocks() * kHeads));
     sum_.resize(size_t(blocks() * kHeads));
     part_.reset(static_cast<float*>(
@@ -175,11 +183,8 @@ void Query::block(const Rows& rows, int64_t b) {
         const int64_t ng = std::min(kGroup, nk - g0), nt = (ng + 15) / 16;
         for (int64_t r = 0; r < nt * 16; ++r) {
             uint16_t* dst = bw.kb.data() + r * wp_;
-            if (g0 + r + kAhead < nk) {  // the rows are scattered: ask for a later one now
-                const char* pf = reinterpret_cast<const char*>(rows.row(j0 + g0 + r + kAhead));
-                for (int64_t off = 0; off < int64_t(rows.row_bytes); off += 64)
-                    _mm_prefetch(pf + off, _MM_HINT_T1);
-            }
+            if (g0 + r + kAhead < nk)  // the rows are scattered: ask for a later one now
+                prefetch_row(rows.row(j0 + g0 + r + kAhead), rows.row_bytes);
             if (r < ng) {
                 const uint8_t* src = rows.row(j0 + g0 + r);
                 for (int64_t c = 0; c < wp_; c += 32)
@@ -326,8 +331,7 @@ void IndexerKeys::reset(const Rows& rows, int64_t n, int64_t dim) {
 void IndexerKeys::convert(int64_t t) {
     // The next tile's rows into L2 while this one converts.
     for (int64_t i = 16 * (t + 2); i < std::min(n_, 16 * (t + 3)); ++i)
-        for (size_t off = 0; off < rows_.row_bytes; off += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(rows_.row(i)) + off, _MM_HINT_T1);
+        prefetch_row(rows_.row(i), rows_.row_bytes);
     for (int64_t s = 16 * t; s < 16 * (t + 1); ++s)
         for (int64_t c = 0; c < dp_; c += 32)
             _mm512_store_si512(
@@ -336,26 +340,10 @@ void IndexerKeys::convert(int64_t t) {
 }
 
 void IndexerKeys::convert_query(const float* q, int64_t n_heads, uint16_t* out) const {
-    // Head rows in BF16 (zero past dim and past n_heads), then as B tiles:
-    // group g, chunk c, dim pair p holds that pair of the group's 16 heads.
-    const int64_t groups = (n_heads + 15) / 16, chunks = dp_ / 32;
-    thread_local LineVector<uint16_t> rows;
-    rows.resize(size_t(groups * 16 * dp_));
-    for (int64_t h = 0; h < groups * 16; ++h)
-        for (int64_t c = 0; c < dp_; c += 32)
-            _mm512_store_si512(rows.data() + h * dp_ + c,
-                               h < n_heads
-                                   ? load32_bf16(reinterpret_cast<const uint8_t*>(q + h * dim_),
-                                                 Elem::F32, c, dim_)
-                                   : _mm512_setzero_si512());
-    const auto* src = reinterpret_cast<const uint32_t*>(rows.data());
-    auto* dst = reinterpret_cast<uint32_t*>(out);
-    for (int64_t g = 0; g < groups; ++g)
-        for (int64_t c = 0; c < chunks; ++c)
-            for (int64_t p = 0; p < 16; ++p)
-                for (int64_t h = 0; h < 16; ++h)
-                    dst[((g * chunks + c) * 16 + p) * 16 + h] =
-                        src[(g * 16 + h) * (dp_ / 2) + c * 16 + p];
+    // Each group of 16 heads as the B tiles of its chunks.
+    for (int64_t g = 0; g < (n_heads + 15) / 16; ++g)
+        heads_as_b_tiles(q + 16 * g * dim_, std::min<int64_t>(16, n_heads - 16 * g), dim_, dp_,
+                         out + g * (dp_ / 32) * 512);
 }
 
 void IndexerKeys::scores(const uint16_t* qb, int64_t n_heads, const float* w, int64_t s0,

@@ -168,9 +168,10 @@ inline void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t
     k = std::min(k, n);
     if (k <= 0) return;
     constexpr int64_t kBuckets = 2048;
-    tmp.resize(size_t(n + kBuckets));
+    tmp.resize(size_t(2 * n + kBuckets));  // keys, histogram, one bucket's keys
     uint32_t* key = reinterpret_cast<uint32_t*>(tmp.data());
     int32_t* hist = tmp.data() + n;
+    uint32_t* cand = reinterpret_cast<uint32_t*>(hist + kBuckets);
     uint32_t lo = UINT32_MAX, hi = 0;
     for (int64_t i = 0; i < n; ++i) {
         key[i] = order_key(v[i]);
@@ -185,15 +186,14 @@ inline void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t
     int64_t b = int64_t((hi - lo) >> shift);
     while (above + hist[b] < k) above += hist[b--];
     // The bucket's keys; the (k - above)-th largest of them is the k-th key.
-    thread_local std::vector<uint32_t> cand;
-    cand.clear();
+    int64_t nc = 0;
     for (int64_t i = 0; i < n; ++i)
-        if (int64_t((key[i] - lo) >> shift) == b) cand.push_back(key[i]);
+        if (int64_t((key[i] - lo) >> shift) == b) cand[nc++] = key[i];
     const int64_t r = k - above;
-    std::nth_element(cand.begin(), cand.begin() + (r - 1), cand.end(), std::greater<uint32_t>());
-    const uint32_t kth = cand[size_t(r - 1)];
+    std::nth_element(cand, cand + (r - 1), cand + nc, std::greater<uint32_t>());
+    const uint32_t kth = cand[r - 1];
     int64_t equal = r;  // rows equal to the k-th that are taken
-    for (int64_t j = 0; j < r - 1; ++j) equal -= cand[size_t(j)] > kth;
+    for (int64_t j = 0; j < r - 1; ++j) equal -= cand[j] > kth;
     int64_t m = 0;
     for (int32_t i = 0; i < int32_t(n); ++i)
         if (key[i] > kth || (key[i] == kth && equal-- > 0)) out[m++] = i;
