@@ -42,8 +42,14 @@ __m512 load16(const uint8_t* r, Elem e, int64_t c, int64_t w) {
     return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(r) + c);
 }
 
-// 32 values [c, c + 32) of a row as BF16, zero from w on.
-__m512i load32_bf16(const uint8_t* r, Elem e, int64_t c, int64_t w) {
+// 32 values [c, c + 32) of a row as BF16, zero from w on. Inlined: the
+// gathers call it for every 64 bytes they read.
+[[gnu::always_inline]] inline __m512i load32_bf16(const uint8_t* r, Elem e, int64_t c, int64_t w) {
+    if (e == Elem::F16 && c + 32 <= w) {  // the common case: whole, no masks
+        const auto* h = reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(r) + c);
+        return to_bf16(_mm512_cvtph_ps(_mm256_loadu_si256(h + 1)),
+                       _mm512_cvtph_ps(_mm256_loadu_si256(h)));
+    }
     if (e == Elem::BF16) {
         const int64_t n = std::clamp<int64_t>(w - c, 0, 32);
         const __mmask32 m = n == 32 ? __mmask32(~0u) : __mmask32((1u << n) - 1);
@@ -141,9 +147,9 @@ Query::Query(const float* q, int64_t n_heads, int64_t w, int64_t v, int64_t n, f
 
 namespace {
 
-// A block's working set, per thread: its rows converted in groups of 64, the
-// value rows interleaved in pairs as the tile product reads them, the scores
-// and the probabilities by head.
+// A block's working set, per thread: its rows converted to BF16 (all of
+// them, gathered in one pass), the value pairs of two 64-column groups as the
+// tile product reads them, the scores and the probabilities by head.
 constexpr int64_t kGroup = 64;
 constexpr int64_t kAhead = 16;  // rows prefetched ahead of the conversion (into L2)
 constexpr int64_t kPtStride = Query::kBlockKeys + 32;  // BF16s between heads (off 4K strides)
@@ -162,11 +168,12 @@ BlockWork& block_work() {
 void Query::block(const Rows& rows, int64_t b) {
     const int64_t j0 = b * kBlockKeys, nk = std::min(kBlockKeys, n_ - j0);
     const int64_t nk32 = (nk + 31) / 32 * 32;
-    const int64_t ldk = wp_ * 2;        // bytes between converted rows
-    const int64_t vrow = vp_ * 2 + 32;  // BF16s between value pairs (off 2K strides)
+    const int64_t ldk = wp_ * 2;  // bytes between converted rows
+    // BF16s between the value pairs of one 64-column group (off 4K strides)
+    constexpr int64_t vrow = 2 * 64 + 32;
     BlockWork& bw = block_work();
-    bw.kb.resize(size_t(kGroup * wp_));
-    bw.vb.resize(size_t(kBlockKeys / 2 * vrow));
+    bw.kb.resize(size_t(kBlockKeys * wp_));
+    bw.vb.resize(size_t(kBlockKeys * vrow));  // two groups' kBlockKeys / 2 pairs
     bw.pt.resize(size_t(kHeads * kPtStride));
     bw.s.resize(size_t(kBlockKeys * kHeads));
     const quant::AmxTiles tiles;
@@ -178,26 +185,28 @@ void Query::block(const Rows& rows, int64_t b) {
     const __m512i lo_idx = _mm512_load_si512(kLo);
     const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
 
-    // ---- scores, 64 rows at a time (4 tiles), and the value pairs of those rows
+    // ---- the block's rows as BF16, gathered in one pass: the loads of one
+    // uninterrupted stream keep the most lines in flight
+    for (int64_t r = 0; r < nk32; ++r) {  // zero rows up to a whole pair tile
+        uint16_t* dst = bw.kb.data() + r * wp_;
+        if (r + kAhead < nk)  // the rows are scattered: ask for a later one now
+            prefetch_row(rows.row(j0 + r + kAhead), rows.row_bytes);
+        if (r < nk) {
+            const uint8_t* src = rows.row(j0 + r);
+            for (int64_t c = 0; c < wp_; c += 32)
+                _mm512_store_si512(dst + c, load32_bf16(src, rows.elem, c, w_));
+        } else {
+            std::memset(dst, 0, size_t(wp_) * 2);
+        }
+    }
+    // ---- scores, 64 rows at a time (4 tiles)
     for (int64_t g0 = 0; g0 < nk; g0 += kGroup) {
         const int64_t ng = std::min(kGroup, nk - g0), nt = (ng + 15) / 16;
-        for (int64_t r = 0; r < nt * 16; ++r) {
-            uint16_t* dst = bw.kb.data() + r * wp_;
-            if (g0 + r + kAhead < nk)  // the rows are scattered: ask for a later one now
-                prefetch_row(rows.row(j0 + g0 + r + kAhead), rows.row_bytes);
-            if (r < ng) {
-                const uint8_t* src = rows.row(j0 + g0 + r);
-                for (int64_t c = 0; c < wp_; c += 32)
-                    _mm512_store_si512(dst + c, load32_bf16(src, rows.elem, c, w_));
-            } else {
-                std::memset(dst, 0, size_t(wp_) * 2);
-            }
-        }
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
-        const uint16_t* k0 = bw.kb.data();
+        const uint16_t* k0 = bw.kb.data() + g0 * wp_;
         for (int64_t k = 0; k < wp_ / 32; ++k) {
             _tile_loadd(5, qt_.data() + k * 512, 64);
             _tile_loadd(4, k0 + k * 32, ldk);
@@ -220,19 +229,7 @@ void Query::block(const Rows& rows, int64_t b) {
         if (nt > 1) _tile_stored(1, s + 16 * kHeads, 64);
         if (nt > 2) _tile_stored(2, s + 32 * kHeads, 64);
         if (nt > 3) _tile_stored(3, s + 48 * kHeads, 64);
-        // Value pairs (rows past the block's are zero rows of kb).
-        for (int64_t p = 0; p < nt * 8; ++p) {
-            const uint16_t* ra = bw.kb.data() + 2 * p * wp_;
-            uint16_t* dst = bw.vb.data() + (g0 / 2 + p) * vrow;
-            for (int64_t c = 0; c < vp_; c += 32) {
-                const __m512i a = _mm512_load_si512(ra + c), bb = _mm512_load_si512(ra + wp_ + c);
-                _mm512_storeu_si512(dst + 2 * c, _mm512_permutex2var_epi16(a, lo_idx, bb));
-                _mm512_storeu_si512(dst + 2 * c + 32, _mm512_permutex2var_epi16(a, hi_idx, bb));
-            }
-        }
     }
-    if (nk32 > (nk + 15) / 16 * 16)  // a last tile of 16 rows left a pair tile half written
-        std::memset(bw.vb.data() + (nk32 / 2 - 8) * vrow, 0, size_t(8 * vrow) * 2);
 
     // ---- softmax against the block's maximum, transposed to [head][key]
     float* s = bw.s.data();
@@ -260,17 +257,38 @@ void Query::block(const Rows& rows, int64_t b) {
     _mm512_store_ps(max_.data() + b * kHeads, mx);
     _mm512_store_ps(sum_.data() + b * kHeads, sum);
 
-    // ---- values: C[head][col] over the block's keys, 4 column tiles at a time
+    // ---- values: C[head][col] over the block's keys, 4 column tiles (64
+    // columns) at a time, from the value pairs of those columns. The pairs of
+    // the next 64 columns are written between the tile products of these
+    // (two buffers, each small enough for L1): the tiles work meanwhile.
     float* part = part_.get() + b * kHeads * ldo_;
-    for (int64_t g = 0; g < vp_; g += 64) {
+    const int64_t np = nk32 / 2;
+    uint16_t* const pairs[2] = {bw.vb.data(), bw.vb.data() + kBlockKeys / 2 * vrow};
+    auto build_pairs = [&](int64_t g, int64_t p0, int64_t p1, uint16_t* out) {
+        const int64_t cols = std::min<int64_t>(64, vp_ - g);
+        for (int64_t p = p0; p < p1; ++p) {
+            const uint16_t* ra = bw.kb.data() + 2 * p * wp_ + g;
+            uint16_t* dst = out + p * vrow;
+            for (int64_t c = 0; c < cols; c += 32) {
+                const __m512i a = _mm512_load_si512(ra + c), bb = _mm512_load_si512(ra + wp_ + c);
+                _mm512_store_si512(dst + 2 * c, _mm512_permutex2var_epi16(a, lo_idx, bb));
+                _mm512_store_si512(dst + 2 * c + 32, _mm512_permutex2var_epi16(a, hi_idx, bb));
+            }
+        }
+    };
+    build_pairs(0, 0, np, pairs[0]);
+    for (int64_t g = 0, gi = 0; g < vp_; g += 64, ++gi) {
         const int64_t nt = std::min<int64_t>(4, (vp_ - g) / 16);
+        const uint16_t* cur = pairs[gi & 1];
+        uint16_t* next = g + 64 < vp_ ? pairs[(gi + 1) & 1] : nullptr;
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
         for (int64_t kc = 0; kc < nk32 / 32; ++kc) {
+            if (next) build_pairs(g + 64, 16 * kc, 16 * kc + 16, next);
             _tile_loadd(4, bw.pt.data() + 32 * kc, kPtStride * 2);
-            const uint16_t* vr = bw.vb.data() + 16 * kc * vrow + 2 * g;
+            const uint16_t* vr = cur + 16 * kc * vrow;
             _tile_loadd(5, vr, vrow * 2);
             _tile_dpbf16ps(0, 4, 5);
             if (nt > 1) {
