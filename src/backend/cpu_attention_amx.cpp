@@ -262,7 +262,6 @@ void Query::block(const Rows& rows, int64_t b) {
     // the next 64 columns are written between the tile products of these
     // (two buffers, each small enough for L1): the tiles work meanwhile.
     float* part = part_.get() + b * kHeads * ldo_;
-    const int64_t np = nk32 / 2;
     uint16_t* const pairs[2] = {bw.vb.data(), bw.vb.data() + kBlockKeys / 2 * vrow};
     auto build_pairs = [&](int64_t g, int64_t p0, int64_t p1, uint16_t* out) {
         const int64_t cols = std::min<int64_t>(64, vp_ - g);
@@ -276,11 +275,11 @@ void Query::block(const Rows& rows, int64_t b) {
             }
         }
     };
-    build_pairs(0, 0, np, pairs[0]);
-    for (int64_t g = 0, gi = 0; g < vp_; g += 64, ++gi) {
+    build_pairs(0, 0, nk32 / 2, pairs[0]);
+    for (int64_t g = 0; g < vp_; g += 64) {
         const int64_t nt = std::min<int64_t>(4, (vp_ - g) / 16);
-        const uint16_t* cur = pairs[gi & 1];
-        uint16_t* next = g + 64 < vp_ ? pairs[(gi + 1) & 1] : nullptr;
+        const uint16_t* cur = pairs[g / 64 % 2];
+        uint16_t* next = g + 64 < vp_ ? pairs[(g / 64 + 1) % 2] : nullptr;
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
