@@ -562,14 +562,16 @@ TEST(AttentionBf16, MatchesTheBf16RoundedReference) {
 }
 
 // Decode (one query: keys and columns split between threads) and prefill
-// (one query per thread) give the same bits for a query.
+// (runs of neighbouring queries, block by block) give the same bits for a
+// query. Lengths mixed within a run, and queries that read picked rows.
 TEST(AttentionBf16, QueryOutputIndependentOfBatch) {
     auto be = bf16_backend();
     if (!be) return;
     const int64_t rows = 2100;
     Cache c(rows, kWidth, 8);
     CacheRows cr{dev(reinterpret_cast<uint8_t*>(c.bits.data())), kWidth, CacheType::F16};
-    const std::vector<int32_t> lens = {1, 17, 64, 300, 2100};
+    const std::vector<int32_t> lens = {1, 17, 64, 300, 2100, -700, 257, -1500, 513, -256};
+    std::vector<std::vector<int32_t>> picks(lens.size());
     std::vector<std::vector<float>> qs, outs(lens.size());
     std::vector<Backend::AttentionQuery> batch(lens.size());
     for (size_t i = 0; i < lens.size(); ++i) {
@@ -577,7 +579,14 @@ TEST(AttentionBf16, QueryOutputIndependentOfBatch) {
         outs[i].assign(size_t(kHeads * kValue), 0.0f);
         batch[i].q = dev(qs.back().data());
         batch[i].cache = cr;
-        batch[i].visible.n_dense = lens[i];
+        if (lens[i] > 0) {
+            batch[i].visible.n_dense = lens[i];
+        } else {  // -n: n ascending rows of the cache, every fourth skipped
+            for (int32_t r = 0; int32_t(picks[i].size()) < -lens[i]; ++r)
+                if ((r + int32_t(i)) % 4 != 0) picks[i].push_back(r);
+            batch[i].visible.rows = dev(static_cast<const int32_t*>(picks[i].data()));
+            batch[i].visible.n_rows = -lens[i];
+        }
         batch[i].out = dev(outs[i].data());
     }
     be->mla_attention(batch, kHeads, kValue, 0.0625f);

@@ -219,15 +219,34 @@ void CpuBackend::attend_bf16(std::span<const AttentionQuery> queries, int64_t H,
         }
         return;
     }
-    // Many (prefill): one task per query and head group.
-    pool_.parallel_for(nq * groups, 1, [&](int64_t b, int64_t e, int) {
+    // Many (prefill): one task per run of consecutive queries and head group,
+    // block k of each query before block k + 1 of any. Neighbouring queries
+    // pick nearly the same rows and a block holds the k-th stretch of a
+    // query's sorted rows, so that stretch is read from memory once and from
+    // this core's L2 by the rest of the run.
+    // Four: pp512 at depth 4096 spent 7% less in attention than with one
+    // query a task; eight measured no better and leaves longer last runs.
+    constexpr int64_t kRun = 4;
+    const int64_t runs = (nq + kRun - 1) / kRun;
+    pool_.parallel_for(runs * groups, 1, [&](int64_t b, int64_t e, int) {
         for (int64_t task = b; task < e; ++task) {
-            const AttentionQuery& q = queries[size_t(task / groups)];
+            // The last runs first: a causal ubatch's later queries see more rows.
+            const int64_t q0 = (runs - 1 - task / groups) * kRun, q1 = std::min(nq, q0 + kRun);
             const int64_t g = task % groups;
-            const amx_bf16::Rows rows = rows_of(q);
-            Query a = query(q, g);
-            for (int64_t k = 0; k < a.blocks(); ++k) a.block(rows, k);
-            a.finish(host(q.out) + g * Query::kHeads * v_width, v_width);
+            std::vector<Query> run;
+            run.reserve(size_t(q1 - q0));
+            int64_t most = 0;
+            for (int64_t i = q0; i < q1; ++i) {
+                run.push_back(query(queries[size_t(i)], g));
+                most = std::max(most, run.back().blocks());
+            }
+            for (int64_t k = 0; k < most; ++k)
+                for (int64_t i = q0; i < q1; ++i)
+                    if (k < run[size_t(i - q0)].blocks())
+                        run[size_t(i - q0)].block(rows_of(queries[size_t(i)]), k);
+            for (int64_t i = q0; i < q1; ++i)
+                run[size_t(i - q0)].finish(
+                    host(queries[size_t(i)].out) + g * Query::kHeads * v_width, v_width);
         }
     });
 }
