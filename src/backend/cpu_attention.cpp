@@ -233,20 +233,20 @@ void CpuBackend::attend_bf16(std::span<const AttentionQuery> queries, int64_t H,
             // The last runs first: a causal ubatch's later queries see more rows.
             const int64_t q0 = (runs - 1 - task / groups) * kRun, q1 = std::min(nq, q0 + kRun);
             const int64_t g = task % groups;
+            const std::span<const AttentionQuery> qs = queries.subspan(size_t(q0), size_t(q1 - q0));
             std::vector<Query> run;
-            run.reserve(size_t(q1 - q0));
+            std::vector<amx_bf16::Rows> rows;
             int64_t most = 0;
-            for (int64_t i = q0; i < q1; ++i) {
-                run.push_back(query(queries[size_t(i)], g));
+            for (const AttentionQuery& q : qs) {
+                run.push_back(query(q, g));
+                rows.push_back(rows_of(q));
                 most = std::max(most, run.back().blocks());
             }
             for (int64_t k = 0; k < most; ++k)
-                for (int64_t i = q0; i < q1; ++i)
-                    if (k < run[size_t(i - q0)].blocks())
-                        run[size_t(i - q0)].block(rows_of(queries[size_t(i)]), k);
-            for (int64_t i = q0; i < q1; ++i)
-                run[size_t(i - q0)].finish(
-                    host(queries[size_t(i)].out) + g * Query::kHeads * v_width, v_width);
+                for (size_t j = 0; j < run.size(); ++j)
+                    if (k < run[j].blocks()) run[j].block(rows[j], k);
+            for (size_t j = 0; j < run.size(); ++j)
+                run[j].finish(host(qs[j].out) + g * Query::kHeads * v_width, v_width);
         }
     });
 }
