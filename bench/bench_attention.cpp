@@ -153,6 +153,81 @@ void BM_query_bf16(benchmark::State& st) {
 }
 BENCHMARK(BM_query_bf16);
 
+// Prefill's run of four neighbouring queries, each picking 2048 of 4608 rows
+// (a shared preference plus its own noise, as the indexer's picks of
+// neighbouring queries overlap), one thread: every query's blocks on its own
+// (run:0) or block k of the four together (run:1). Time per run of four.
+void BM_run_bf16(benchmark::State& st) {
+    if (!amx_bf16::available()) {
+        st.SkipWithError("no AMX-BF16 on this CPU");
+        return;
+    }
+    constexpr int64_t H = 16, N = 4608, R = amx_bf16::Query::kMaxRun;
+    // cold: each run reads another of 48 windows of N rows (250 MB), after
+    // 64 MB of other reads, as prefill at depth reads its cache from memory.
+    const bool cold = st.range(1) != 0;
+    const int64_t windows = cold ? 48 : 1;
+    const auto c = halves(size_t(windows * N * kWidth), 2);
+    std::vector<char> other(cold ? size_t(64) << 20 : 0);
+    const auto base = floats(size_t(N), 3);
+    std::vector<std::vector<float>> q;
+    std::vector<std::vector<int32_t>> idx;
+    std::vector<amx_bf16::Rows> rows;
+    for (int64_t i = 0; i < R; ++i) {
+        q.push_back(floats(size_t(H * kWidth), uint32_t(10 + i)));
+        const auto noise = floats(size_t(N), uint32_t(20 + i));
+        std::vector<float> score(static_cast<size_t>(N));
+        for (size_t r = 0; r < score.size(); ++r) score[r] = base[r] + 0.3f * noise[r];
+        std::vector<int32_t> tmp, pick(static_cast<size_t>(kRows));
+        backend::kernels::top_k_rows(score.data(), N, kRows, tmp, pick.data());
+        idx.push_back(std::move(pick));
+    }
+    for (int64_t i = 0; i < R; ++i)
+        rows.push_back({reinterpret_cast<const uint8_t*>(c.data()), size_t(kWidth) * 2,
+                        idx[size_t(i)].data(), amx_bf16::Elem::F16});
+    // The share of a run's block rows that are distinct (the real model's
+    // neighbouring queries at depth 4096: about 0.35).
+    int64_t distinct = 0;
+    for (int64_t b = 0; b < kRows; b += amx_bf16::Query::kBlockKeys) {
+        std::vector<int32_t> u;
+        for (const auto& x : idx) u.insert(u.end(), x.begin() + b, x.begin() + b + 256);
+        std::sort(u.begin(), u.end());
+        distinct += std::unique(u.begin(), u.end()) - u.begin();
+    }
+    st.counters["distinct"] = double(distinct) / double(R * kRows);
+    std::vector<float> out(size_t(H * kValue));
+    const bool together = st.range(0) != 0;
+    int64_t window = 0;
+    for (auto _ : st) {
+        if (cold) {
+            st.PauseTiming();
+            window = (window + 1) % windows;
+            for (auto& r : rows)
+                r.base = reinterpret_cast<const uint8_t*>(c.data() + window * N * kWidth);
+            for (size_t i = 0; i < other.size(); i += 64) other[i]++;
+            st.ResumeTiming();
+        }
+        std::vector<amx_bf16::Query> run;
+        for (int64_t i = 0; i < R; ++i)
+            run.emplace_back(q[size_t(i)].data(), H, kWidth, kValue, kRows, 0.04f);
+        amx_bf16::Query* ptr[R];
+        for (int64_t i = 0; i < R; ++i) ptr[i] = &run[size_t(i)];
+        for (int64_t b = 0; b < run[0].blocks(); ++b) {
+            if (together)
+                amx_bf16::Query::block_of_run(ptr, rows, b);
+            else
+                for (int64_t i = 0; i < R; ++i) run[size_t(i)].block(rows[size_t(i)], b);
+        }
+        for (auto& a : run) a.finish(out.data(), kValue);
+    }
+    set_flops(st, double(R * H * kRows) * double(kWidth + kValue));
+}
+BENCHMARK(BM_run_bf16)
+    ->ArgNames({"run", "cold"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->Threads(1)
+    ->Threads(2);
+
 // The same query over 2048 rows of a 150 MB cache, after 64 MB of other
 // reads: decode's gather from memory rather than from the last-level cache.
 // The rows are picked at random from the whole cache (dense:0), or are half

@@ -562,15 +562,22 @@ TEST(AttentionBf16, MatchesTheBf16RoundedReference) {
 }
 
 // Decode (one query: keys and columns split between threads) and prefill
-// (runs of neighbouring queries, block by block) give the same bits for a
-// query. Lengths mixed within a run, and queries that read picked rows.
+// (runs of neighbouring queries sharing each block's rows) give the same bits
+// for a query. Lengths mixed within a run, queries that read picked rows, a
+// run whose queries read two caches and one whose picks lie too far apart
+// to share (each query of those runs alone).
 TEST(AttentionBf16, QueryOutputIndependentOfBatch) {
     auto be = bf16_backend();
     if (!be) return;
-    const int64_t rows = 2100;
-    Cache c(rows, kWidth, 8);
+    const int64_t rows = 9000;
+    Cache c(rows, kWidth, 8), other(700, kWidth, 9);
     CacheRows cr{dev(reinterpret_cast<uint8_t*>(c.bits.data())), kWidth, CacheType::F16};
-    const std::vector<int32_t> lens = {1, 17, 64, 300, 2100, -700, 257, -1500, 513, -256};
+    CacheRows cr2{dev(reinterpret_cast<uint8_t*>(other.bits.data())), kWidth, CacheType::F16};
+    // n > 0: the first n rows; -n: n ascending rows, every fourth skipped;
+    // 0: every 40th row of the cache
+    const std::vector<int32_t> lens = {1,     17,  64,   300, 2100, -700, 257,
+                                       -1500, 513, -256, 600, -500, 0,    100};
+    const size_t first_other = 10, last_other = 11;  // queries that read `other`
     std::vector<std::vector<int32_t>> picks(lens.size());
     std::vector<std::vector<float>> qs, outs(lens.size());
     std::vector<Backend::AttentionQuery> batch(lens.size());
@@ -578,14 +585,16 @@ TEST(AttentionBf16, QueryOutputIndependentOfBatch) {
         qs.push_back(f16_floats(size_t(kHeads * kWidth), 60 + uint32_t(i)));
         outs[i].assign(size_t(kHeads * kValue), 0.0f);
         batch[i].q = dev(qs.back().data());
-        batch[i].cache = cr;
+        batch[i].cache = i >= first_other && i <= last_other ? cr2 : cr;
         if (lens[i] > 0) {
             batch[i].visible.n_dense = lens[i];
-        } else {  // -n: n ascending rows of the cache, every fourth skipped
+        } else {
+            if (lens[i] == 0)
+                for (int32_t r = 0; r < int32_t(rows); r += 40) picks[i].push_back(r);
             for (int32_t r = 0; int32_t(picks[i].size()) < -lens[i]; ++r)
                 if ((r + int32_t(i)) % 4 != 0) picks[i].push_back(r);
             batch[i].visible.rows = dev(static_cast<const int32_t*>(picks[i].data()));
-            batch[i].visible.n_rows = -lens[i];
+            batch[i].visible.n_rows = int32_t(picks[i].size());
         }
         batch[i].out = dev(outs[i].data());
     }

@@ -14,6 +14,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
@@ -147,15 +148,21 @@ Query::Query(const float* q, int64_t n_heads, int64_t w, int64_t v, int64_t n, f
 
 namespace {
 
-// A block's working set, per thread: its rows converted to BF16 (all of
-// them, gathered in one pass), the value pairs of two 64-column groups as the
-// tile product reads them, the scores and the probabilities by head.
+// A block's working set, per thread: the rows of a run's blocks converted to
+// BF16 (all of them, gathered in one pass), the value pairs of two 64-column
+// groups as the tile product reads them, the scores and the probabilities by head.
 constexpr int64_t kGroup = 64;
 constexpr int64_t kAhead = 16;  // rows prefetched ahead of the conversion (into L2)
 constexpr int64_t kPtStride = Query::kBlockKeys + 32;  // BF16s between heads (off 4K strides)
+// The widest span of rows a run's blocks share through one table; wider (rows
+// picked far apart) the queries' blocks share few rows and each runs alone.
+constexpr int64_t kMaxSpan = 8 * Query::kMaxRun * Query::kBlockKeys;
 struct BlockWork {
     LineVector<uint16_t> kb, vb, pt;
     LineVector<float> s;
+    std::vector<const uint8_t*> src;  // the rows kb holds
+    std::vector<int32_t> map;         // [query][row of its block]: its row in kb
+    std::vector<int32_t> slot;        // per row of the run's span: its row in kb
 };
 
 BlockWork& block_work() {
@@ -165,149 +172,228 @@ BlockWork& block_work() {
 
 }  // namespace
 
-void Query::block(const Rows& rows, int64_t b) {
-    const int64_t j0 = b * kBlockKeys, nk = std::min(kBlockKeys, n_ - j0);
-    const int64_t nk32 = (nk + 31) / 32 * 32;
-    const int64_t ldk = wp_ * 2;  // bytes between converted rows
-    // BF16s between the value pairs of one 64-column group (off 4K strides)
-    constexpr int64_t vrow = 2 * 64 + 32;
+void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows, int64_t b) {
+    const int64_t nq = int64_t(run.size());
+    const int64_t j0 = b * kBlockKeys, wp = run[0]->wp_;
+    const int64_t ldk = wp * 2;  // bytes between converted rows
+    auto index = [&](int64_t i, int64_t j) -> int64_t {
+        const Rows& r = rows[size_t(i)];
+        return r.idx ? r.idx[j0 + j] : j0 + j;
+    };
+    int64_t nk[kMaxRun], lo = INT64_MAX, hi = -1;
+    bool shared = true;  // the rows of one cache, within a span a table can cover
+    for (int64_t i = 0; i < nq; ++i) {
+        nk[i] = std::min(kBlockKeys, run[size_t(i)]->n_ - j0);
+        if (nq == 1) break;
+        for (int64_t j = 0; j < nk[i]; ++j) {
+            lo = std::min(lo, index(i, j));
+            hi = std::max(hi, index(i, j));
+        }
+        const Rows& r = rows[size_t(i)];
+        shared &=
+            r.base == rows[0].base && r.elem == rows[0].elem && r.row_bytes == rows[0].row_bytes;
+    }
+    if (nq > 1 && (!shared || hi - lo >= kMaxSpan)) {
+        for (int64_t i = 0; i < nq; ++i) run[size_t(i)]->block(rows[size_t(i)], b);
+        return;
+    }
     BlockWork& bw = block_work();
-    bw.kb.resize(size_t(kBlockKeys * wp_));
-    bw.vb.resize(size_t(kBlockKeys * vrow));  // two groups' kBlockKeys / 2 pairs
-    bw.pt.resize(size_t(kHeads * kPtStride));
-    bw.s.resize(size_t(kBlockKeys * kHeads));
-    const quant::AmxTiles tiles;
-    // Interleave the BF16 words of two rows: [a0, b0, a1, b1, ...] for columns
-    // 0..15 of a 32-column chunk, and for 16..31.
-    alignas(64) static const uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
-                                                 37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
-                                                 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-    const __m512i lo_idx = _mm512_load_si512(kLo);
-    const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+    bw.src.resize(size_t(kMaxRun * kBlockKeys + 1));
+    bw.map.resize(size_t(kMaxRun * kBlockKeys));
 
-    // ---- the block's rows as BF16, gathered in one pass: the loads of one
+    // ---- the rows the queries read, each once, ascending: one query's rows
+    // as they are (kb row j its row j, zero up to a whole pair tile); a run's
+    // from a table over their span that marks the rows read and numbers them
+    // (map: [query][row of its block] -> kb row, a zero row past its rows)
+    int64_t nu = 0, zero_to = 0;  // kb rows [nu, zero_to) are zero
+    if (nq == 1) {
+        for (int64_t j = 0; j < nk[0]; ++j) bw.src[size_t(j)] = rows[0].row(j0 + j);
+        nu = nk[0];
+        zero_to = (nu + 31) / 32 * 32;
+    } else {
+        bw.slot.assign(size_t(hi - lo + 1), 0);
+        for (int64_t i = 0; i < nq; ++i)
+            for (int64_t j = 0; j < nk[i]; ++j) bw.slot[size_t(index(i, j) - lo)] = 1;
+        for (int64_t x = 0; x <= hi - lo; ++x) {  // branch-free: most rows of the span are read
+            const int32_t read = bw.slot[size_t(x)];
+            bw.slot[size_t(x)] = int32_t(nu);
+            bw.src[size_t(nu)] = rows[0].base + size_t(lo + x) * rows[0].row_bytes;
+            nu += read;
+        }
+        const int64_t zero = (nu + 15) / 16 * 16;  // after the last whole tile
+        zero_to = zero + 1;
+        for (int64_t i = 0; i < nq; ++i) {
+            int32_t* m = bw.map.data() + i * kBlockKeys;
+            for (int64_t j = 0; j < nk[i]; ++j) m[j] = bw.slot[size_t(index(i, j) - lo)];
+            for (int64_t j = nk[i]; j < (nk[i] + 31) / 32 * 32; ++j) m[j] = int32_t(zero);
+        }
+    }
+    const int64_t nu16 = (nu + 15) / 16 * 16;  // the rows the scores cover
+    bw.kb.resize(size_t((kMaxRun * kBlockKeys + 16) * wp));
+    bw.s.resize(size_t(kMaxRun * kMaxRun * kBlockKeys * kHeads));
+
+    // ---- those rows as BF16, gathered in one pass: the loads of one
     // uninterrupted stream keep the most lines in flight
-    for (int64_t r = 0; r < nk32; ++r) {  // zero rows up to a whole pair tile
-        uint16_t* dst = bw.kb.data() + r * wp_;
-        if (r + kAhead < nk)  // the rows are scattered: ask for a later one now
-            prefetch_row(rows.row(j0 + r + kAhead), rows.row_bytes);
-        if (r < nk) {
-            const uint8_t* src = rows.row(j0 + r);
-            for (int64_t c = 0; c < wp_; c += 32)
-                _mm512_store_si512(dst + c, load32_bf16(src, rows.elem, c, w_));
+    const Elem elem = rows[0].elem;
+    const size_t row_bytes = rows[0].row_bytes;
+    for (int64_t u = 0; u < zero_to; ++u) {
+        uint16_t* dst = bw.kb.data() + u * wp;
+        if (u + kAhead < nu)  // the rows are scattered: ask for a later one now
+            prefetch_row(bw.src[size_t(u + kAhead)], row_bytes);
+        if (u < nu) {
+            for (int64_t c = 0; c < wp; c += 32)
+                _mm512_store_si512(dst + c, load32_bf16(bw.src[size_t(u)], elem, c, run[0]->w_));
         } else {
-            std::memset(dst, 0, size_t(wp_) * 2);
+            std::memset(dst, 0, size_t(wp) * 2);
         }
-    }
-    // ---- scores, 64 rows at a time (4 tiles)
-    for (int64_t g0 = 0; g0 < nk; g0 += kGroup) {
-        const int64_t ng = std::min(kGroup, nk - g0), nt = (ng + 15) / 16;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        const uint16_t* k0 = bw.kb.data() + g0 * wp_;
-        for (int64_t k = 0; k < wp_ / 32; ++k) {
-            _tile_loadd(5, qt_.data() + k * 512, 64);
-            _tile_loadd(4, k0 + k * 32, ldk);
-            _tile_dpbf16ps(0, 4, 5);
-            if (nt > 1) {
-                _tile_loadd(6, k0 + 16 * wp_ + k * 32, ldk);
-                _tile_dpbf16ps(1, 6, 5);
-            }
-            if (nt > 2) {
-                _tile_loadd(4, k0 + 32 * wp_ + k * 32, ldk);
-                _tile_dpbf16ps(2, 4, 5);
-            }
-            if (nt > 3) {
-                _tile_loadd(6, k0 + 48 * wp_ + k * 32, ldk);
-                _tile_dpbf16ps(3, 6, 5);
-            }
-        }
-        float* s = bw.s.data() + g0 * kHeads;
-        _tile_stored(0, s, 64);
-        if (nt > 1) _tile_stored(1, s + 16 * kHeads, 64);
-        if (nt > 2) _tile_stored(2, s + 32 * kHeads, 64);
-        if (nt > 3) _tile_stored(3, s + 48 * kHeads, 64);
     }
 
-    // ---- softmax against the block's maximum, transposed to [head][key]
-    float* s = bw.s.data();
-    const __m512 sc = _mm512_set1_ps(scale_);
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < nk; ++j)
-        mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_load_ps(s + j * kHeads), sc));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t j0t = 0; j0t < nk32; j0t += 32) {
-        __m512 a[16], c[16];
-        for (int64_t i = 0; i < 32; ++i) {
-            const int64_t j = j0t + i;
-            __m512 e = _mm512_setzero_ps();
-            if (j < nk) {
-                e = exp_ps(_mm512_sub_ps(_mm512_mul_ps(_mm512_load_ps(s + j * kHeads), sc), mx));
-                sum = _mm512_add_ps(sum, e);
+    // ---- scores of every row against every query: C[row][head] per query,
+    // query i's at s + i * nu16 * kHeads
+    float* const s = bw.s.data();
+    // query by query (its tiles stay in L1 while the rows stream from L2),
+    // 64 rows at a time (4 tiles)
+    for (int64_t i = 0; i < nq; ++i) {
+        const quant::AmxTiles tiles;
+        const uint16_t* qt = run[size_t(i)]->qt_.data();
+        for (int64_t g0 = 0; g0 < nu; g0 += kGroup) {
+            const int64_t nt = (std::min(kGroup, nu - g0) + 15) / 16;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            const uint16_t* k0 = bw.kb.data() + g0 * wp;
+            for (int64_t k = 0; k < wp / 32; ++k) {
+                _tile_loadd(5, qt + k * 512, 64);
+                _tile_loadd(4, k0 + k * 32, ldk);
+                _tile_dpbf16ps(0, 4, 5);
+                if (nt > 1) {
+                    _tile_loadd(6, k0 + 16 * wp + k * 32, ldk);
+                    _tile_dpbf16ps(1, 6, 5);
+                }
+                if (nt > 2) {
+                    _tile_loadd(4, k0 + 32 * wp + k * 32, ldk);
+                    _tile_dpbf16ps(2, 4, 5);
+                }
+                if (nt > 3) {
+                    _tile_loadd(6, k0 + 48 * wp + k * 32, ldk);
+                    _tile_dpbf16ps(3, 6, 5);
+                }
             }
-            (i < 16 ? a[i] : c[i - 16]) = e;
+            float* sg = s + (i * nu16 + g0) * kHeads;
+            _tile_stored(0, sg, 64);
+            if (nt > 1) _tile_stored(1, sg + 16 * kHeads, 64);
+            if (nt > 2) _tile_stored(2, sg + 32 * kHeads, 64);
+            if (nt > 3) _tile_stored(3, sg + 48 * kHeads, 64);
         }
-        transpose16(a);
-        transpose16(c);
-        for (int64_t h = 0; h < kHeads; ++h)
-            _mm512_store_si512(bw.pt.data() + h * kPtStride + j0t, to_bf16(c[h], a[h]));
     }
-    _mm512_store_ps(max_.data() + b * kHeads, mx);
-    _mm512_store_ps(sum_.data() + b * kHeads, sum);
+    for (int64_t i = 0; i < nq; ++i)
+        run[size_t(i)]->softmax_values(b, nk[i], nq == 1 ? nullptr : bw.map.data() + i * kBlockKeys,
+                                       bw.kb.data(), s + i * nu16 * kHeads);
+}
 
-    // ---- values: C[head][col] over the block's keys, 4 column tiles (64
-    // columns) at a time, from the value pairs of those columns. The pairs of
-    // the next 64 columns are written between the tile products of these
-    // (two buffers, each small enough for L1): the tiles work meanwhile.
-    float* part = part_.get() + b * kHeads * ldo_;
-    uint16_t* const pairs[2] = {bw.vb.data(), bw.vb.data() + kBlockKeys / 2 * vrow};
-    auto build_pairs = [&](int64_t g, int64_t p0, int64_t p1, uint16_t* out) {
-        const int64_t cols = std::min<int64_t>(64, vp_ - g);
-        for (int64_t p = p0; p < p1; ++p) {
-            const uint16_t* ra = bw.kb.data() + 2 * p * wp_ + g;
-            uint16_t* dst = out + p * vrow;
-            for (int64_t c = 0; c < cols; c += 32) {
-                const __m512i a = _mm512_load_si512(ra + c), bb = _mm512_load_si512(ra + wp_ + c);
-                _mm512_store_si512(dst + 2 * c, _mm512_permutex2var_epi16(a, lo_idx, bb));
-                _mm512_store_si512(dst + 2 * c + 32, _mm512_permutex2var_epi16(a, hi_idx, bb));
+void Query::softmax_values(int64_t b, int64_t nk, const int32_t* map, const uint16_t* kb,
+                           const float* s) {
+    // The same code with and without the map (one query's kb rows are its own).
+    auto run_with = [&](auto at) {
+        const int64_t nk32 = (nk + 31) / 32 * 32;
+        // BF16s between the value pairs of one 64-column group (off 4K strides)
+        constexpr int64_t vrow = 2 * 64 + 32;
+        BlockWork& bw = block_work();
+        bw.vb.resize(size_t(kBlockKeys * vrow));  // two groups' kBlockKeys / 2 pairs
+        bw.pt.resize(size_t(kHeads * kPtStride));
+        const quant::AmxTiles tiles;
+        // Interleave the BF16 words of two rows: [a0, b0, a1, b1, ...] for columns
+        // 0..15 of a 32-column chunk, and for 16..31.
+        alignas(64) static const uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                     37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                     11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+        const __m512i lo_idx = _mm512_load_si512(kLo);
+        const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+
+        // ---- softmax against the block's maximum, transposed to [head][key]
+        const __m512 sc = _mm512_set1_ps(scale_);
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < nk; ++j)
+            mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_load_ps(s + at(j) * kHeads), sc));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t j0t = 0; j0t < nk32; j0t += 32) {
+            __m512 a[16], c[16];
+            for (int64_t i = 0; i < 32; ++i) {
+                const int64_t j = j0t + i;
+                __m512 e = _mm512_setzero_ps();
+                if (j < nk) {
+                    e = exp_ps(
+                        _mm512_sub_ps(_mm512_mul_ps(_mm512_load_ps(s + at(j) * kHeads), sc), mx));
+                    sum = _mm512_add_ps(sum, e);
+                }
+                (i < 16 ? a[i] : c[i - 16]) = e;
             }
+            transpose16(a);
+            transpose16(c);
+            for (int64_t h = 0; h < kHeads; ++h)
+                _mm512_store_si512(bw.pt.data() + h * kPtStride + j0t, to_bf16(c[h], a[h]));
+        }
+        _mm512_store_ps(max_.data() + b * kHeads, mx);
+        _mm512_store_ps(sum_.data() + b * kHeads, sum);
+
+        // ---- values: C[head][col] over the block's keys, 4 column tiles (64
+        // columns) at a time, from the value pairs of those columns. The pairs of
+        // the next 64 columns are written between the tile products of these
+        // (two buffers, each small enough for L1): the tiles work meanwhile.
+        float* part = part_.get() + b * kHeads * ldo_;
+        uint16_t* const pairs[2] = {bw.vb.data(), bw.vb.data() + kBlockKeys / 2 * vrow};
+        auto build_pairs = [&](int64_t g, int64_t p0, int64_t p1, uint16_t* out) {
+            const int64_t cols = std::min<int64_t>(64, vp_ - g);
+            for (int64_t p = p0; p < p1; ++p) {
+                const uint16_t* ra = kb + at(2 * p) * wp_ + g;
+                const uint16_t* rb = kb + at(2 * p + 1) * wp_ + g;
+                uint16_t* dst = out + p * vrow;
+                for (int64_t c = 0; c < cols; c += 32) {
+                    const __m512i x = _mm512_load_si512(ra + c), y = _mm512_load_si512(rb + c);
+                    _mm512_store_si512(dst + 2 * c, _mm512_permutex2var_epi16(x, lo_idx, y));
+                    _mm512_store_si512(dst + 2 * c + 32, _mm512_permutex2var_epi16(x, hi_idx, y));
+                }
+            }
+        };
+        build_pairs(0, 0, nk32 / 2, pairs[0]);
+        for (int64_t g = 0; g < vp_; g += 64) {
+            const int64_t nt = std::min<int64_t>(4, (vp_ - g) / 16);
+            const uint16_t* cur = pairs[g / 64 % 2];
+            uint16_t* next = g + 64 < vp_ ? pairs[(g / 64 + 1) % 2] : nullptr;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t kc = 0; kc < nk32 / 32; ++kc) {
+                if (next) build_pairs(g + 64, 16 * kc, 16 * kc + 16, next);
+                _tile_loadd(4, bw.pt.data() + 32 * kc, kPtStride * 2);
+                const uint16_t* vr = cur + 16 * kc * vrow;
+                _tile_loadd(5, vr, vrow * 2);
+                _tile_dpbf16ps(0, 4, 5);
+                if (nt > 1) {
+                    _tile_loadd(7, vr + 32, vrow * 2);
+                    _tile_dpbf16ps(1, 4, 7);
+                }
+                if (nt > 2) {
+                    _tile_loadd(5, vr + 64, vrow * 2);
+                    _tile_dpbf16ps(2, 4, 5);
+                }
+                if (nt > 3) {
+                    _tile_loadd(7, vr + 96, vrow * 2);
+                    _tile_dpbf16ps(3, 4, 7);
+                }
+            }
+            _tile_stored(0, part + g, ldo_ * 4);
+            if (nt > 1) _tile_stored(1, part + g + 16, ldo_ * 4);
+            if (nt > 2) _tile_stored(2, part + g + 32, ldo_ * 4);
+            if (nt > 3) _tile_stored(3, part + g + 48, ldo_ * 4);
         }
     };
-    build_pairs(0, 0, nk32 / 2, pairs[0]);
-    for (int64_t g = 0; g < vp_; g += 64) {
-        const int64_t nt = std::min<int64_t>(4, (vp_ - g) / 16);
-        const uint16_t* cur = pairs[g / 64 % 2];
-        uint16_t* next = g + 64 < vp_ ? pairs[(g / 64 + 1) % 2] : nullptr;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t kc = 0; kc < nk32 / 32; ++kc) {
-            if (next) build_pairs(g + 64, 16 * kc, 16 * kc + 16, next);
-            _tile_loadd(4, bw.pt.data() + 32 * kc, kPtStride * 2);
-            const uint16_t* vr = cur + 16 * kc * vrow;
-            _tile_loadd(5, vr, vrow * 2);
-            _tile_dpbf16ps(0, 4, 5);
-            if (nt > 1) {
-                _tile_loadd(7, vr + 32, vrow * 2);
-                _tile_dpbf16ps(1, 4, 7);
-            }
-            if (nt > 2) {
-                _tile_loadd(5, vr + 64, vrow * 2);
-                _tile_dpbf16ps(2, 4, 5);
-            }
-            if (nt > 3) {
-                _tile_loadd(7, vr + 96, vrow * 2);
-                _tile_dpbf16ps(3, 4, 7);
-            }
-        }
-        _tile_stored(0, part + g, ldo_ * 4);
-        if (nt > 1) _tile_stored(1, part + g + 16, ldo_ * 4);
-        if (nt > 2) _tile_stored(2, part + g + 32, ldo_ * 4);
-        if (nt > 3) _tile_stored(3, part + g + 48, ldo_ * 4);
-    }
+    if (map)
+        run_with([map](int64_t j) { return int64_t(map[j]); });
+    else
+        run_with([](int64_t j) { return j; });
 }
 
 void Query::finish(float* out, int64_t out_stride) const {

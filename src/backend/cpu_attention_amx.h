@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <span>
 #include <vector>
 
 namespace glm5::backend::cpu::amx_bf16 {
@@ -55,15 +56,30 @@ class Query {
   public:
     static constexpr int64_t kHeads = 16;
     static constexpr int64_t kBlockKeys = 256;
+    static constexpr int64_t kMaxRun = 4;  // queries one block_of_run() takes
 
     // q: [n_heads][w] floats; n visible rows of width w whose first v values are the values.
     Query(const float* q, int64_t n_heads, int64_t w, int64_t v, int64_t n, float scale);
     int64_t blocks() const { return (n_ + kBlockKeys - 1) / kBlockKeys; }
-    void block(const Rows& rows, int64_t b);
+    void block(const Rows& rows, int64_t b) {
+        Query* self = this;
+        block_of_run({&self, 1}, {&rows, 1}, b);
+    }
+    // Block b of up to kMaxRun queries of one shape (the same head group of
+    // one layer), query i reading rows[i] and having more than b blocks. Each
+    // row that any of them reads is converted once and scored against all of
+    // their heads; each query then takes its own rows' scores and values. The
+    // bits are those of block() alone: a score depends only on its row and head.
+    static void block_of_run(std::span<Query* const> run, std::span<const Rows> rows, int64_t b);
     // out[h * out_stride + c] for h < n_heads, c < v.
     void finish(float* out, int64_t out_stride) const;
 
   private:
+    // The softmax and values of block b: its row j is row map[j] of the
+    // converted rows kb (map[j] for j up to a whole pair tile: a zero row; no
+    // map: row j), with scores s[that row * kHeads + head].
+    void softmax_values(int64_t b, int64_t nk, const int32_t* map, const uint16_t* kb,
+                        const float* s);
     int64_t heads_, w_, wp_, v_, vp_, ldo_, n_;
     float scale_;
     LineVector<uint16_t> qt_;      // the query as B tiles: [wp/32][16 dim pairs][16 heads][2]
