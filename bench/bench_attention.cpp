@@ -155,14 +155,15 @@ BENCHMARK(BM_query_bf16);
 
 // Prefill's run of four neighbouring queries, each picking 2048 of 4608 rows
 // (a shared preference plus its own noise, as the indexer's picks of
-// neighbouring queries overlap), one thread: every query's blocks on its own
-// (run:0) or block k of the four together (run:1). Time per run of four.
+// neighbouring queries overlap): every query's blocks on its own (run:0) or
+// block k of the four together (run:1), on one thread or on two (each its own
+// run). Time per run of four.
 void BM_run_bf16(benchmark::State& st) {
     if (!amx_bf16::available()) {
         st.SkipWithError("no AMX-BF16 on this CPU");
         return;
     }
-    constexpr int64_t H = 16, N = 4608, R = amx_bf16::Query::kMaxRun;
+    constexpr int64_t H = 16, N = 4608, R = amx_bf16::Query::kRunQueries;
     // cold: each run reads another of 48 windows of N rows (250 MB), after
     // 64 MB of other reads, as prefill at depth reads its cache from memory.
     const bool cold = st.range(1) != 0;

@@ -492,7 +492,8 @@ TEST(AttentionBf16, MatchesTheBf16RoundedReference) {
     };
     for (const Shape& sh :
          {Shape{16, 576, 512, 300, true, false}, Shape{20, 100, 72, 37, true, true},
-          Shape{3, 48, 32, 1, false, false}, Shape{16, 576, 512, 2100, true, true}}) {
+          Shape{3, 48, 32, 1, false, false}, Shape{16, 576, 512, 2100, true, true},
+          Shape{72, 576, 512, 700, true, true}}) {
         const int64_t H = sh.heads, W = sh.width, V = sh.value, R = sh.rows;
         const Cache c(R, W, 41);
         std::vector<float> c32(size_t(R * W));
@@ -569,42 +570,46 @@ TEST(AttentionBf16, MatchesTheBf16RoundedReference) {
 TEST(AttentionBf16, QueryOutputIndependentOfBatch) {
     auto be = bf16_backend();
     if (!be) return;
-    const int64_t rows = 9000;
-    Cache c(rows, kWidth, 8), other(700, kWidth, 9);
-    CacheRows cr{dev(reinterpret_cast<uint8_t*>(c.bits.data())), kWidth, CacheType::F16};
-    CacheRows cr2{dev(reinterpret_cast<uint8_t*>(other.bits.data())), kWidth, CacheType::F16};
-    // n > 0: the first n rows; -n: n ascending rows, every fourth skipped;
-    // 0: every 40th row of the cache
-    const std::vector<int32_t> lens = {1,     17,  64,   300, 2100, -700, 257,
-                                       -1500, 513, -256, 600, -500, 0,    100};
-    const size_t first_other = 10, last_other = 11;  // queries that read `other`
-    std::vector<std::vector<int32_t>> picks(lens.size());
-    std::vector<std::vector<float>> qs, outs(lens.size());
-    std::vector<Backend::AttentionQuery> batch(lens.size());
-    for (size_t i = 0; i < lens.size(); ++i) {
-        qs.push_back(f16_floats(size_t(kHeads * kWidth), 60 + uint32_t(i)));
-        outs[i].assign(size_t(kHeads * kValue), 0.0f);
-        batch[i].q = dev(qs.back().data());
-        batch[i].cache = i >= first_other && i <= last_other ? cr2 : cr;
-        if (lens[i] > 0) {
-            batch[i].visible.n_dense = lens[i];
-        } else {
-            if (lens[i] == 0)
-                for (int32_t r = 0; r < int32_t(rows); r += 40) picks[i].push_back(r);
-            for (int32_t r = 0; int32_t(picks[i].size()) < -lens[i]; ++r)
-                if ((r + int32_t(i)) % 4 != 0) picks[i].push_back(r);
-            batch[i].visible.rows = dev(static_cast<const int32_t*>(picks[i].data()));
-            batch[i].visible.n_rows = int32_t(picks[i].size());
+    // One head group, and three (decode does a block of all of them at once).
+    for (const int64_t H : {int64_t(16), int64_t(40)}) {
+        const int64_t rows = 9000;
+        Cache c(rows, kWidth, 8), other(700, kWidth, 9);
+        CacheRows cr{dev(reinterpret_cast<uint8_t*>(c.bits.data())), kWidth, CacheType::F16};
+        CacheRows cr2{dev(reinterpret_cast<uint8_t*>(other.bits.data())), kWidth, CacheType::F16};
+        // n > 0: the first n rows; -n: n ascending rows, every fourth skipped;
+        // 0: every 40th row of the cache
+        const std::vector<int32_t> lens = {1,     17,  64,   300, 2100, -700, 257,
+                                           -1500, 513, -256, 600, -500, 0,    100};
+        const size_t first_other = 10, last_other = 11;  // queries that read `other`
+        std::vector<std::vector<int32_t>> picks(lens.size());
+        std::vector<std::vector<float>> qs, outs(lens.size());
+        std::vector<Backend::AttentionQuery> batch(lens.size());
+        for (size_t i = 0; i < lens.size(); ++i) {
+            qs.push_back(f16_floats(size_t(H * kWidth), 60 + uint32_t(i)));
+            outs[i].assign(size_t(H * kValue), 0.0f);
+            batch[i].q = dev(qs.back().data());
+            batch[i].cache = i >= first_other && i <= last_other ? cr2 : cr;
+            if (lens[i] > 0) {
+                batch[i].visible.n_dense = lens[i];
+            } else {
+                if (lens[i] == 0)
+                    for (int32_t r = 0; r < int32_t(rows); r += 40) picks[i].push_back(r);
+                for (int32_t r = 0; int32_t(picks[i].size()) < -lens[i]; ++r)
+                    if ((r + int32_t(i)) % 4 != 0) picks[i].push_back(r);
+                batch[i].visible.rows = dev(static_cast<const int32_t*>(picks[i].data()));
+                batch[i].visible.n_rows = int32_t(picks[i].size());
+            }
+            batch[i].out = dev(outs[i].data());
         }
-        batch[i].out = dev(outs[i].data());
-    }
-    be->mla_attention(batch, kHeads, kValue, 0.0625f);
-    for (size_t i = 0; i < lens.size(); ++i) {
-        std::vector<float> alone(static_cast<size_t>(kHeads * kValue));
-        auto a = batch[i];
-        a.out = dev(alone.data());
-        be->mla_attention({&a, 1}, kHeads, kValue, 0.0625f);
-        EXPECT_TRUE(same_bits(alone.data(), outs[i].data(), alone.size())) << "query " << i;
+        be->mla_attention(batch, H, kValue, 0.0625f);
+        for (size_t i = 0; i < lens.size(); ++i) {
+            std::vector<float> alone(static_cast<size_t>(H * kValue));
+            auto a = batch[i];
+            a.out = dev(alone.data());
+            be->mla_attention({&a, 1}, H, kValue, 0.0625f);
+            EXPECT_TRUE(same_bits(alone.data(), outs[i].data(), alone.size()))
+                << "heads " << H << " query " << i;
+        }
     }
 }
 

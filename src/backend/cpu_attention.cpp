@@ -206,43 +206,58 @@ void CpuBackend::attend_bf16(std::span<const AttentionQuery> queries, int64_t H,
                      scale);
     };
     if (nq < pool_.size()) {
-        // Few queries (decode): the blocks of each query's rows shared by the threads.
+        // Few queries (decode): the blocks of each query's rows shared by the
+        // threads, each block of up to kMaxRun head groups together (its rows
+        // gathered once for all of them).
         for (const AttentionQuery& q : queries) {
             const amx_bf16::Rows rows = rows_of(q);
-            for (int64_t g = 0; g < groups; ++g) {
-                Query a = query(q, g);
-                pool_.parallel_for(a.blocks(), 1, [&](int64_t b, int64_t e, int) {
-                    for (int64_t k = b; k < e; ++k) a.block(rows, k);
+            for (int64_t g0 = 0; g0 < groups; g0 += Query::kMaxRun) {
+                std::vector<Query> gs;
+                for (int64_t g = g0; g < std::min(groups, g0 + Query::kMaxRun); ++g)
+                    gs.push_back(query(q, g));
+                Query* in[Query::kMaxRun];
+                amx_bf16::Rows in_rows[Query::kMaxRun];
+                for (size_t i = 0; i < gs.size(); ++i) {
+                    in[i] = &gs[i];
+                    in_rows[i] = rows;
+                }
+                pool_.parallel_for(gs[0].blocks(), 1, [&](int64_t b, int64_t e, int) {
+                    for (int64_t k = b; k < e; ++k)
+                        Query::block_of_run({in, gs.size()}, {in_rows, gs.size()}, k);
                 });
-                a.finish(host(q.out) + g * Query::kHeads * v_width, v_width);
+                for (size_t i = 0; i < gs.size(); ++i)
+                    gs[i].finish(host(q.out) + (g0 + int64_t(i)) * Query::kHeads * v_width,
+                                 v_width);
             }
         }
         return;
     }
-    // Many (prefill): one task per run of consecutive queries and head group,
-    // block k of each query with block k of the others. Neighbouring queries
-    // pick nearly the same rows and a block holds the k-th stretch of a
-    // query's sorted rows, so the run's blocks share most of their rows: each
-    // is read, converted and scored once for the run.
-    constexpr int64_t kRun = Query::kMaxRun;
-    const int64_t runs = (nq + kRun - 1) / kRun;
-    pool_.parallel_for(runs * groups, 1, [&](int64_t b, int64_t e, int) {
+    // Many (prefill): one task per run of consecutive queries and up to
+    // kMaxRun / kRun head groups, block k of each query and group with block
+    // k of the others. Neighbouring queries pick nearly the same rows and a
+    // block holds the k-th stretch of a query's sorted rows, so the run's
+    // blocks share most of their rows: each is read, converted and scored
+    // once for the run.
+    constexpr int64_t kRun = Query::kRunQueries, kGroups = Query::kMaxRun / kRun;
+    const int64_t runs = (nq + kRun - 1) / kRun, chunks = (groups + kGroups - 1) / kGroups;
+    pool_.parallel_for(runs * chunks, 1, [&](int64_t b, int64_t e, int) {
         for (int64_t task = b; task < e; ++task) {
             // The last runs first: a causal ubatch's later queries see more rows.
-            const int64_t q0 = (runs - 1 - task / groups) * kRun, q1 = std::min(nq, q0 + kRun);
-            const int64_t g = task % groups;
-            const std::span<const AttentionQuery> qs = queries.subspan(size_t(q0), size_t(q1 - q0));
-            std::vector<Query> run;
+            const int64_t q0 = (runs - 1 - task / chunks) * kRun, q1 = std::min(nq, q0 + kRun);
+            const int64_t g0 = task % chunks * kGroups, g1 = std::min(groups, g0 + kGroups);
+            std::vector<Query> run;  // query-major: (q0, g0), (q0, g0 + 1), ...
             std::vector<amx_bf16::Rows> rows;
+            run.reserve(size_t((q1 - q0) * (g1 - g0)));
             int64_t most = 0;
-            for (const AttentionQuery& q : qs) {
-                run.push_back(query(q, g));
-                rows.push_back(rows_of(q));
-                most = std::max(most, run.back().blocks());
-            }
+            for (int64_t qi = q0; qi < q1; ++qi)
+                for (int64_t g = g0; g < g1; ++g) {
+                    run.push_back(query(queries[size_t(qi)], g));
+                    rows.push_back(rows_of(queries[size_t(qi)]));
+                    most = std::max(most, run.back().blocks());
+                }
             for (int64_t k = 0; k < most; ++k) {
-                Query* in[kRun];
-                amx_bf16::Rows in_rows[kRun];
+                Query* in[Query::kMaxRun];
+                amx_bf16::Rows in_rows[Query::kMaxRun];
                 size_t n = 0;
                 for (size_t j = 0; j < run.size(); ++j)
                     if (k < run[j].blocks()) {
@@ -251,8 +266,10 @@ void CpuBackend::attend_bf16(std::span<const AttentionQuery> queries, int64_t H,
                     }
                 Query::block_of_run({in, n}, {in_rows, n}, k);
             }
-            for (size_t j = 0; j < run.size(); ++j)
-                run[j].finish(host(qs[j].out) + g * Query::kHeads * v_width, v_width);
+            for (size_t j = 0; j < run.size(); ++j) {
+                const int64_t qi = q0 + int64_t(j) / (g1 - g0), g = g0 + int64_t(j) % (g1 - g0);
+                run[j].finish(host(queries[size_t(qi)].out) + g * Query::kHeads * v_width, v_width);
+            }
         }
     });
 }

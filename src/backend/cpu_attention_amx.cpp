@@ -156,7 +156,7 @@ constexpr int64_t kAhead = 16;  // rows prefetched ahead of the conversion (into
 constexpr int64_t kPtStride = Query::kBlockKeys + 32;  // BF16s between heads (off 4K strides)
 // The widest span of rows a run's blocks share through one table; wider (rows
 // picked far apart) the queries' blocks share few rows and each runs alone.
-constexpr int64_t kMaxSpan = 8 * Query::kMaxRun * Query::kBlockKeys;
+constexpr int64_t kMaxSpan = 8 * Query::kRunQueries * Query::kBlockKeys;
 struct BlockWork {
     LineVector<uint16_t> kb, vb, pt;
     LineVector<float> s;
@@ -181,10 +181,15 @@ void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows
         return r.idx ? r.idx[j0 + j] : j0 + j;
     };
     int64_t nk[kMaxRun], lo = INT64_MAX, hi = -1;
+    bool same = true;    // every query reads the same rows (head groups of one query)
     bool shared = true;  // the rows of one cache, within a span a table can cover
     for (int64_t i = 0; i < nq; ++i) {
         nk[i] = std::min(kBlockKeys, run[size_t(i)]->n_ - j0);
-        if (nq == 1) break;
+        const Rows& r = rows[size_t(i)];
+        same &= r.base == rows[0].base && r.idx == rows[0].idx && r.elem == rows[0].elem &&
+                r.row_bytes == rows[0].row_bytes && nk[i] == nk[0];
+    }
+    for (int64_t i = 0; i < nq && !same; ++i) {
         for (int64_t j = 0; j < nk[i]; ++j) {
             lo = std::min(lo, index(i, j));
             hi = std::max(hi, index(i, j));
@@ -193,20 +198,21 @@ void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows
         shared &=
             r.base == rows[0].base && r.elem == rows[0].elem && r.row_bytes == rows[0].row_bytes;
     }
-    if (nq > 1 && (!shared || hi - lo >= kMaxSpan)) {
+    if (!same && (!shared || hi - lo >= kMaxSpan)) {
         for (int64_t i = 0; i < nq; ++i) run[size_t(i)]->block(rows[size_t(i)], b);
         return;
     }
     BlockWork& bw = block_work();
-    bw.src.resize(size_t(kMaxRun * kBlockKeys + 1));
-    bw.map.resize(size_t(kMaxRun * kBlockKeys));
+    bw.src.resize(size_t(nq * kBlockKeys + 1));
+    bw.map.resize(size_t(nq * kBlockKeys));
 
-    // ---- the rows the queries read, each once, ascending: one query's rows
-    // as they are (kb row j its row j, zero up to a whole pair tile); a run's
-    // from a table over their span that marks the rows read and numbers them
-    // (map: [query][row of its block] -> kb row, a zero row past its rows)
+    // ---- the rows the queries read, each once, ascending: the rows of one
+    // query (or of one query's head groups) as they are (kb row j its row j,
+    // zero up to a whole pair tile); a run's from a table over their span that
+    // marks the rows read and numbers them (map: [query][row of its block] ->
+    // kb row, a zero row past its rows)
     int64_t nu = 0, zero_to = 0;  // kb rows [nu, zero_to) are zero
-    if (nq == 1) {
+    if (same) {
         for (int64_t j = 0; j < nk[0]; ++j) bw.src[size_t(j)] = rows[0].row(j0 + j);
         nu = nk[0];
         zero_to = (nu + 31) / 32 * 32;
@@ -229,8 +235,8 @@ void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows
         }
     }
     const int64_t nu16 = (nu + 15) / 16 * 16;  // the rows the scores cover
-    bw.kb.resize(size_t((kMaxRun * kBlockKeys + 16) * wp));
-    bw.s.resize(size_t(kMaxRun * kMaxRun * kBlockKeys * kHeads));
+    bw.kb.resize(size_t(zero_to * wp));
+    bw.s.resize(size_t(nq * nu16 * kHeads));
 
     // ---- those rows as BF16, gathered in one pass: the loads of one
     // uninterrupted stream keep the most lines in flight
@@ -288,7 +294,7 @@ void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows
         }
     }
     for (int64_t i = 0; i < nq; ++i)
-        run[size_t(i)]->softmax_values(b, nk[i], nq == 1 ? nullptr : bw.map.data() + i * kBlockKeys,
+        run[size_t(i)]->softmax_values(b, nk[i], same ? nullptr : bw.map.data() + i * kBlockKeys,
                                        bw.kb.data(), s + i * nu16 * kHeads);
 }
 

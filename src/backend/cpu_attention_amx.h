@@ -56,7 +56,8 @@ class Query {
   public:
     static constexpr int64_t kHeads = 16;
     static constexpr int64_t kBlockKeys = 256;
-    static constexpr int64_t kMaxRun = 4;  // queries one block_of_run() takes
+    static constexpr int64_t kMaxRun = 16;     // Query objects one block_of_run() takes
+    static constexpr int64_t kRunQueries = 4;  // distinct queries (rows) among them
 
     // q: [n_heads][w] floats; n visible rows of width w whose first v values are the values.
     Query(const float* q, int64_t n_heads, int64_t w, int64_t v, int64_t n, float scale);
@@ -65,11 +66,12 @@ class Query {
         Query* self = this;
         block_of_run({&self, 1}, {&rows, 1}, b);
     }
-    // Block b of up to kMaxRun queries of one shape (the same head group of
-    // one layer), query i reading rows[i] and having more than b blocks. Each
-    // row that any of them reads is converted once and scored against all of
-    // their heads; each query then takes its own rows' scores and values. The
-    // bits are those of block() alone: a score depends only on its row and head.
+    // Block b of up to kMaxRun queries of one shape (head groups of one
+    // layer, of up to kRunQueries queries), query i reading rows[i] and having
+    // more than b blocks. Each row that any of them reads is converted once
+    // and scored against all of their heads; each query then takes its own
+    // rows' scores and values. The bits are those of block() alone: a score
+    // depends only on its row and head.
     static void block_of_run(std::span<Query* const> run, std::span<const Rows> rows, int64_t b);
     // out[h * out_stride + c] for h < n_heads, c < v.
     void finish(float* out, int64_t out_stride) const;
