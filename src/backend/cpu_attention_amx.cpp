@@ -203,8 +203,12 @@ void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows
         return;
     }
     BlockWork& bw = block_work();
-    bw.src.resize(size_t(nq * kBlockKeys + 1));
-    bw.map.resize(size_t(nq * kBlockKeys));
+    // Grown only: a vector grown within its capacity would zero the new part.
+    auto at_least = [](auto& v, int64_t n) {
+        if (int64_t(v.size()) < n) v.resize(size_t(n));
+    };
+    at_least(bw.src, nq * kBlockKeys + 1);
+    at_least(bw.map, nq * kBlockKeys);
 
     // ---- the rows the queries read, each once, ascending: the rows of one
     // query (or of one query's head groups) as they are (kb row j its row j,
@@ -235,8 +239,8 @@ void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows
         }
     }
     const int64_t nu16 = (nu + 15) / 16 * 16;  // the rows the scores cover
-    bw.kb.resize(size_t(zero_to * wp));
-    bw.s.resize(size_t(nq * nu16 * kHeads));
+    at_least(bw.kb, zero_to * wp);
+    at_least(bw.s, nq * nu16 * kHeads);
 
     // ---- those rows as BF16, gathered in one pass: the loads of one
     // uninterrupted stream keep the most lines in flight
