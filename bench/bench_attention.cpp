@@ -191,7 +191,8 @@ void BM_run_bf16(benchmark::State& st) {
     int64_t distinct = 0;
     for (int64_t b = 0; b < kRows; b += amx_bf16::Query::kBlockKeys) {
         std::vector<int32_t> u;
-        for (const auto& x : idx) u.insert(u.end(), x.begin() + b, x.begin() + b + 256);
+        for (const auto& x : idx)
+            u.insert(u.end(), x.begin() + b, x.begin() + b + amx_bf16::Query::kBlockKeys);
         std::sort(u.begin(), u.end());
         distinct += std::unique(u.begin(), u.end()) - u.begin();
     }

@@ -1,6 +1,7 @@
 // The CPU backend's caches and attention: storing rows, the lightning indexer's
 // scores and top-k, and MLA over latent rows (one query's heads split across
-// threads for decode, deep contexts split by rows, prefill one query a task).
+// threads for decode, deep contexts split by rows, prefill one query a task;
+// --attn-bf16: decode's blocks split across threads, prefill in runs of queries).
 #include "backend/cpu_backend.h"
 
 namespace glm5::backend::cpu {

@@ -181,23 +181,22 @@ void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows
         return r.idx ? r.idx[j0 + j] : j0 + j;
     };
     int64_t nk[kMaxRun], lo = INT64_MAX, hi = -1;
-    bool same = true;    // every query reads the same rows (head groups of one query)
-    bool shared = true;  // the rows of one cache, within a span a table can cover
+    bool shared = true;  // the rows of one cache
+    bool same = true;    // the same rows (head groups of one query)
     for (int64_t i = 0; i < nq; ++i) {
         nk[i] = std::min(kBlockKeys, run[size_t(i)]->n_ - j0);
         const Rows& r = rows[size_t(i)];
-        same &= r.base == rows[0].base && r.idx == rows[0].idx && r.elem == rows[0].elem &&
-                r.row_bytes == rows[0].row_bytes && nk[i] == nk[0];
+        shared &=
+            r.base == rows[0].base && r.elem == rows[0].elem && r.row_bytes == rows[0].row_bytes;
+        same &= r.idx == rows[0].idx && nk[i] == nk[0];
     }
-    for (int64_t i = 0; i < nq && !same; ++i) {
+    same &= shared;
+    for (int64_t i = 0; i < nq && !same; ++i)
         for (int64_t j = 0; j < nk[i]; ++j) {
             lo = std::min(lo, index(i, j));
             hi = std::max(hi, index(i, j));
         }
-        const Rows& r = rows[size_t(i)];
-        shared &=
-            r.base == rows[0].base && r.elem == rows[0].elem && r.row_bytes == rows[0].row_bytes;
-    }
+    // Otherwise a table over the rows' span numbers them, if it is narrow enough.
     if (!same && (!shared || hi - lo >= kMaxSpan)) {
         for (int64_t i = 0; i < nq; ++i) run[size_t(i)]->block(rows[size_t(i)], b);
         return;
