@@ -9,7 +9,7 @@
 //                                8 tokens at a time, as the matmul calls it)
 //   gemm/<TYPE>/single/t<N>    : vec_dot_fn per (row, token): the baseline
 //   gemm/<TYPE>/<kernel>/stream/t1 : the GEMV over a 256 MiB matrix (memory bound)
-//   gemm/<TYPE>/repack16/stream/t<N> : N = 2, 4, 8 tokens over the same matrix
+//   gemm/<TYPE>/repack16/stream/t<N> : N = 2, 4, 6, 8 tokens over the same matrix
 //                                (batched decode: still one pass over DRAM); Q4_K
 //                                and Q6_K also 64 and 256 tokens over a 64 MiB one
 //                                (prefill's products)
@@ -180,7 +180,7 @@ int register_all() {
     for (Type t : {Type::Q4_K, Type::Q6_K, Type::Q8_0, Type::Q5_0}) {
         const int64_t big = (int64_t(256) << 20) / int64_t(row_size(t, cols_of(t))) / 16 * 16;
         for (Kernel k : {Kernel::Repack, Kernel::Single}) add(t, k, 1, big, "/stream");
-        for (int64_t n : {2, 4, 8}) add(t, Kernel::Repack, n, big, "/stream");
+        for (int64_t n : {2, 4, 6, 8}) add(t, Kernel::Repack, n, big, "/stream");
     }
     // Prefill's products over weights read from DRAM (an expert's ~64 tokens,
     // a dense matrix's 256 at a time): a 64 MiB matrix.

@@ -243,9 +243,10 @@ TEST(QuantRepack, GemmBitIdenticalToSingleRowKernel) {
             for (int64_t n_tok : {8, 31, 40, 100, 300})
                 check_gemm(t, 3 * u, 32, n_tok, (n_tok & 1) == 0, seed++);
         // Enough groups for the few-token kernels that read several side by
-        // side (9 groups: two runs of four, one group alone, then a tail);
-        // the legacy ones only on rows of 16 blocks or more.
-        for (int64_t n_tok = 1; n_tok <= 5; ++n_tok)
+        // side (9 groups: two runs of four, one group alone, then a tail;
+        // Q4_K up to 8 tokens, Q6_K up to 4); the legacy ones only on rows
+        // of 16 blocks or more.
+        for (int64_t n_tok = 1; n_tok <= 9; ++n_tok)
             check_gemm(t, (is_legacy(t) ? 16 : 2) * u, 16 * 9 + 5, n_tok, (n_tok & 1) == 0, seed++);
         // Long legacy rows (a Q8_0 model's 2048 and 6144 values); more tokens
         // than one activation chunk of the legacy kernels.
