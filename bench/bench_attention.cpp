@@ -368,13 +368,15 @@ void BM_indexer_bf16_cold(benchmark::State& st) {
 }
 BENCHMARK(BM_indexer_bf16_cold)->ArgName("heads")->Arg(8)->Arg(32)->Iterations(50);
 
-// The top-2048 of a decode query's scores at depth 4096 and 16384.
+// The top-2048 of a decode query's scores at depth 4096 and 16384: the
+// portable form (simd:0) and this host's (simd:1, AVX-512's vector passes).
 void BM_top_k(benchmark::State& st) {
     const int64_t N = st.range(0), K = 2048;
     const auto v = floats(size_t(N), 4);
     std::vector<int32_t> tmp, out(static_cast<size_t>(K));
-    for (auto _ : st) backend::kernels::top_k_rows(v.data(), N, K, tmp, out.data());
+    const auto fn = st.range(1) ? backend::cpu::simd().top_k_rows : backend::kernels::top_k_rows;
+    for (auto _ : st) fn(v.data(), N, K, tmp, out.data());
 }
-BENCHMARK(BM_top_k)->ArgName("keys")->Arg(4096)->Arg(16384);
+BENCHMARK(BM_top_k)->ArgNames({"keys", "simd"})->ArgsProduct({{4096, 16384}, {0, 1}});
 
 BENCHMARK_MAIN();

@@ -4,6 +4,8 @@
 // --attn-bf16: decode's blocks split across threads, prefill in runs of queries).
 #include "backend/cpu_backend.h"
 
+#include <optional>
+
 namespace glm5::backend::cpu {
 
 void CpuBackend::cache_store(const CacheRows& c, DevPtr<const float> x_, int64_t xs, int64_t n_tok,
@@ -37,16 +39,21 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
     for (const IndexerQuery& q : queries) cache_bytes_ += uint64_t(q.n_keys) * q.keys.row_bytes();
     if (!queries.empty() && queries[0].keys.type == CacheType::BF16 && !attention_bf16_)
         throw Error("indexer_select: BF16 keys are read by the --attn-bf16 path only");
+    // Phases timed apart under GLM5_PROFILE.
+    std::optional<OpTimer> phase;
+    phase.emplace(profile_, "indexer.scores", int64_t(queries.size()));
     if (attention_bf16_)
         indexer_scores_bf16(queries, n_heads, dim, first_task, score_off, scores);
     else
         indexer_scores(queries, n_heads, dim, first_task, score_off, scores);
+    phase.reset();
+    phase.emplace(profile_, "indexer.top_k", int64_t(queries.size()));
     pool_.parallel_for(int64_t(queries.size()), 1, [&](int64_t b, int64_t e, int ith) {
         std::vector<int32_t>& idx = per_thread_[size_t(ith)].idx;
         for (int64_t qi = b; qi < e; ++qi) {
             const IndexerQuery& q = queries[size_t(qi)];
             const float* sc = scores.data() + score_off[size_t(qi)];
-            kernels::top_k_rows(sc, q.n_keys, top_k, idx, host(q.out_rows));
+            simd().top_k_rows(sc, q.n_keys, top_k, idx, host(q.out_rows));
         }
     });
 }

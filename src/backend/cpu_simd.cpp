@@ -145,11 +145,12 @@ SimdOps pick() {
                 kernels::rms_norm_row,
                 dots_by_pairs,
                 scalar::delta_decay,
-                scalar::delta_update};
-    SimdOps ops{avx2::axpy_f32,         avx2::axpy_f16,    avx2::f16_to_f32, avx2::dot_f32_f16,
-                avx2::f32_to_f16,       avx2::round_f16,   avx2::scores_f16, scalar::softmax,
-                avx2::weighted_sum_f16, scalar::swiglu,    avx2::rms_norm,   dots_avx2,
-                avx2::delta_decay,      avx2::delta_update};
+                scalar::delta_update,
+                kernels::top_k_rows};
+    SimdOps ops{avx2::axpy_f32,         avx2::axpy_f16,     avx2::f16_to_f32,   avx2::dot_f32_f16,
+                avx2::f32_to_f16,       avx2::round_f16,    avx2::scores_f16,   scalar::softmax,
+                avx2::weighted_sum_f16, scalar::swiglu,     avx2::rms_norm,     dots_avx2,
+                avx2::delta_decay,      avx2::delta_update, kernels::top_k_rows};
     if (quant::cpu_has_avx512()) {
         ops.dots_f32 = dots_by_pairs;
         ops.scores_f16 = avx512::scores_f16;
@@ -158,6 +159,7 @@ SimdOps pick() {
         ops.swiglu = avx512::swiglu;
         ops.delta_decay = avx512::delta_decay;
         ops.delta_update = avx512::delta_update;
+        ops.top_k_rows = avx512::top_k_rows;
     }
     return ops;
 }

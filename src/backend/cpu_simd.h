@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace glm5::backend::cpu {
 
@@ -66,6 +67,9 @@ struct SimdOps {
     // S[i][j] += k[i] * u[j]; acc[j] = sum_i S[i][j] * q[i]
     void (*delta_update)(int64_t d, const float* k, const float* u, const float* q, float* S,
                          float* acc);
+    // The indexer's pick, kernels::top_k_rows: the same rows.
+    void (*top_k_rows)(const float* v, int64_t n, int64_t k, std::vector<int32_t>& tmp,
+                       int32_t* out);
 };
 
 const SimdOps& simd();
@@ -115,6 +119,7 @@ void swiglu(int64_t n, const float* g, const float* u, float clamp, float* out);
 void delta_decay(int64_t d, const float* src, const float* decay, const float* k, float* S,
                  float* acc);
 void delta_update(int64_t d, const float* k, const float* u, const float* q, float* S, float* acc);
+void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t>& tmp, int32_t* out);
 }  // namespace avx512
 
 }  // namespace glm5::backend::cpu

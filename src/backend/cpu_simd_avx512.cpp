@@ -341,4 +341,85 @@ void delta_update(int64_t d, const float* k, const float* u, const float* q, flo
     delta_pass<false>(d, nullptr, k, q, u, S, acc);
 }
 
+void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t>& tmp, int32_t* out) {
+    // kernels::top_k_rows's bucket select, its passes over the rows on 16 at
+    // a time: the order keys with their range, the rows of the k-th key's
+    // bucket, and the rows taken. The histogram stays scalar, spread over
+    // four copies so that runs of rows in one bucket do not wait on each
+    // other's increments.
+    k = std::min(k, n);
+    if (k <= 0) return;
+    constexpr int64_t kBuckets = 2048, kHists = 4;
+    tmp.resize(size_t(2 * n + kHists * kBuckets + kLanes));
+    uint32_t* key = reinterpret_cast<uint32_t*>(tmp.data());
+    int32_t* hist = tmp.data() + n;
+    uint32_t* cand = reinterpret_cast<uint32_t*>(hist + kHists * kBuckets);
+    auto lanes = [n](int64_t i) {
+        return i + kLanes <= n ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    };
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512i ones = _mm512_set1_epi32(-1), sign = _mm512_set1_epi32(INT32_MIN);
+    __m512i lo = ones, hi = _mm512_setzero_si512();
+    for (int64_t i = 0; i < n; i += kLanes) {
+        const __mmask16 m = lanes(i);
+        __m512 x = _mm512_maskz_loadu_ps(m, v + i);
+        x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, zero, _CMP_EQ_OQ), zero);  // -0: +0
+        const __m512i u = _mm512_castps_si512(x);
+        const __m512i kk =
+            _mm512_mask_xor_epi32(_mm512_or_si512(u, sign), _mm512_movepi32_mask(u), u, ones);
+        _mm512_mask_storeu_epi32(key + i, m, kk);
+        lo = _mm512_mask_min_epu32(lo, m, lo, kk);
+        hi = _mm512_mask_max_epu32(hi, m, hi, kk);
+    }
+    const uint32_t klo = _mm512_reduce_min_epu32(lo), khi = _mm512_reduce_max_epu32(hi);
+    int shift = 0;
+    while (((khi - klo) >> shift) >= uint32_t(kBuckets)) ++shift;
+    std::fill(hist, hist + kHists * kBuckets, 0);
+    int64_t i = 0;
+    for (; i + kHists <= n; i += kHists)
+        for (int64_t h = 0; h < kHists; ++h) ++hist[h * kBuckets + ((key[i + h] - klo) >> shift)];
+    for (; i < n; ++i) ++hist[(key[i] - klo) >> shift];
+    for (int64_t h = 1; h < kHists; ++h)
+        for (int64_t j = 0; j < kBuckets; j += kLanes)
+            _mm512_storeu_si512(hist + j,
+                                _mm512_add_epi32(_mm512_loadu_si512(hist + j),
+                                                 _mm512_loadu_si512(hist + h * kBuckets + j)));
+    int64_t above = 0;  // rows in buckets above b
+    int64_t b = int64_t((khi - klo) >> shift);
+    while (above + hist[b] < k) above += hist[b--];
+    // The bucket's keys; the (k - above)-th largest of them is the k-th key.
+    const __m512i vlo = _mm512_set1_epi32(int32_t(klo)), vb = _mm512_set1_epi32(int32_t(b));
+    const __m128i sh = _mm_cvtsi32_si128(shift);
+    int64_t nc = 0;
+    for (i = 0; i < n; i += kLanes) {
+        const __m512i kk = _mm512_maskz_loadu_epi32(lanes(i), key + i);
+        const __mmask16 in = _mm512_mask_cmpeq_epi32_mask(
+            lanes(i), _mm512_srl_epi32(_mm512_sub_epi32(kk, vlo), sh), vb);
+        _mm512_storeu_si512(cand + nc, _mm512_maskz_compress_epi32(in, kk));
+        nc += __builtin_popcount(in);
+    }
+    const int64_t r = k - above;
+    std::nth_element(cand, cand + (r - 1), cand + nc, std::greater<uint32_t>());
+    const uint32_t kth = cand[r - 1];
+    int64_t equal = r;  // rows equal to the k-th that are taken
+    for (int64_t j = 0; j < r - 1; ++j) equal -= cand[j] > kth;
+    // Every row above the k-th key, and the lowest-indexed rows equal to it.
+    const __m512i vk = _mm512_set1_epi32(int32_t(kth)), step = _mm512_set1_epi32(kLanes);
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int64_t m = 0;
+    for (i = 0; i < n; i += kLanes, idx = _mm512_add_epi32(idx, step)) {
+        const __m512i kk = _mm512_maskz_loadu_epi32(lanes(i), key + i);
+        const __mmask16 gt = _mm512_mask_cmpgt_epu32_mask(lanes(i), kk, vk);
+        uint32_t eq = _mm512_mask_cmpeq_epu32_mask(lanes(i), kk, vk);
+        const int64_t c = __builtin_popcount(eq);
+        if (c > equal) eq = _pdep_u32((1u << equal) - 1, eq);  // the lowest `equal` of them
+        equal -= std::min(c, equal);
+        const __mmask16 take = __mmask16(gt | eq);
+        const int nt = __builtin_popcount(take);
+        _mm512_mask_storeu_epi32(out + m, __mmask16((1u << nt) - 1),
+                                 _mm512_maskz_compress_epi32(take, idx));
+        m += nt;
+    }
+}
+
 }  // namespace glm5::backend::cpu::avx512
