@@ -9,6 +9,9 @@
 //                                8 tokens at a time, as the matmul calls it)
 //   gemm/<TYPE>/single/t<N>    : vec_dot_fn per (row, token): the baseline
 //   gemm/<TYPE>/<kernel>/stream/t1 : the GEMV over a 256 MiB matrix (memory bound)
+//   gemm/Q4_K/repack16/pieces<R>/t1 : the same 256 MiB as R-row matrices called one
+//                                after another (decode's experts: 768 rows), the cost
+//                                of starting each matrix's stream
 //   gemm/<TYPE>/repack16/stream/t<N> : N = 2, 4, 6, 8 tokens over the same matrix
 //                                (batched decode: still one pass over DRAM); Q4_K
 //                                and Q6_K also 64 and 256 tokens over a 64 MiB one
@@ -148,6 +151,36 @@ void BM_Gemm(benchmark::State& state, Type t, Kernel k, int64_t n_tok, int64_t r
     set_rate(state, rows * cols * n_tok);
 }
 
+// Decode's real shape: many small matrices one after another (an expert's
+// 768 x 2048 projection), over the same 256 MiB as the stream tests: the
+// cost of starting each matrix's stream cold.
+void BM_Pieces(benchmark::State& state, Type t, int64_t piece_rows) {
+    const int64_t cols = cols_of(t);
+    if (!repack_supported(t, cols)) {
+        state.SkipWithError("no repacked kernel on this CPU");
+        return;
+    }
+    const int64_t big = (int64_t(256) << 20) / int64_t(row_size(t, cols)) / 16 * 16;
+    const int64_t n_pieces = big / piece_rows;
+    const auto w = weights(t, cols, piece_rows);
+    const auto a = acts(t, cols, 1);
+    const size_t arow = row_size(traits(t).vec_dot_type, cols);
+    const size_t pb = repacked_bytes(t, cols, piece_rows);
+    PageBuffer packed(pb * size_t(n_pieces));
+    repack(t, w.data(), packed.data(), cols, piece_rows);
+    for (int64_t i = 1; i < n_pieces; ++i)
+        std::memcpy(packed.data() + pb * size_t(i), packed.data(), pb);
+    std::vector<float> y(static_cast<size_t>(piece_rows));
+    for (auto _ : state) {
+        for (int64_t i = 0; i < n_pieces; ++i)
+            gemm_repacked(t, cols, packed.data() + pb * size_t(i), piece_rows / 16, a.data(), arow,
+                          1, y.data(), size_t(piece_rows));
+        benchmark::DoNotOptimize(y.data());
+        benchmark::ClobberMemory();
+    }
+    set_rate(state, n_pieces * piece_rows * cols);
+}
+
 int register_all() {
     const char* kname[] = {"repack16", "multi", "single"};
     auto add = [&](Type t, Kernel k, int64_t n, int64_t rows, const char* suffix = "") {
@@ -182,6 +215,10 @@ int register_all() {
         for (Kernel k : {Kernel::Repack, Kernel::Single}) add(t, k, 1, big, "/stream");
         for (int64_t n : {2, 4, 6, 8}) add(t, Kernel::Repack, n, big, "/stream");
     }
+    for (int64_t pr : {768, 2048})
+        benchmark::RegisterBenchmark(
+            ("gemm/Q4_K/repack16/pieces" + std::to_string(pr) + "/t1").c_str(), BM_Pieces,
+            Type::Q4_K, pr);
     // Prefill's products over weights read from DRAM (an expert's ~64 tokens,
     // a dense matrix's 256 at a time): a 64 MiB matrix.
     for (Type t : {Type::Q4_K, Type::Q6_K}) {
