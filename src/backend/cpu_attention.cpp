@@ -35,7 +35,10 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
         first_task[i + 1] = first_task[i] + (queries[i].n_keys + kIndexerChunk - 1) / kIndexerChunk;
         score_off[i + 1] = score_off[i] + queries[i].n_keys;
     }
-    std::vector<float> scores(static_cast<size_t>(score_off.back()));
+    // Persistent and uninitialised (every score is written): a prefill call
+    // deep in a context scores tens of MB, which a fresh zeroed vector paid
+    // for in page faults and zeroing at every call.
+    float* scores = float_buffer(idx_scores_, size_t(score_off.back()));
     for (const IndexerQuery& q : queries) cache_bytes_ += uint64_t(q.n_keys) * q.keys.row_bytes();
     if (!queries.empty() && queries[0].keys.type == CacheType::BF16 && !attention_bf16_)
         throw Error("indexer_select: BF16 keys are read by the --attn-bf16 path only");
@@ -52,7 +55,7 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
         std::vector<int32_t>& idx = per_thread_[size_t(ith)].idx;
         for (int64_t qi = b; qi < e; ++qi) {
             const IndexerQuery& q = queries[size_t(qi)];
-            const float* sc = scores.data() + score_off[size_t(qi)];
+            const float* sc = scores + score_off[size_t(qi)];
             simd().top_k_rows(sc, q.n_keys, top_k, idx, host(q.out_rows));
         }
     });
@@ -70,7 +73,7 @@ CpuBackend::IndexerTask CpuBackend::indexer_task(std::span<const IndexerQuery> q
 
 void CpuBackend::indexer_scores(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
                                 const std::vector<int64_t>& first_task,
-                                const std::vector<int64_t>& score_off, std::vector<float>& scores) {
+                                const std::vector<int64_t>& score_off, float* scores) {
     const SimdOps& sv = simd();
     pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int ith) {
         PerThread& pt = per_thread_[size_t(ith)];
@@ -111,8 +114,7 @@ void CpuBackend::indexer_scores(std::span<const IndexerQuery> queries, int64_t n
 
 void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, int64_t n_heads,
                                      int64_t dim, const std::vector<int64_t>& first_task,
-                                     const std::vector<int64_t>& score_off,
-                                     std::vector<float>& scores) {
+                                     const std::vector<int64_t>& score_off, float* scores) {
     // Each distinct key cache prepared once (prefill: every query of a
     // sequence reads the same keys), up to the most keys a query reads:
     // F16/F32 keys converted to BF16 tiles, BF16 keys read in place.
@@ -166,7 +168,7 @@ void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, int6
             if (fused && k.tiles() > 0)
                 for (int64_t t = s0 / 16; t < (s1 + 15) / 16; ++t) k.convert(t);
             k.scores(idx_q_.data() + int64_t(qi) * qsize, n_heads, host(q.w), s0, s1,
-                     scores.data() + score_off[qi] + s0);
+                     scores + score_off[qi] + s0);
         }
     });
 }

@@ -271,10 +271,10 @@ class CpuBackend final : public Backend {
                                     const std::vector<int64_t>& first_task, int64_t task);
     void indexer_scores(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
                         const std::vector<int64_t>& first_task,
-                        const std::vector<int64_t>& score_off, std::vector<float>& scores);
+                        const std::vector<int64_t>& score_off, float* scores);
     void indexer_scores_bf16(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
                              const std::vector<int64_t>& first_task,
-                             const std::vector<int64_t>& score_off, std::vector<float>& scores);
+                             const std::vector<int64_t>& score_off, float* scores);
     std::vector<amx_bf16::IndexerKeys> idx_keys_;  // per distinct key cache of a call
     amx_bf16::LineVector<uint16_t> idx_q_;         // the call's queries as B tiles
     bool attention_bf16_ = false;
@@ -355,7 +355,7 @@ class CpuBackend final : public Backend {
     std::vector<PerThread> per_thread_;
     std::vector<Block> blocks_;
     size_t cur_ = 0;
-    static float* moe_floats(ByteBuffer& b, size_t n) {
+    static float* float_buffer(ByteBuffer& b, size_t n) {
         return reinterpret_cast<float*>(b.get(n * sizeof(float)));
     }
 
@@ -364,7 +364,7 @@ class CpuBackend final : public Backend {
     std::vector<float> wide_scores_;
     std::vector<ByteBuffer> multi_act_;  // matmuls: one per activation format
     ByteBuffer act_buf_, act_buf2_, moe_gate_buf_, moe_up_buf_, moe_tok_g_, moe_tok_u_, moe_g_,
-        moe_u_, moe_eo_;
+        moe_u_, moe_eo_, idx_scores_;
     std::atomic<uint64_t> weight_bytes_{0}, matmul_calls_{0}, cache_bytes_{0};
 };
 

@@ -99,9 +99,9 @@ void CpuBackend::moe(const MoeWeights& m, DevPtr<const float> x_, int64_t T, Dev
     // are tens of MB in prefill, and fresh zeroed allocations cost page
     // faults on every layer.
     const size_t hidden = size_t(P * F + T * S);
-    float* g = moe_floats(moe_g_, hidden);
-    float* u = moe_floats(moe_u_, hidden);
-    float* eo = moe_floats(moe_eo_, size_t((P + (shared ? T : 0)) * E));
+    float* g = float_buffer(moe_g_, hidden);
+    float* u = float_buffer(moe_u_, hidden);
+    float* eo = float_buffer(moe_eo_, size_t((P + (shared ? T : 0)) * E));
     std::vector<Unit> units;
     for (int32_t e : active) {
         const int64_t s0 = first[size_t(e)];
