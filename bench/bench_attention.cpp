@@ -129,6 +129,17 @@ void BM_indexer_dots(benchmark::State& st) {
 }
 BENCHMARK(BM_indexer_dots)->ArgName("tiled")->Arg(0)->Arg(1);
 
+// Seconds since t0, for benchmarks that time one phase of an iteration.
+double secs_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Writes a line of every 64 bytes of `other`, pushing earlier data out of the
+// core's caches (the cold benchmarks: decode meets the cache in memory).
+void evict(std::vector<char>& other) {
+    for (size_t i = 0; i < other.size(); i += 64) other[i]++;
+}
+
 }  // namespace
 
 // --attn-bf16: one query of 16 heads over 2048 rows on AMX-BF16 tiles, all
@@ -206,7 +217,7 @@ void BM_run_bf16(benchmark::State& st) {
             window = (window + 1) % windows;
             for (auto& r : rows)
                 r.base = reinterpret_cast<const uint8_t*>(c.data() + window * N * kWidth);
-            for (size_t i = 0; i < other.size(); i += 64) other[i]++;
+            evict(other);
             st.ResumeTiming();
         }
         std::vector<amx_bf16::Query> run;
@@ -258,10 +269,7 @@ void BM_query_bf16_cold(benchmark::State& st) {
             std::copy_n(window.begin(), kRows, idx.begin());
         }
         std::sort(idx.begin(), idx.end());
-        for (size_t i = 0; i < other.size(); i += 64) other[i]++;
-    };
-    auto secs_since = [](auto t0) {
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        evict(other);
     };
     double query = 0, read = 0;
     int64_t n = 0;
@@ -342,20 +350,14 @@ void BM_indexer_bf16_cold(benchmark::State& st) {
     keys.convert_query(q.data(), H, qb.data());
     std::vector<float> out(static_cast<size_t>(N));
     std::vector<char> other(size_t(64) << 20);
-    auto flush = [&] {
-        for (size_t i = 0; i < other.size(); i += 64) other[i]++;
-    };
-    auto secs_since = [](auto t0) {
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
     double score = 0, read = 0;
     int64_t n = 0;
     for (auto _ : st) {
-        flush();
+        evict(other);
         auto t0 = std::chrono::steady_clock::now();
         keys.scores(qb.data(), H, w.data(), 0, N, out.data());
         score += secs_since(t0);
-        flush();
+        evict(other);
         t0 = std::chrono::steady_clock::now();
         uint16_t acc = 0;
         for (size_t i = 0; i < kb.size(); i += 32) acc ^= kb[i];

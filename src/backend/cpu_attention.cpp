@@ -4,6 +4,7 @@
 // --attn-bf16: decode's blocks split across threads, prefill in runs of queries).
 #include "backend/cpu_backend.h"
 
+#include <memory>
 #include <optional>
 
 namespace glm5::backend::cpu {
@@ -35,10 +36,12 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
         first_task[i + 1] = first_task[i] + (queries[i].n_keys + kIndexerChunk - 1) / kIndexerChunk;
         score_off[i + 1] = score_off[i] + queries[i].n_keys;
     }
-    // Persistent and uninitialised (every score is written): a prefill call
-    // deep in a context scores tens of MB, which a fresh zeroed vector paid
-    // for in page faults and zeroing at every call.
-    float* scores = float_buffer(idx_scores_, size_t(score_off.back()));
+    // Uninitialised (every score is written: a prefill call at depth 16384
+    // scores 32 MB) and freed at the end of the call (a buffer kept across
+    // calls took a filled context's peak 8% over the memory plan on the tiny
+    // glm5next model).
+    const auto score_buf = std::make_unique_for_overwrite<float[]>(size_t(score_off.back()));
+    float* scores = score_buf.get();
     for (const IndexerQuery& q : queries) cache_bytes_ += uint64_t(q.n_keys) * q.keys.row_bytes();
     if (!queries.empty() && queries[0].keys.type == CacheType::BF16 && !attention_bf16_)
         throw Error("indexer_select: BF16 keys are read by the --attn-bf16 path only");

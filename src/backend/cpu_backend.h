@@ -364,7 +364,7 @@ class CpuBackend final : public Backend {
     std::vector<float> wide_scores_;
     std::vector<ByteBuffer> multi_act_;  // matmuls: one per activation format
     ByteBuffer act_buf_, act_buf2_, moe_gate_buf_, moe_up_buf_, moe_tok_g_, moe_tok_u_, moe_g_,
-        moe_u_, moe_eo_, idx_scores_;
+        moe_u_, moe_eo_;
     std::atomic<uint64_t> weight_bytes_{0}, matmul_calls_{0}, cache_bytes_{0};
 };
 
