@@ -54,12 +54,13 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
         indexer_scores(queries, n_heads, dim, first_task, score_off, scores);
     phase.reset();
     phase.emplace(profile_, "indexer.top_k", int64_t(queries.size()));
+    const SimdOps& sv = simd();
     pool_.parallel_for(int64_t(queries.size()), 1, [&](int64_t b, int64_t e, int ith) {
         std::vector<int32_t>& idx = per_thread_[size_t(ith)].idx;
         for (int64_t qi = b; qi < e; ++qi) {
             const IndexerQuery& q = queries[size_t(qi)];
             const float* sc = scores + score_off[size_t(qi)];
-            simd().top_k_rows(sc, q.n_keys, top_k, idx, host(q.out_rows));
+            sv.top_k_rows(sc, q.n_keys, top_k, idx, host(q.out_rows));
         }
     });
 }

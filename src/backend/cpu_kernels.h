@@ -155,6 +155,33 @@ inline uint32_t order_key(float x) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Steps of top_k_rows's bucket select that its vector form (SimdOps) shares.
+// The shift that puts the keys [lo, hi] into at most `buckets` buckets.
+inline int bucket_shift(uint32_t lo, uint32_t hi, int64_t buckets) {
+    int shift = 0;
+    while (((hi - lo) >> shift) >= uint32_t(buckets)) ++shift;
+    return shift;
+}
+
+// The bucket of the k-th best key, searched down from bucket `top`; `above`
+// receives the rows in the buckets above it.
+inline int64_t kth_bucket(const int32_t* hist, int64_t top, int64_t k, int64_t& above) {
+    above = 0;
+    int64_t b = top;
+    while (above + hist[b] < k) above += hist[b--];
+    return b;
+}
+
+// The r-th largest of that bucket's keys cand[0, nc) (reordered), which is
+// the k-th key; `equal` receives how many rows equal to it the k best take.
+inline uint32_t kth_key(uint32_t* cand, int64_t nc, int64_t r, int64_t& equal) {
+    std::nth_element(cand, cand + (r - 1), cand + nc, std::greater<uint32_t>());
+    const uint32_t kth = cand[r - 1];
+    equal = r;
+    for (int64_t j = 0; j < r - 1; ++j) equal -= cand[j] > kth;
+    return kth;
+}
+
 // The k highest-scoring rows (ties to the lower index), written in ascending
 // row order. A bucket select over the values' order keys: a histogram of
 // 2048 buckets spanning the keys actually present (scores cluster, so fixed
@@ -178,22 +205,17 @@ inline void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t
         lo = std::min(lo, key[i]);
         hi = std::max(hi, key[i]);
     }
-    int shift = 0;
-    while (((hi - lo) >> shift) >= uint32_t(kBuckets)) ++shift;
+    const int shift = bucket_shift(lo, hi, kBuckets);
     std::fill(hist, hist + kBuckets, 0);
     for (int64_t i = 0; i < n; ++i) ++hist[(key[i] - lo) >> shift];
-    int64_t above = 0;  // rows in buckets above b
-    int64_t b = int64_t((hi - lo) >> shift);
-    while (above + hist[b] < k) above += hist[b--];
+    int64_t above = 0;
+    const int64_t b = kth_bucket(hist, int64_t((hi - lo) >> shift), k, above);
     // The bucket's keys; the (k - above)-th largest of them is the k-th key.
     int64_t nc = 0;
     for (int64_t i = 0; i < n; ++i)
         if (int64_t((key[i] - lo) >> shift) == b) cand[nc++] = key[i];
-    const int64_t r = k - above;
-    std::nth_element(cand, cand + (r - 1), cand + nc, std::greater<uint32_t>());
-    const uint32_t kth = cand[r - 1];
-    int64_t equal = r;  // rows equal to the k-th that are taken
-    for (int64_t j = 0; j < r - 1; ++j) equal -= cand[j] > kth;
+    int64_t equal = 0;  // rows equal to the k-th that are taken
+    const uint32_t kth = kth_key(cand, nc, k - above, equal);
     int64_t m = 0;
     for (int32_t i = 0; i < int32_t(n); ++i)
         if (key[i] > kth || (key[i] == kth && equal-- > 0)) out[m++] = i;

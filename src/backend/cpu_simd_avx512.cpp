@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "backend/avx512_exp.h"
+#include "backend/cpu_kernels.h"
 #include "backend/cpu_simd.h"
 
 namespace glm5::backend::cpu::avx512 {
@@ -372,8 +373,7 @@ void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t>& tmp,
         hi = _mm512_mask_max_epu32(hi, m, hi, kk);
     }
     const uint32_t klo = _mm512_reduce_min_epu32(lo), khi = _mm512_reduce_max_epu32(hi);
-    int shift = 0;
-    while (((khi - klo) >> shift) >= uint32_t(kBuckets)) ++shift;
+    const int shift = kernels::bucket_shift(klo, khi, kBuckets);
     std::fill(hist, hist + kHists * kBuckets, 0);
     int64_t i = 0;
     for (; i + kHists <= n; i += kHists)
@@ -384,9 +384,8 @@ void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t>& tmp,
             _mm512_storeu_si512(hist + j,
                                 _mm512_add_epi32(_mm512_loadu_si512(hist + j),
                                                  _mm512_loadu_si512(hist + h * kBuckets + j)));
-    int64_t above = 0;  // rows in buckets above b
-    int64_t b = int64_t((khi - klo) >> shift);
-    while (above + hist[b] < k) above += hist[b--];
+    int64_t above = 0;
+    const int64_t b = kernels::kth_bucket(hist, int64_t((khi - klo) >> shift), k, above);
     // The bucket's keys; the (k - above)-th largest of them is the k-th key.
     const __m512i vlo = _mm512_set1_epi32(int32_t(klo)), vb = _mm512_set1_epi32(int32_t(b));
     const __m128i sh = _mm_cvtsi32_si128(shift);
@@ -398,11 +397,8 @@ void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t>& tmp,
         _mm512_storeu_si512(cand + nc, _mm512_maskz_compress_epi32(in, kk));
         nc += __builtin_popcount(in);
     }
-    const int64_t r = k - above;
-    std::nth_element(cand, cand + (r - 1), cand + nc, std::greater<uint32_t>());
-    const uint32_t kth = cand[r - 1];
-    int64_t equal = r;  // rows equal to the k-th that are taken
-    for (int64_t j = 0; j < r - 1; ++j) equal -= cand[j] > kth;
+    int64_t equal = 0;  // rows equal to the k-th that are taken
+    const uint32_t kth = kernels::kth_key(cand, nc, k - above, equal);
     // Every row above the k-th key, and the lowest-indexed rows equal to it.
     const __m512i vk = _mm512_set1_epi32(int32_t(kth)), step = _mm512_set1_epi32(kLanes);
     __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
