@@ -129,8 +129,11 @@ void BM_indexer_dots(benchmark::State& st) {
 }
 BENCHMARK(BM_indexer_dots)->ArgName("tiled")->Arg(0)->Arg(1);
 
-// Seconds since t0, for benchmarks that time one phase of an iteration.
-double secs_since(std::chrono::steady_clock::time_point t0) {
+// Seconds f() takes, for benchmarks that time phases of an iteration apart.
+template <typename F>
+double seconds_of(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -277,18 +280,18 @@ void BM_query_bf16_cold(benchmark::State& st) {
         pick();
         const amx_bf16::Rows rows{reinterpret_cast<const uint8_t*>(c.data()), size_t(kWidth) * 2,
                                   idx.data(), amx_bf16::Elem::F16};
-        auto t0 = std::chrono::steady_clock::now();
-        amx_bf16::Query a(q.data(), H, kWidth, kValue, kRows, 0.04f);
-        for (int64_t b = 0; b < a.blocks(); ++b) a.block(rows, b);
-        a.finish(out.data(), kValue);
-        query += secs_since(t0);
+        query += seconds_of([&] {
+            amx_bf16::Query a(q.data(), H, kWidth, kValue, kRows, 0.04f);
+            for (int64_t b = 0; b < a.blocks(); ++b) a.block(rows, b);
+            a.finish(out.data(), kValue);
+        });
         pick();
-        t0 = std::chrono::steady_clock::now();
-        uint16_t acc = 0;
-        for (const int32_t i : idx)
-            for (int64_t k = 0; k < kWidth; k += 32) acc ^= c[size_t(i * kWidth + k)];
-        benchmark::DoNotOptimize(acc);
-        read += secs_since(t0);
+        read += seconds_of([&] {
+            uint16_t acc = 0;
+            for (const int32_t i : idx)
+                for (int64_t k = 0; k < kWidth; k += 32) acc ^= c[size_t(i * kWidth + k)];
+            benchmark::DoNotOptimize(acc);
+        });
         ++n;
     }
     st.counters["us_query"] = query / double(n) * 1e6;
@@ -354,15 +357,13 @@ void BM_indexer_bf16_cold(benchmark::State& st) {
     int64_t n = 0;
     for (auto _ : st) {
         evict(other);
-        auto t0 = std::chrono::steady_clock::now();
-        keys.scores(qb.data(), H, w.data(), 0, N, out.data());
-        score += secs_since(t0);
+        score += seconds_of([&] { keys.scores(qb.data(), H, w.data(), 0, N, out.data()); });
         evict(other);
-        t0 = std::chrono::steady_clock::now();
-        uint16_t acc = 0;
-        for (size_t i = 0; i < kb.size(); i += 32) acc ^= kb[i];
-        benchmark::DoNotOptimize(acc);
-        read += secs_since(t0);
+        read += seconds_of([&] {
+            uint16_t acc = 0;
+            for (size_t i = 0; i < kb.size(); i += 32) acc ^= kb[i];
+            benchmark::DoNotOptimize(acc);
+        });
         ++n;
     }
     st.counters["us_score"] = score / double(n) * 1e6;
