@@ -25,7 +25,7 @@ using namespace glm5;
 using namespace glm5::backend::cpu;
 
 constexpr int64_t kHeads = 8, kWidth = 576, kValue = 512, kRows = 2048;
-constexpr int64_t kIdxHeads = 8, kIdxDim = 128, kKeys = 256;
+constexpr int64_t kIdxHeads = 32, kIdxDim = 128, kKeys = 256;
 
 std::vector<float> floats(size_t n, uint32_t seed) {
     std::mt19937 rng(seed);
@@ -106,28 +106,36 @@ void BM_softmax(benchmark::State& st) {
 }
 BENCHMARK(BM_softmax);
 
-void BM_indexer_dots(benchmark::State& st) {
+// The indexer's key scores: the tiled form against quant's F32 dot per
+// (key, head) pair and the relu-weighted sum (what the AVX-512 path ran
+// before it had tiles).
+void BM_indexer_scores(benchmark::State& st) {
     const auto q = floats(size_t(kIdxHeads * kIdxDim), 6);
     const auto k = floats(size_t(kKeys * kIdxDim), 7);
-    std::vector<float> out(size_t(kKeys * kIdxHeads));
+    const auto w = floats(size_t(kIdxHeads), 8);
+    std::vector<float> out(static_cast<size_t>(kKeys)), d(static_cast<size_t>(kIdxHeads));
     const SimdOps& sv = simd();
     const quant::VecDotFn dot = quant::vec_dot_fn(quant::Type::F32);
     const bool tiled = st.range(0) != 0;
     for (auto _ : st) {
         if (tiled) {
-            sv.dots_f32(q.data(), kIdxHeads, k.data(), kIdxDim, kKeys, kIdxDim, out.data(),
-                        kIdxHeads);
+            sv.indexer_scores(q.data(), kIdxHeads, w.data(), k.data(), kIdxDim, kKeys, kIdxDim,
+                              out.data());
         } else {
-            for (int64_t j = 0; j < kKeys; ++j)
+            for (int64_t j = 0; j < kKeys; ++j) {
                 for (int64_t a = 0; a < kIdxHeads; ++a)
-                    out[size_t(j * kIdxHeads + a)] =
-                        dot(kIdxDim, q.data() + a * kIdxDim, k.data() + j * kIdxDim);
+                    d[size_t(a)] = dot(kIdxDim, q.data() + a * kIdxDim, k.data() + j * kIdxDim);
+                float s = 0.0f;
+                for (int64_t a = 0; a < kIdxHeads; ++a)
+                    s += std::max(d[size_t(a)], 0.0f) * w[size_t(a)];
+                out[size_t(j)] = s;
+            }
         }
         benchmark::DoNotOptimize(out.data());
     }
     set_flops(st, double(kIdxHeads * kIdxDim * kKeys));
 }
-BENCHMARK(BM_indexer_dots)->ArgName("tiled")->Arg(0)->Arg(1);
+BENCHMARK(BM_indexer_scores)->ArgName("tiled")->Arg(0)->Arg(1);
 
 // Seconds f() takes, for benchmarks that time phases of an iteration apart.
 template <typename F>

@@ -285,23 +285,40 @@ TEST(AttentionSimd, Avx2TilesHaveTheBitsOfTheRowHelpers) {
     }
 }
 
-// The indexer's (key, head) dot products: the bits of quant's F32 dot on
-// this machine, through the tiles where dim allows and the pairs where not.
-TEST(AttentionSimd, IndexerDotsHaveTheBitsOfTheF32Dot) {
+// The indexer's key scores: each (key, head) dot with the bits of quant's F32
+// dot on this machine (through the tiles where dim allows and the pairs where
+// not), then the relu-weighted head sum in order, products and sums rounded
+// apart; key counts that end inside a 16-key block, and dots that are
+// negative, zero or NaN.
+TEST(AttentionSimd, IndexerScoresHaveTheBitsOfTheF32Dots) {
     const quant::VecDotFn dot = quant::vec_dot_fn(quant::Type::F32);
-    for (int64_t dim : {128, 64, 256, 96, 40}) {
-        for (int64_t nq : {1, 2, 3, 8}) {
-            const int64_t nk = 10, ks = dim + 16;
-            const auto q = f16_floats(size_t(nq * dim), 15);
-            const auto k = f16_floats(size_t(nk * ks), 16);
-            std::vector<float> got(size_t(nk * nq));
-            cpu::simd().dots_f32(q.data(), nq, k.data(), ks, nk, dim, got.data(), nq);
-            for (int64_t j = 0; j < nk; ++j)
-                for (int64_t a = 0; a < nq; ++a) {
-                    const float want = dot(dim, q.data() + a * dim, k.data() + j * ks);
-                    ASSERT_TRUE(same_bits(&got[size_t(j * nq + a)], &want, 1))
-                        << "dim " << dim << " queries " << nq << " key " << j << " query " << a;
+    for (int64_t dim : {128, 64, 256, 96, 48, 16, 40}) {
+        for (int64_t nq : {1, 2, 3, 8, 32}) {
+            for (int64_t nk : {1, 10, 16, 37}) {
+                const int64_t ks = dim + 16;
+                auto q = f16_floats(size_t(nq * dim), 15);
+                auto k = f16_floats(size_t(nk * ks), 16);
+                // Query 0 against key 1: zero; query 1 against key 2: NaN.
+                if (nk > 1) std::fill(q.begin(), q.begin() + dim, 0.0f);
+                if (nq > 1 && nk > 2) k[size_t(2 * ks)] = std::nanf("");
+                std::vector<float> w(static_cast<size_t>(nq));
+                for (int64_t a = 0; a < nq; ++a) w[size_t(a)] = 0.25f + 0.125f * float(a % 5);
+                std::vector<float> got(size_t(nk) + 1, -7.0f);
+                cpu::simd().indexer_scores(q.data(), nq, w.data(), k.data(), ks, nk, dim,
+                                           got.data());
+                for (int64_t j = 0; j < nk; ++j) {
+                    float want = 0.0f;
+                    for (int64_t a = 0; a < nq; ++a) {
+                        const float d = dot(dim, q.data() + a * dim, k.data() + j * ks);
+                        const float r = std::max(d, 0.0f) * w[size_t(a)];
+                        want += r;
+                    }
+                    ASSERT_TRUE(same_bits(&got[size_t(j)], &want, 1))
+                        << "dim " << dim << " queries " << nq << " keys " << nk << " key " << j
+                        << ": " << got[size_t(j)] << " against " << want;
                 }
+                EXPECT_EQ(got[size_t(nk)], -7.0f) << "written past the keys";
+            }
         }
     }
 }

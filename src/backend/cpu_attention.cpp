@@ -82,14 +82,12 @@ void CpuBackend::indexer_scores(std::span<const IndexerQuery> queries, int64_t n
     pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int ith) {
         PerThread& pt = per_thread_[size_t(ith)];
         std::vector<float>& kf = pt.row;
-        std::vector<float>& qk = pt.acc;
         kf.resize(size_t(kIndexerChunk * dim));
-        qk.resize(size_t(kIndexerChunk * n_heads));
         for (int64_t task = b; task < e; ++task) {
             const auto [qi, s0, s1] = indexer_task(queries, first_task, task);
             const IndexerQuery& q = queries[qi];
-            // The chunk's keys as floats, then every (key, head) dot product
-            // in one tiled call: each key is read once for all the heads.
+            // The chunk's keys as floats, then every key's score in one
+            // tiled call: each key is read once for all the heads.
             const float* keys = nullptr;
             int64_t ks = dim;
             if (q.keys.type == CacheType::F32) {
@@ -104,14 +102,8 @@ void CpuBackend::indexer_scores(std::span<const IndexerQuery> queries, int64_t n
                                   kf.data() + (s - s0) * dim);
                 keys = kf.data();
             }
-            sv.dots_f32(host(q.q), n_heads, keys, ks, s1 - s0, dim, qk.data(), n_heads);
-            for (int64_t s = s0; s < s1; ++s) {
-                const float* d = qk.data() + (s - s0) * n_heads;
-                float score = 0.0f;
-                for (int64_t hh = 0; hh < n_heads; ++hh)
-                    score += std::max(d[hh], 0.0f) * host(q.w)[hh];
-                scores[size_t(score_off[qi] + s)] = score;
-            }
+            sv.indexer_scores(host(q.q), n_heads, host(q.w), keys, ks, s1 - s0, dim,
+                              scores + score_off[qi] + s0);
         }
     });
 }

@@ -130,6 +130,29 @@ void dots_avx2(const float* q, int64_t nq, const float* k, int64_t ks, int64_t n
         dots_by_pairs(q, nq, k, ks, nk, dim, out, ld);
 }
 
+// The indexer's scores from a [key][query] table of dots. Built without FMA:
+// each product and sum is rounded on its own.
+template <void (*Dots)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, float*,
+                       int64_t)>
+void scores_by_dots(const float* q, int64_t nq, const float* w, const float* k, int64_t ks,
+                    int64_t nk, int64_t dim, float* out) {
+    thread_local std::vector<float> d;
+    d.resize(size_t(nk * nq));
+    Dots(q, nq, k, ks, nk, dim, d.data(), nq);
+    for (int64_t j = 0; j < nk; ++j) {
+        const float* dj = d.data() + j * nq;
+        float s = 0.0f;
+        for (int64_t a = 0; a < nq; ++a) s += std::max(dj[a], 0.0f) * w[a];
+        out[j] = s;
+    }
+}
+
+void scores_avx512(const float* q, int64_t nq, const float* w, const float* k, int64_t ks,
+                   int64_t nk, int64_t dim, float* out) {
+    if (!avx512::indexer_scores(q, nq, w, k, ks, nk, dim, out))
+        scores_by_dots<dots_by_pairs>(q, nq, w, k, ks, nk, dim, out);
+}
+
 SimdOps pick() {
     if (!quant::cpu_has_avx2())
         return {scalar::axpy_f32,
@@ -143,16 +166,17 @@ SimdOps pick() {
                 weighted_sum_by_rows<scalar::axpy_f16>,
                 scalar::swiglu,
                 kernels::rms_norm_row,
-                dots_by_pairs,
+                scores_by_dots<dots_by_pairs>,
                 scalar::delta_decay,
                 scalar::delta_update,
                 kernels::top_k_rows};
-    SimdOps ops{avx2::axpy_f32,         avx2::axpy_f16,     avx2::f16_to_f32,   avx2::dot_f32_f16,
-                avx2::f32_to_f16,       avx2::round_f16,    avx2::scores_f16,   scalar::softmax,
-                avx2::weighted_sum_f16, scalar::swiglu,     avx2::rms_norm,     dots_avx2,
-                avx2::delta_decay,      avx2::delta_update, kernels::top_k_rows};
+    SimdOps ops{avx2::axpy_f32,    avx2::axpy_f16,     avx2::f16_to_f32,
+                avx2::dot_f32_f16, avx2::f32_to_f16,   avx2::round_f16,
+                avx2::scores_f16,  scalar::softmax,    avx2::weighted_sum_f16,
+                scalar::swiglu,    avx2::rms_norm,     scores_by_dots<dots_avx2>,
+                avx2::delta_decay, avx2::delta_update, kernels::top_k_rows};
     if (quant::cpu_has_avx512()) {
-        ops.dots_f32 = dots_by_pairs;
+        ops.indexer_scores = scores_avx512;
         ops.scores_f16 = avx512::scores_f16;
         ops.weighted_sum_f16 = avx512::weighted_sum_f16;
         ops.softmax = avx512::softmax;

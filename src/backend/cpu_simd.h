@@ -53,11 +53,13 @@ struct SimdOps {
     void (*swiglu)(int64_t n, const float* g, const float* u, float clamp, float* out);
     // y = x / sqrt(mean(x^2) + eps) [* w] (kernels::rms_norm_row, same bits)
     void (*rms_norm)(const float* x, const float* w, int64_t n, float eps, float* y);
-    // out[j*ld + a] = q row a . k row j (rows dim floats; q rows dim apart, k
-    // rows ks apart) for a < nq, j < nk: each value the F32 dot product of
+    // The lightning indexer's key scores: out[j] = the sum over a = 0, 1, ..
+    // nq-1 in order, from +0, of max(q row a . k row j, 0) * w[a], each
+    // product and sum rounded apart, for j < nk (rows dim floats; q rows dim
+    // apart, k rows ks apart). Each dot is the F32 dot product of
     // quant::vec_dot_fn(F32) on this machine, bit for bit.
-    void (*dots_f32)(const float* q, int64_t nq, const float* k, int64_t ks, int64_t nk,
-                     int64_t dim, float* out, int64_t ld);
+    void (*indexer_scores)(const float* q, int64_t nq, const float* w, const float* k, int64_t ks,
+                           int64_t nk, int64_t dim, float* out);
     // The gated delta rule's two passes over one head's d x d state S (row i:
     // key channel i), every product and sum rounded on its own (no FMA) and
     // each acc[j] summed over i in order from zero, as the plain loops:
@@ -96,8 +98,9 @@ void f16_to_f32(int64_t n, const uint16_t* src, float* dst);
 float dot_f32_f16(int64_t n, const float* a, const uint16_t* b);
 void f32_to_f16(int64_t n, const float* src, uint16_t* dst);
 void round_f16(int64_t n, const float* x, float* y);
-// The attention tiles (same bits as the row helpers above, row after row)
-// and dots_f32 for dims that are a multiple of 32.
+// The attention tiles (same bits as the row helpers above, row after row),
+// and the indexer's dots (out[j*ld + a] = q row a . k row j, the bits of
+// quant's AVX2 F32 dot) for dims that are a multiple of 32.
 void scores_f16(const float* q, int64_t nh, int64_t w, const F16Rows& rows, int64_t n, float* s,
                 int64_t ld);
 void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& rows, int64_t n,
@@ -120,6 +123,10 @@ void delta_decay(int64_t d, const float* src, const float* decay, const float* k
                  float* acc);
 void delta_update(int64_t d, const float* k, const float* u, const float* q, float* S, float* acc);
 void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t>& tmp, int32_t* out);
+// indexer_scores for dims that are a multiple of 16 up to 128 (false: not
+// done, another form must run): 16 keys' dots reduced together.
+bool indexer_scores(const float* q, int64_t nq, const float* w, const float* k, int64_t ks,
+                    int64_t nk, int64_t dim, float* out);
 }  // namespace avx512
 
 }  // namespace glm5::backend::cpu

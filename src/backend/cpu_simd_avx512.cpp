@@ -418,4 +418,86 @@ void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t>& tmp,
     }
 }
 
+namespace {
+
+// quant's AVX-512 F32 dot (kernels::dot_f32_avx512) ends in
+// _mm512_reduce_add_ps, a tree that adds lanes i and i+8, then i and i+4,
+// i and i+2, i and i+1. The same tree over 16 vectors at once: each level
+// folds two vectors into one holding both halves' sums, so 16 dots take 15
+// adds instead of 16 horizontal reductions.
+inline __m512 fold8(__m512 a, __m512 b) {  // a's i + (i+8) in lanes 0-7, b's in 8-15
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+inline __m512 fold4(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+inline __m512 fold2(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+}
+inline __m512 fold1(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+// The lanes of one dot of dot_f32_avx512 before its reduction: four
+// accumulators over 64-value steps, 16-value steps into the first, then
+// (a0 + a1) + (a2 + a3). The query's NC vectors are in registers.
+template <int NC>
+inline __m512 dot_lanes(const __m512 (&qv)[NC], const float* k) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+#pragma GCC unroll 8
+    for (int c = 0; c < NC / 4 * 4; ++c)
+        acc[c % 4] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + kLanes * c), acc[c % 4]);
+#pragma GCC unroll 4
+    for (int c = NC / 4 * 4; c < NC; ++c)
+        acc[0] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + kLanes * c), acc[0]);
+    return _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+}
+
+// Keys 16 at a time. The tree leaves sum b's dot in lane 4 (b % 4) + b / 4,
+// so the b-th sum is fed key 4 (b % 4) + b / 4 and the lanes come out in key
+// order. Past nk the last key stands in and its lanes are not stored.
+template <int NC>
+void relu_scores(const float* q, int64_t nq, const float* w, const float* k, int64_t ks, int64_t nk,
+                 float* out) {
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t j0 = 0; j0 < nk; j0 += kLanes) {
+        const float* kp[kLanes];
+        for (int b = 0; b < kLanes; ++b)
+            kp[b] = k + std::min<int64_t>(j0 + 4 * (b % 4) + b / 4, nk - 1) * ks;
+        __m512 score = zero;
+        for (int64_t a = 0; a < nq; ++a) {
+            __m512 qv[NC];
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + a * NC * kLanes + kLanes * c);
+            __m512 f8[8];
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; ++t)
+                f8[t] = fold8(dot_lanes<NC>(qv, kp[2 * t]), dot_lanes<NC>(qv, kp[2 * t + 1]));
+            const __m512 d = fold1(fold2(fold4(f8[0], f8[1]), fold4(f8[2], f8[3])),
+                                   fold2(fold4(f8[4], f8[5]), fold4(f8[6], f8[7])));
+            // max(0, d) keeps d when it is a NaN or -0, as std::max(d, 0.0f).
+            score = _mm512_add_ps(score, product(_mm512_max_ps(zero, d), _mm512_set1_ps(w[a])));
+        }
+        _mm512_mask_storeu_ps(out + j0, lanes(nk - j0), score);
+    }
+}
+
+template <int... Ns>
+constexpr auto relu_scores_table(std::integer_sequence<int, Ns...>) {
+    return std::array<void (*)(const float*, int64_t, const float*, const float*, int64_t, int64_t,
+                               float*),
+                      sizeof...(Ns)>{relu_scores<Ns + 1>...};
+}
+
+}  // namespace
+
+bool indexer_scores(const float* q, int64_t nq, const float* w, const float* k, int64_t ks,
+                    int64_t nk, int64_t dim, float* out) {
+    if (dim % kLanes != 0 || dim > 8 * kLanes || dim == 0) return false;
+    static constexpr auto kForms = relu_scores_table(std::make_integer_sequence<int, 8>{});
+    kForms[size_t(dim / kLanes - 1)](q, nq, w, k, ks, nk, out);
+    return true;
+}
+
 }  // namespace glm5::backend::cpu::avx512
