@@ -8,9 +8,12 @@
 // Prints GFLOP/s (2 per multiply-add); there is no pass/fail.
 #include <benchmark/benchmark.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "backend/cpu_attention_amx.h"
@@ -252,26 +255,43 @@ BENCHMARK(BM_run_bf16)
     ->Threads(1)
     ->Threads(2);
 
-// The same query over 2048 rows of a 150 MB cache, after 64 MB of other
+// One decode query over 2048 rows of a 150 MB cache, after 64 MB of other
 // reads: decode's gather from memory rather than from the last-level cache.
 // The rows are picked at random from the whole cache (dense:0), or are half
 // of a 4096-row window (dense:1, the top-2048 of a decode step at depth 4096).
 // Reports the time per query (us_query) and, as its bound, the time a plain
 // read of the same rows takes (us_read).
-void BM_query_bf16_cold(benchmark::State& st) {
-    if (!amx_bf16::available()) {
-        st.SkipWithError("no AMX-BF16 on this CPU");
-        return;
+// n halves set to v in an anonymous mapping advised to 2 MB pages, as the
+// backend's caches are.
+struct HugeHalves {
+    std::span<uint16_t> s;
+    HugeHalves(size_t n, uint16_t v) {
+        void* m =
+            ::mmap(nullptr, n * 2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) std::abort();
+        ::madvise(m, n * 2, MADV_HUGEPAGE);
+        s = {static_cast<uint16_t*>(m), n};
+        std::fill(s.begin(), s.end(), v);
     }
-    constexpr int64_t H = 16, kBig = 131072;
-    const auto q = floats(size_t(H * kWidth), 1);
-    const std::vector<uint16_t> c(size_t(kBig * kWidth), 0x3c00);
-    std::mt19937 rng(3);
-    std::vector<int32_t> idx(kRows), window(2 * kRows);
-    std::vector<float> out(size_t(H * kValue));
-    std::vector<char> other(size_t(64) << 20);
-    auto pick = [&] {
-        if (st.range(0) == 0) {
+    ~HugeHalves() { ::munmap(s.data(), s.size() * 2); }
+    HugeHalves(const HugeHalves&) = delete;
+    HugeHalves& operator=(const HugeHalves&) = delete;
+    const uint16_t* data() const { return s.data(); }
+    uint16_t operator[](size_t i) const { return s[i]; }
+};
+
+struct ColdQuery {
+    static constexpr int64_t H = 16, kBig = 131072;
+    const std::vector<float> q = floats(size_t(H * kWidth), 1);
+    const HugeHalves c{size_t(kBig * kWidth), 0x3c00};
+    std::mt19937 rng{3};
+    std::vector<int32_t> idx = std::vector<int32_t>(kRows),
+                         window = std::vector<int32_t>(2 * kRows);
+    std::vector<float> out = std::vector<float>(size_t(H * kValue));
+    std::vector<char> other = std::vector<char>(size_t(64) << 20);
+
+    void pick(bool dense) {
+        if (!dense) {
             for (auto& i : idx) i = int32_t(rng() % kBig);
         } else {
             const int32_t base = int32_t(rng() % (kBig - 2 * kRows));
@@ -281,31 +301,61 @@ void BM_query_bf16_cold(benchmark::State& st) {
         }
         std::sort(idx.begin(), idx.end());
         evict(other);
-    };
-    double query = 0, read = 0;
-    int64_t n = 0;
-    for (auto _ : st) {
-        pick();
-        const amx_bf16::Rows rows{reinterpret_cast<const uint8_t*>(c.data()), size_t(kWidth) * 2,
-                                  idx.data(), amx_bf16::Elem::F16};
-        query += seconds_of([&] {
-            amx_bf16::Query a(q.data(), H, kWidth, kValue, kRows, 0.04f);
-            for (int64_t b = 0; b < a.blocks(); ++b) a.block(rows, b);
-            a.finish(out.data(), kValue);
-        });
-        pick();
-        read += seconds_of([&] {
-            uint16_t acc = 0;
-            for (const int32_t i : idx)
-                for (int64_t k = 0; k < kWidth; k += 32) acc ^= c[size_t(i * kWidth + k)];
-            benchmark::DoNotOptimize(acc);
-        });
-        ++n;
     }
-    st.counters["us_query"] = query / double(n) * 1e6;
-    st.counters["us_read"] = read / double(n) * 1e6;
+    // query() against a plain read of the rows, each on freshly picked rows.
+    template <typename F>
+    void run(benchmark::State& st, F&& query) {
+        const bool dense = st.range(0) != 0;
+        double tq = 0, tr = 0;
+        int64_t n = 0;
+        for (auto _ : st) {
+            pick(dense);
+            tq += seconds_of(query);
+            pick(dense);
+            tr += seconds_of([&] {
+                uint16_t acc = 0;
+                for (const int32_t i : idx)
+                    for (int64_t k = 0; k < kWidth; k += 32) acc ^= c[size_t(i * kWidth + k)];
+                benchmark::DoNotOptimize(acc);
+            });
+            ++n;
+        }
+        st.counters["us_query"] = tq / double(n) * 1e6;
+        st.counters["us_read"] = tr / double(n) * 1e6;
+    }
+};
+
+void BM_query_bf16_cold(benchmark::State& st) {
+    if (!amx_bf16::available()) {
+        st.SkipWithError("no AMX-BF16 on this CPU");
+        return;
+    }
+    ColdQuery cq;
+    cq.run(st, [&] {
+        const amx_bf16::Rows rows{reinterpret_cast<const uint8_t*>(cq.c.data()), size_t(kWidth) * 2,
+                                  cq.idx.data(), amx_bf16::Elem::F16};
+        amx_bf16::Query a(cq.q.data(), ColdQuery::H, kWidth, kValue, kRows, 0.04f);
+        for (int64_t b = 0; b < a.blocks(); ++b) a.block(rows, b);
+        a.finish(cq.out.data(), kValue);
+    });
 }
 BENCHMARK(BM_query_bf16_cold)->ArgName("dense")->Arg(0)->Arg(1)->Iterations(50);
+
+// The exact path's query on one thread, as attend() runs it: the scores,
+// a softmax per head, the weighted sums.
+void BM_query_f16_cold(benchmark::State& st) {
+    ColdQuery cq;
+    const SimdOps& sv = simd();
+    std::vector<float> s(size_t(ColdQuery::H * kRows));
+    cq.run(st, [&] {
+        const F16Rows rows{reinterpret_cast<const uint8_t*>(cq.c.data()), size_t(kWidth) * 2,
+                           cq.idx.data()};
+        sv.scores_f16(cq.q.data(), ColdQuery::H, kWidth, rows, kRows, s.data(), kRows);
+        for (int64_t h = 0; h < ColdQuery::H; ++h) sv.softmax(s.data() + h * kRows, kRows, true);
+        sv.weighted_sum_f16(s.data(), kRows, ColdQuery::H, rows, kRows, kValue, cq.out.data());
+    });
+}
+BENCHMARK(BM_query_f16_cold)->ArgName("dense")->Arg(0)->Arg(1)->Iterations(50);
 
 // --attn-bf16's indexer: one decode query of GLM-5's 32 heads x 128 dims over
 // 4096 keys, one thread: F16 keys (converted to BF16 tiles, then scored) or
