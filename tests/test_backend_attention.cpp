@@ -482,10 +482,10 @@ TEST(AttentionBackend, CountsTheCacheRowsEachQueryReads) {
 
 namespace {
 
-// --attn-bf16: the AMX-BF16 path against a double-precision reference that
-// rounds what the tiles read (query, cache rows, each block's e^(s - max)) to BF16, at
-// shapes with partial tiles: more than 16 heads, widths and row counts that
-// are not multiples of a tile, dense and selected rows, F16 and F32 caches.
+// --attn-bf16: the BF16 path (AMX tiles, or their vector form) against a double-precision reference
+// that rounds what the tiles read (query, cache rows, each block's e^(s - max)) to BF16, at shapes
+// with partial tiles: more than 16 heads, widths and row counts that are not multiples of a tile,
+// dense and selected rows, F16 and F32 caches.
 float bf16_round(float x) {
     uint32_t u;
     std::memcpy(&u, &x, 4);
@@ -495,12 +495,13 @@ float bf16_round(float x) {
 }
 
 // A two-thread backend in --attn-bf16 mode; null (after checking that it is
-// refused) where the CPU has no AMX-BF16.
+// refused) where the CPU has neither AMX-BF16 nor AVX-512 BF16 (the vector
+// form of the same kernels).
 std::unique_ptr<Backend> bf16_backend() {
     BackendOptions opt;
     opt.n_threads = 2;
     opt.attention_bf16 = true;
-    if (!quant::cpu_has_amx_bf16()) {
+    if (!quant::cpu_has_amx_bf16() && !quant::cpu_has_bf16_vectors()) {
         EXPECT_THROW(make_cpu_backend(opt), Error);
         return nullptr;
     }

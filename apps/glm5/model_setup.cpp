@@ -68,10 +68,11 @@ void add_model_flags(Args& a, bool model_required) {
     a.flag("spec-fixed",
            "with --spec: always draft the full window (no cost governor; for measurements)");
     a.flag("attn-bf16",
-           "MLA attention and lightning-indexer products in BF16 on AMX tiles (CPUs with "
-           "AMX-BF16): much faster deep in a context, but logits differ slightly from the exact "
-           "path's; not with --spec, "
-           "whose verification must be exact");
+           "MLA attention and lightning-indexer products in BF16, on AMX tiles (CPUs with "
+           "AMX-BF16) or AVX-512 BF16 dot products (CPUs without the tiles, e.g. AMD Zen 4/5): "
+           "much faster deep in a context, but logits differ slightly from the exact path's "
+           "(and between those two kinds of CPU); not with --spec, whose verification must be "
+           "exact");
     a.flag("no-mmap",
            "copy the weights into memory instead of serving them from the file mapping "
            "(faster where file-backed pages are slow; needs RAM for the whole model)");
@@ -163,8 +164,9 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
              m.backend->n_threads(), quant::cpu_level_name(quant::cpu_level()));
     if (bo.attention_bf16)
         log_info(
-            "glm5: attention and indexer products in BF16 on AMX tiles (--attn-bf16: logits differ "
-            "slightly from the exact path's)\n");
+            "glm5: attention and indexer products in BF16 on %s (--attn-bf16: logits differ "
+            "slightly from the exact path's)\n",
+            quant::cpu_has_amx_bf16() ? "AMX tiles" : "AVX-512 BF16 dot products");
     if (sp.type != runtime::DraftType::Off)
         log_info("glm5: speculative decoding: %s drafts, window up to %d%s\n",
                  runtime::draft_type_name(sp.type), sp.draft_max,

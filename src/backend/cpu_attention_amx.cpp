@@ -126,8 +126,133 @@ void round_row(const float* x, int64_t n, uint16_t* out) {
 }
 
 bool available() {
-    return quant::cpu_has_amx_bf16();
+    return quant::cpu_has_amx_bf16() || quant::cpu_has_bf16_vectors();
 }
+
+namespace {
+
+// The tile operations the kernels below are written in, on the AMX unit. The
+// intrinsics spell a tile's number into their instruction, so it must be a
+// literal: each template picks its literal.
+#define GLM5_TILE_LITERAL(I, CALL) \
+    if constexpr (I == 0)          \
+        CALL(0);                   \
+    else if constexpr (I == 1)     \
+        CALL(1);                   \
+    else if constexpr (I == 2)     \
+        CALL(2);                   \
+    else if constexpr (I == 3)     \
+        CALL(3);                   \
+    else if constexpr (I == 4)     \
+        CALL(4);                   \
+    else if constexpr (I == 5)     \
+        CALL(5);                   \
+    else if constexpr (I == 6)     \
+        CALL(6);                   \
+    else                           \
+        CALL(7)
+struct AmxTileOps {
+    quant::AmxTiles config;  // the tiles are the thread's while this lives
+    template <int I>
+    void zero() {
+#define GLM5_ZERO(t) _tile_zero(t)
+        GLM5_TILE_LITERAL(I, GLM5_ZERO);
+#undef GLM5_ZERO
+    }
+    template <int I>
+    void load(const void* p, int64_t ld) {
+#define GLM5_LOAD(t) _tile_loadd(t, p, ld)
+        GLM5_TILE_LITERAL(I, GLM5_LOAD);
+#undef GLM5_LOAD
+    }
+    // C += A . B for the (C, A, B) the kernels use.
+    template <int C, int A, int B>
+    void dp() {
+#define GLM5_DP(c, a, b) else if constexpr (C == c && A == a && B == b) _tile_dpbf16ps(c, a, b)
+        if constexpr (false) {
+        }
+        GLM5_DP(0, 4, 5);
+        GLM5_DP(1, 6, 5);
+        GLM5_DP(2, 4, 5);
+        GLM5_DP(3, 6, 5);
+        GLM5_DP(1, 4, 7);
+        GLM5_DP(3, 4, 7);
+        GLM5_DP(0, 4, 6);
+        GLM5_DP(1, 5, 6);
+        GLM5_DP(2, 4, 7);
+        GLM5_DP(3, 5, 7);
+        else static_assert(C < 0, "a tile product the kernels do not use: add it here");
+#undef GLM5_DP
+    }
+    template <int I>
+    void store(void* p, int64_t ld) {
+#define GLM5_STORE(t) _tile_stored(t, p, ld)
+        GLM5_TILE_LITERAL(I, GLM5_STORE);
+#undef GLM5_STORE
+    }
+};
+#undef GLM5_TILE_LITERAL
+
+// The same operations on AVX-512 BF16 dot products, for CPUs without the
+// tiles: C[m][n] += A[m][2k] B[k][2n] + A[m][2k + 1] B[k][2n + 1] over k, as
+// _tile_dpbf16ps, with each C row a vector and each A pair broadcast. The
+// math of the tile product, not its bits (the tile unit's rounding inside a
+// product is its own). A loaded tile is its source's address: the kernels
+// leave a source unchanged until the products that read it are done.
+struct VectorTileOps {
+    const uint8_t* src[8];
+    int64_t ld[8];
+    alignas(64) float acc[8][16 * 16];
+    template <int I>
+    void zero() {
+        for (int m = 0; m < 16; ++m) _mm512_store_ps(acc[I] + 16 * m, _mm512_setzero_ps());
+    }
+    template <int I>
+    void load(const void* p, int64_t stride) {
+        src[I] = static_cast<const uint8_t*>(p);
+        ld[I] = stride;
+    }
+    template <int C, int A, int B>
+    void dp() {
+        const uint8_t* a = src[A];
+        const uint8_t* b = src[B];
+        __m512 c[16];
+#pragma GCC unroll 16
+        for (int m = 0; m < 16; ++m) c[m] = _mm512_load_ps(acc[C] + 16 * m);
+        // Eight of B's pair rows at a time stay in registers with the 16 sums.
+        for (int k0 = 0; k0 < 16; k0 += 8) {
+            __m512bh bk[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; ++k)
+                bk[k] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + (k0 + k) * ld[B]));
+#pragma GCC unroll 16
+            for (int m = 0; m < 16; ++m)
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; ++k) {
+                    int32_t pair;
+                    std::memcpy(&pair, a + m * ld[A] + 4 * (k0 + k), 4);
+                    c[m] = _mm512_dpbf16_ps(c[m], bk[k],
+                                            reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair)));
+                }
+        }
+#pragma GCC unroll 16
+        for (int m = 0; m < 16; ++m) _mm512_store_ps(acc[C] + 16 * m, c[m]);
+    }
+    template <int I>
+    void store(void* p, int64_t stride) {
+        auto* out = static_cast<uint8_t*>(p);
+        for (int m = 0; m < 16; ++m)
+            _mm512_storeu_ps(reinterpret_cast<float*>(out + m * stride),
+                             _mm512_load_ps(acc[I] + 16 * m));
+    }
+};
+
+bool on_tiles() {
+    static const bool v = quant::cpu_has_amx_bf16();
+    return v;
+}
+
+}  // namespace
 
 Query::Query(const float* q, int64_t n_heads, int64_t w, int64_t v, int64_t n, float scale)
     : heads_(n_heads),
@@ -173,6 +298,14 @@ BlockWork& block_work() {
 }  // namespace
 
 void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows, int64_t b) {
+    if (on_tiles())
+        block_of_run_on<AmxTileOps>(run, rows, b);
+    else
+        block_of_run_on<VectorTileOps>(run, rows, b);
+}
+
+template <class Tiles>
+void Query::block_of_run_on(std::span<Query* const> run, std::span<const Rows> rows, int64_t b) {
     const int64_t nq = int64_t(run.size());
     const int64_t j0 = b * kBlockKeys, wp = run[0]->wp_;
     const int64_t ldk = wp * 2;  // bytes between converted rows
@@ -263,44 +396,46 @@ void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows
     // query by query (its tiles stay in L1 while the rows stream from L2),
     // 64 rows at a time (4 tiles)
     for (int64_t i = 0; i < nq; ++i) {
-        const quant::AmxTiles tiles;
+        Tiles tl;
         const uint16_t* qt = run[size_t(i)]->qt_.data();
         for (int64_t g0 = 0; g0 < nu; g0 += kGroup) {
             const int64_t nt = (std::min(kGroup, nu - g0) + 15) / 16;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            tl.template zero<0>();
+            tl.template zero<1>();
+            tl.template zero<2>();
+            tl.template zero<3>();
             const uint16_t* k0 = bw.kb.data() + g0 * wp;
             for (int64_t k = 0; k < wp / 32; ++k) {
-                _tile_loadd(5, qt + k * 512, 64);
-                _tile_loadd(4, k0 + k * 32, ldk);
-                _tile_dpbf16ps(0, 4, 5);
+                tl.template load<5>(qt + k * 512, 64);
+                tl.template load<4>(k0 + k * 32, ldk);
+                tl.template dp<0, 4, 5>();
                 if (nt > 1) {
-                    _tile_loadd(6, k0 + 16 * wp + k * 32, ldk);
-                    _tile_dpbf16ps(1, 6, 5);
+                    tl.template load<6>(k0 + 16 * wp + k * 32, ldk);
+                    tl.template dp<1, 6, 5>();
                 }
                 if (nt > 2) {
-                    _tile_loadd(4, k0 + 32 * wp + k * 32, ldk);
-                    _tile_dpbf16ps(2, 4, 5);
+                    tl.template load<4>(k0 + 32 * wp + k * 32, ldk);
+                    tl.template dp<2, 4, 5>();
                 }
                 if (nt > 3) {
-                    _tile_loadd(6, k0 + 48 * wp + k * 32, ldk);
-                    _tile_dpbf16ps(3, 6, 5);
+                    tl.template load<6>(k0 + 48 * wp + k * 32, ldk);
+                    tl.template dp<3, 6, 5>();
                 }
             }
             float* sg = s + (i * nu16 + g0) * kHeads;
-            _tile_stored(0, sg, 64);
-            if (nt > 1) _tile_stored(1, sg + 16 * kHeads, 64);
-            if (nt > 2) _tile_stored(2, sg + 32 * kHeads, 64);
-            if (nt > 3) _tile_stored(3, sg + 48 * kHeads, 64);
+            tl.template store<0>(sg, 64);
+            if (nt > 1) tl.template store<1>(sg + 16 * kHeads, 64);
+            if (nt > 2) tl.template store<2>(sg + 32 * kHeads, 64);
+            if (nt > 3) tl.template store<3>(sg + 48 * kHeads, 64);
         }
     }
     for (int64_t i = 0; i < nq; ++i)
-        run[size_t(i)]->softmax_values(b, nk[i], same ? nullptr : bw.map.data() + i * kBlockKeys,
-                                       bw.kb.data(), s + i * nu16 * kHeads);
+        run[size_t(i)]->softmax_values<Tiles>(b, nk[i],
+                                              same ? nullptr : bw.map.data() + i * kBlockKeys,
+                                              bw.kb.data(), s + i * nu16 * kHeads);
 }
 
+template <class Tiles>
 void Query::softmax_values(int64_t b, int64_t nk, const int32_t* map, const uint16_t* kb,
                            const float* s) {
     // The same code with and without the map (one query's kb rows are its own).
@@ -311,7 +446,7 @@ void Query::softmax_values(int64_t b, int64_t nk, const int32_t* map, const uint
         BlockWork& bw = block_work();
         bw.vb.resize(size_t(kBlockKeys * vrow));  // two groups' kBlockKeys / 2 pairs
         bw.pt.resize(size_t(kHeads * kPtStride));
-        const quant::AmxTiles tiles;
+        Tiles tl;
         // Interleave the BF16 words of two rows: [a0, b0, a1, b1, ...] for columns
         // 0..15 of a 32-column chunk, and for 16..31.
         alignas(64) static const uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
@@ -370,33 +505,33 @@ void Query::softmax_values(int64_t b, int64_t nk, const int32_t* map, const uint
             const int64_t nt = std::min<int64_t>(4, (vp_ - g) / 16);
             const uint16_t* cur = pairs[g / 64 % 2];
             uint16_t* next = g + 64 < vp_ ? pairs[(g / 64 + 1) % 2] : nullptr;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            tl.template zero<0>();
+            tl.template zero<1>();
+            tl.template zero<2>();
+            tl.template zero<3>();
             for (int64_t kc = 0; kc < nk32 / 32; ++kc) {
                 if (next) build_pairs(g + 64, 16 * kc, 16 * kc + 16, next);
-                _tile_loadd(4, bw.pt.data() + 32 * kc, kPtStride * 2);
+                tl.template load<4>(bw.pt.data() + 32 * kc, kPtStride * 2);
                 const uint16_t* vr = cur + 16 * kc * vrow;
-                _tile_loadd(5, vr, vrow * 2);
-                _tile_dpbf16ps(0, 4, 5);
+                tl.template load<5>(vr, vrow * 2);
+                tl.template dp<0, 4, 5>();
                 if (nt > 1) {
-                    _tile_loadd(7, vr + 32, vrow * 2);
-                    _tile_dpbf16ps(1, 4, 7);
+                    tl.template load<7>(vr + 32, vrow * 2);
+                    tl.template dp<1, 4, 7>();
                 }
                 if (nt > 2) {
-                    _tile_loadd(5, vr + 64, vrow * 2);
-                    _tile_dpbf16ps(2, 4, 5);
+                    tl.template load<5>(vr + 64, vrow * 2);
+                    tl.template dp<2, 4, 5>();
                 }
                 if (nt > 3) {
-                    _tile_loadd(7, vr + 96, vrow * 2);
-                    _tile_dpbf16ps(3, 4, 7);
+                    tl.template load<7>(vr + 96, vrow * 2);
+                    tl.template dp<3, 4, 7>();
                 }
             }
-            _tile_stored(0, part + g, ldo_ * 4);
-            if (nt > 1) _tile_stored(1, part + g + 16, ldo_ * 4);
-            if (nt > 2) _tile_stored(2, part + g + 32, ldo_ * 4);
-            if (nt > 3) _tile_stored(3, part + g + 48, ldo_ * 4);
+            tl.template store<0>(part + g, ldo_ * 4);
+            if (nt > 1) tl.template store<1>(part + g + 16, ldo_ * 4);
+            if (nt > 2) tl.template store<2>(part + g + 32, ldo_ * 4);
+            if (nt > 3) tl.template store<3>(part + g + 48, ldo_ * 4);
         }
     };
     if (map)
@@ -460,11 +595,20 @@ void IndexerKeys::convert_query(const float* q, int64_t n_heads, uint16_t* out) 
 
 void IndexerKeys::scores(const uint16_t* qb, int64_t n_heads, const float* w, int64_t s0,
                          int64_t s1, float* out) const {
+    if (on_tiles())
+        scores_on<AmxTileOps>(qb, n_heads, w, s0, s1, out);
+    else
+        scores_on<VectorTileOps>(qb, n_heads, w, s0, s1, out);
+}
+
+template <class Tiles>
+void IndexerKeys::scores_on(const uint16_t* qb, int64_t n_heads, const float* w, int64_t s0,
+                            int64_t s1, float* out) const {
     const int64_t chunks = dp_ / 32, groups = (n_heads + 15) / 16;
     thread_local LineVector<float> cb;       // [group][32 keys][16 heads]
     thread_local LineVector<uint16_t> tail;  // a last, partial tile read in place, padded
     cb.resize(size_t(groups * 32 * 16));
-    const quant::AmxTiles tiles;
+    Tiles tl;
     // Key tile t as A tiles: its rows and their stride in bytes.
     auto key_tile = [&](int64_t t, const uint8_t*& p, int64_t& ld) {
         if (!in_place_) {
@@ -494,30 +638,30 @@ void IndexerKeys::scores(const uint16_t* qb, int64_t n_heads, const float* w, in
             const bool g2 = g + 1 < groups;
             const uint16_t* b0 = qb + g * chunks * 512;
             const uint16_t* b1 = b0 + chunks * 512;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            tl.template zero<0>();
+            tl.template zero<1>();
+            tl.template zero<2>();
+            tl.template zero<3>();
             for (int64_t c = 0; c < chunks; ++c) {
-                _tile_loadd(4, a0 + c * 64, ld0);
-                _tile_loadd(6, b0 + c * 512, 64);
-                _tile_dpbf16ps(0, 4, 6);
+                tl.template load<4>(a0 + c * 64, ld0);
+                tl.template load<6>(b0 + c * 512, 64);
+                tl.template dp<0, 4, 6>();
                 if (two) {
-                    _tile_loadd(5, a1 + c * 64, ld1);
-                    _tile_dpbf16ps(1, 5, 6);
+                    tl.template load<5>(a1 + c * 64, ld1);
+                    tl.template dp<1, 5, 6>();
                 }
                 if (g2) {
-                    _tile_loadd(7, b1 + c * 512, 64);
-                    _tile_dpbf16ps(2, 4, 7);
-                    if (two) _tile_dpbf16ps(3, 5, 7);
+                    tl.template load<7>(b1 + c * 512, 64);
+                    tl.template dp<2, 4, 7>();
+                    if (two) tl.template dp<3, 5, 7>();
                 }
             }
             float* c0 = cb.data() + g * 32 * 16;
-            _tile_stored(0, c0, 64);
-            if (two) _tile_stored(1, c0 + 16 * 16, 64);
+            tl.template store<0>(c0, 64);
+            if (two) tl.template store<1>(c0 + 16 * 16, 64);
             if (g2) {
-                _tile_stored(2, c0 + 32 * 16, 64);
-                if (two) _tile_stored(3, c0 + 48 * 16, 64);
+                tl.template store<2>(c0 + 32 * 16, 64);
+                if (two) tl.template store<3>(c0 + 48 * 16, 64);
             }
         }
         for (int64_t kt = 0; kt < (two ? 2 : 1); ++kt) {

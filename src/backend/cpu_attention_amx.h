@@ -1,7 +1,9 @@
 // MLA attention and indexer scores on AMX-BF16 tiles (the --attn-bf16 mode): the
 // query, the cache rows and the probabilities are rounded to BF16 and the
 // products summed in F32 by the tile unit, about ten times the F32 FMA rate
-// of these cores. The results differ from the exact path's (its F16/F32
+// of these cores. CPUs without the tiles but with AVX-512 BF16 run the same
+// kernels with each tile product as vector dot products (twice the F32 FMA
+// rate). The results differ from the exact path's (its F16/F32
 // products) in the last bits of the scores, so the mode is opt-in and never
 // verifies speculative drafts. A result depends only on its query and rows:
 // each score tile and each output tile is one fixed sequence of tile
@@ -79,9 +81,14 @@ class Query {
     void finish(float* out, int64_t out_stride) const;
 
   private:
+    // block_of_run on the AMX unit or its vector form (Tiles: the tile
+    // operations, cpu_attention_amx.cpp).
+    template <class Tiles>
+    static void block_of_run_on(std::span<Query* const> run, std::span<const Rows> rows, int64_t b);
     // The softmax and values of block b: its row j is row map[j] of the
     // converted rows kb (map[j] for j up to a whole pair tile: a zero row; no
     // map: row j), with scores s[that row * kHeads + head].
+    template <class Tiles>
     void softmax_values(int64_t b, int64_t nk, const int32_t* map, const uint16_t* kb,
                         const float* s);
     int64_t heads_, w_, wp_, v_, vp_, ldo_, n_;
@@ -115,6 +122,9 @@ class IndexerKeys {
                 float* out) const;
 
   private:
+    template <class Tiles>
+    void scores_on(const uint16_t* qb, int64_t n_heads, const float* w, int64_t s0, int64_t s1,
+                   float* out) const;
     Rows rows_;
     int64_t n_ = 0, dim_ = 0, dp_ = 0;  // dp_: dim rounded up to 32
     bool in_place_ = false;
@@ -124,6 +134,7 @@ class IndexerKeys {
 // n floats rounded to BF16 (to nearest, ties to even): a BF16 cache row.
 void round_row(const float* x, int64_t n, uint16_t* out);
 
-bool available();  // AMX-BF16 tiles and AVX-512 BF16 conversions usable here
+// AMX-BF16 tiles, or (on a CPU without them) AVX-512 BF16 dot products, usable here
+bool available();
 
 }  // namespace glm5::backend::cpu::amx_bf16

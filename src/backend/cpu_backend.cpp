@@ -25,8 +25,8 @@ CpuBackend::CpuBackend(const BackendOptions& opt)
     profile_.fault_hook = opt.fault_hook;
     if (opt.attention_bf16 && !amx_bf16::available())
         throw Error(
-            "BF16 attention needs AMX-BF16 tiles and AVX-512 BF16, which this CPU (or "
-            "the GLM5_CPU level) does not have: run without --attn-bf16");
+            "BF16 attention needs AMX-BF16 tiles or AVX-512 BF16 with VBMI, which this CPU "
+            "(or the GLM5_CPU level) does not have: run without --attn-bf16");
     attention_bf16_ = opt.attention_bf16;
 }
 

@@ -37,6 +37,9 @@ bool cpu_has_avx2();      // AVX2 + FMA + F16C
 bool cpu_has_avx512();    // AVX-512 F/BW/VL/DQ/VNNI
 bool cpu_has_amx();       // and AMX-TILE/INT8, AVX-512 VBMI, the tile state granted by the OS
 bool cpu_has_amx_bf16();  // and AMX-BF16, AVX-512 BF16 (the --attn-bf16 attention)
+// AVX-512 BF16 dot products and VBMI at the VNNI level, on a CPU without
+// AMX-BF16 (where it has the tiles, the --attn-bf16 attention runs on them only)
+bool cpu_has_bf16_vectors();
 
 // Kernel levels, each including the ones below. Every AVX-512 kernel here also
 // uses VNNI, so the Avx512 level (F/BW/VL/DQ without VNNI) runs the AVX2 ones.

@@ -124,6 +124,18 @@ bool cpu_has_amx_bf16() {
            __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 & (1u << 5));
 }
 
+// AVX-512 BF16 and VBMI at the VNNI level, on a CPU without AMX-BF16 tiles.
+// Where the tiles exist the BF16 attention runs on them alone, whatever
+// GLM5_CPU says, so that its results are one machine's, not one level's.
+bool cpu_has_bf16_vectors() {
+    unsigned a = 0, b = 0, c = 0, d = 0, a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+    if (!(cpu_has_avx512() && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
+          __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)))
+        return false;
+    const bool tiles = (d & (1u << 22)) && (d & (1u << 24));  // AMX-BF16, AMX-TILE
+    return !tiles && (c & (1u << 1)) && (a1 & (1u << 5));
+}
+
 void dequantize_row(Type t, const void* src, float* dst, int64_t n) {
     check_blocks(t, n);
     const FormatOps& o = ops_for(t);
