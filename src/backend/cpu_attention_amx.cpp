@@ -152,7 +152,8 @@ namespace {
     else                           \
         CALL(7)
 struct AmxTileOps {
-    quant::AmxTiles config;  // the tiles are the thread's while this lives
+    static constexpr bool kScoreUnion = true;  // a run's queries score their rows' union
+    quant::AmxTiles config;                    // the tiles are the thread's while this lives
     template <int I>
     void zero() {
 #define GLM5_ZERO(t) _tile_zero(t)
@@ -200,6 +201,7 @@ struct AmxTileOps {
 // product is its own). A loaded tile is its source's address: the kernels
 // leave a source unchanged until the products that read it are done.
 struct VectorTileOps {
+    static constexpr bool kScoreUnion = false;  // each query of a run scores its own rows
     const uint8_t* src[8];
     int64_t ld[8];
     alignas(64) float acc[8][16 * 16];
@@ -324,6 +326,13 @@ void Query::block_of_run_on(std::span<Query* const> run, std::span<const Rows> r
         same &= r.idx == rows[0].idx && nk[i] == nk[0];
     }
     same &= shared;
+    // Queries that read different rows each score every row any of them
+    // reads: cheap on the tile unit, but with vector products the extra
+    // scores cost more than the shared gather saves (Tiles::kScoreUnion).
+    if (!same && !Tiles::kScoreUnion) {
+        for (int64_t i = 0; i < nq; ++i) run[size_t(i)]->block(rows[size_t(i)], b);
+        return;
+    }
     for (int64_t i = 0; i < nq && !same; ++i)
         for (int64_t j = 0; j < nk[i]; ++j) {
             lo = std::min(lo, index(i, j));
