@@ -326,20 +326,18 @@ void Query::block_of_run_on(std::span<Query* const> run, std::span<const Rows> r
         same &= r.idx == rows[0].idx && nk[i] == nk[0];
     }
     same &= shared;
-    // Queries that read different rows each score every row any of them
-    // reads: cheap on the tile unit, but with vector products the extra
-    // scores cost more than the shared gather saves (Tiles::kScoreUnion).
-    if (!same && !Tiles::kScoreUnion) {
-        for (int64_t i = 0; i < nq; ++i) run[size_t(i)]->block(rows[size_t(i)], b);
-        return;
-    }
-    for (int64_t i = 0; i < nq && !same; ++i)
+    // Queries that read different rows share them through a table over the
+    // rows' span, and each scores every row any of them reads: cheap on the
+    // tile unit, but with vector products the extra scores cost more than the
+    // shared gather saves (Tiles::kScoreUnion). Rows of two caches, or a span
+    // too wide for the table: each query's block alone.
+    const bool union_ok = !same && shared && Tiles::kScoreUnion;
+    for (int64_t i = 0; i < nq && union_ok; ++i)
         for (int64_t j = 0; j < nk[i]; ++j) {
             lo = std::min(lo, index(i, j));
             hi = std::max(hi, index(i, j));
         }
-    // Otherwise a table over the rows' span numbers them, if it is narrow enough.
-    if (!same && (!shared || hi - lo >= kMaxSpan)) {
+    if (!same && (!union_ok || hi - lo >= kMaxSpan)) {
         for (int64_t i = 0; i < nq; ++i) run[size_t(i)]->block(rows[size_t(i)], b);
         return;
     }
