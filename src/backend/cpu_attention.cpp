@@ -311,14 +311,19 @@ void CpuBackend::attend_wide(const AttentionQuery& q, int64_t H, int64_t v_width
     float* sc = wide_scores_.data();
     const int64_t T = pool_.size();
     const int64_t rgrain = (n / (4 * T) + 15) / 16 * 16;
+    // Phases timed apart under GLM5_PROFILE.
+    std::optional<OpTimer> phase;
+    phase.emplace(profile_, "attention.scores", 1);
     pool_.parallel_for(n, std::max<int64_t>(16, rgrain), [&](int64_t b, int64_t e, int) {
         sv.scores_f16(wq, H, W, rows_from(b, 0), e - b, sc + b, n);
         for (int64_t h = 0; h < H; ++h)
             for (int64_t j = b; j < e; ++j) sc[h * n + j] *= scale;
     });
+    phase.emplace(profile_, "attention.softmax", 1);
     pool_.parallel_for(H, 1, [&](int64_t b, int64_t e, int) {
         for (int64_t h = b; h < e; ++h) sv.softmax(sc + h * n, n, true);
     });
+    phase.emplace(profile_, "attention.values", 1);
     // Value columns in pieces of 64 (whole tiles), all heads per piece.
     const int64_t cw = 64, pieces = (v_width + cw - 1) / cw;
     pool_.parallel_for(pieces, 1, [&](int64_t b, int64_t e, int ith) {
