@@ -335,7 +335,7 @@ void BM_query_bf16_cold(benchmark::State& st) {
         const amx_bf16::Rows rows{reinterpret_cast<const uint8_t*>(cq.c.data()), size_t(kWidth) * 2,
                                   cq.idx.data(), amx_bf16::Elem::F16};
         amx_bf16::Query a(cq.q.data(), ColdQuery::H, kWidth, kValue, kRows, 0.04f);
-        for (int64_t b = 0; b < a.blocks(); ++b) a.block(rows, b);
+        for (int64_t b = 0; b < a.blocks(); ++b) a.block(rows, b, b + 1 < a.blocks() ? b + 1 : -1);
         a.finish(cq.out.data(), kValue);
     });
 }

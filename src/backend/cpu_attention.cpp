@@ -236,10 +236,15 @@ void CpuBackend::attend_bf16(std::span<const AttentionQuery> queries, int64_t H,
                     in[i] = &gs[i];
                     in_rows[i] = rows;
                 }
-                pool_.parallel_for(gs[0].blocks(), 1, [&](int64_t b, int64_t e, int) {
-                    for (int64_t k = b; k < e; ++k)
-                        Query::block_of_run({in, gs.size()}, {in_rows, gs.size()}, k);
-                });
+                // Each thread a stretch of blocks: it asks for its next
+                // block's rows while it computes one.
+                const int64_t nb = gs[0].blocks();
+                pool_.parallel_for(
+                    nb, (nb + pool_.size() - 1) / pool_.size(), [&](int64_t b, int64_t e, int) {
+                        for (int64_t k = b; k < e; ++k)
+                            Query::block_of_run({in, gs.size()}, {in_rows, gs.size()}, k,
+                                                k + 1 < e ? k + 1 : -1);
+                    });
                 for (size_t i = 0; i < gs.size(); ++i)
                     gs[i].finish(host(q.out) + (g0 + int64_t(i)) * Query::kHeads * v_width,
                                  v_width);

@@ -152,8 +152,9 @@ namespace {
     else                           \
         CALL(7)
 struct AmxTileOps {
-    static constexpr bool kScoreUnion = true;  // a run's queries score their rows' union
-    quant::AmxTiles config;                    // the tiles are the thread's while this lives
+    static constexpr bool kScoreUnion = true;     // a run's queries score their rows' union
+    static constexpr bool kPrefetchNext = false;  // not measured on the tiles
+    quant::AmxTiles config;                       // the tiles are the thread's while this lives
     template <int I>
     void zero() {
 #define GLM5_ZERO(t) _tile_zero(t)
@@ -201,7 +202,8 @@ struct AmxTileOps {
 // product is its own). A loaded tile is its source's address: the kernels
 // leave a source unchanged until the products that read it are done.
 struct VectorTileOps {
-    static constexpr bool kScoreUnion = false;  // each query of a run scores its own rows
+    static constexpr bool kScoreUnion = false;   // each query of a run scores its own rows
+    static constexpr bool kPrefetchNext = true;  // asks for the next block's rows (decode)
     const uint8_t* src[8];
     int64_t ld[8];
     alignas(64) float acc[8][16 * 16];
@@ -299,15 +301,17 @@ BlockWork& block_work() {
 
 }  // namespace
 
-void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows, int64_t b) {
+void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows, int64_t b,
+                         int64_t next) {
     if (on_tiles())
-        block_of_run_on<AmxTileOps>(run, rows, b);
+        block_of_run_on<AmxTileOps>(run, rows, b, next);
     else
-        block_of_run_on<VectorTileOps>(run, rows, b);
+        block_of_run_on<VectorTileOps>(run, rows, b, next);
 }
 
 template <class Tiles>
-void Query::block_of_run_on(std::span<Query* const> run, std::span<const Rows> rows, int64_t b) {
+void Query::block_of_run_on(std::span<Query* const> run, std::span<const Rows> rows, int64_t b,
+                            int64_t next) {
     const int64_t nq = int64_t(run.size());
     const int64_t j0 = b * kBlockKeys, wp = run[0]->wp_;
     const int64_t ldk = wp * 2;  // bytes between converted rows
@@ -397,6 +401,16 @@ void Query::block_of_run_on(std::span<Query* const> run, std::span<const Rows> r
         }
     }
 
+    // The rows of this thread's next block (decode: one query's rows),
+    // asked for over this block's score and value steps.
+    RowPrefetch<Rows> pf(rows[0], run[0]->n_, int64_t(row_bytes));
+    if (Tiles::kPrefetchNext && same && next >= 0) {
+        // A step before each tile product: up to 4 per chunk of a row group.
+        const int64_t score_steps = nq * (nu + 15) / 16 * (wp / 32);
+        const int64_t value_steps = nq * (run[0]->vp_ + 15) / 16 * (kBlockKeys / 32);
+        pf.queue(next * kBlockKeys, kBlockKeys, score_steps + value_steps);
+    }
+
     // ---- scores of every row against every query: C[row][head] per query,
     // query i's at s + i * nu16 * kHeads
     float* const s = bw.s.data();
@@ -413,18 +427,22 @@ void Query::block_of_run_on(std::span<Query* const> run, std::span<const Rows> r
             tl.template zero<3>();
             const uint16_t* k0 = bw.kb.data() + g0 * wp;
             for (int64_t k = 0; k < wp / 32; ++k) {
+                pf.step();
                 tl.template load<5>(qt + k * 512, 64);
                 tl.template load<4>(k0 + k * 32, ldk);
                 tl.template dp<0, 4, 5>();
                 if (nt > 1) {
+                    pf.step();
                     tl.template load<6>(k0 + 16 * wp + k * 32, ldk);
                     tl.template dp<1, 6, 5>();
                 }
                 if (nt > 2) {
+                    pf.step();
                     tl.template load<4>(k0 + 32 * wp + k * 32, ldk);
                     tl.template dp<2, 4, 5>();
                 }
                 if (nt > 3) {
+                    pf.step();
                     tl.template load<6>(k0 + 48 * wp + k * 32, ldk);
                     tl.template dp<3, 6, 5>();
                 }
@@ -439,12 +457,12 @@ void Query::block_of_run_on(std::span<Query* const> run, std::span<const Rows> r
     for (int64_t i = 0; i < nq; ++i)
         run[size_t(i)]->softmax_values<Tiles>(b, nk[i],
                                               same ? nullptr : bw.map.data() + i * kBlockKeys,
-                                              bw.kb.data(), s + i * nu16 * kHeads);
+                                              bw.kb.data(), s + i * nu16 * kHeads, pf);
 }
 
 template <class Tiles>
 void Query::softmax_values(int64_t b, int64_t nk, const int32_t* map, const uint16_t* kb,
-                           const float* s) {
+                           const float* s, RowPrefetch<Rows>& pf) {
     // The same code with and without the map (one query's kb rows are its own).
     auto run_with = [&](auto at) {
         const int64_t nk32 = (nk + 31) / 32 * 32;
@@ -517,20 +535,24 @@ void Query::softmax_values(int64_t b, int64_t nk, const int32_t* map, const uint
             tl.template zero<2>();
             tl.template zero<3>();
             for (int64_t kc = 0; kc < nk32 / 32; ++kc) {
+                pf.step();
                 if (next) build_pairs(g + 64, 16 * kc, 16 * kc + 16, next);
                 tl.template load<4>(bw.pt.data() + 32 * kc, kPtStride * 2);
                 const uint16_t* vr = cur + 16 * kc * vrow;
                 tl.template load<5>(vr, vrow * 2);
                 tl.template dp<0, 4, 5>();
                 if (nt > 1) {
+                    pf.step();
                     tl.template load<7>(vr + 32, vrow * 2);
                     tl.template dp<1, 4, 7>();
                 }
                 if (nt > 2) {
+                    pf.step();
                     tl.template load<5>(vr + 64, vrow * 2);
                     tl.template dp<2, 4, 5>();
                 }
                 if (nt > 3) {
+                    pf.step();
                     tl.template load<7>(vr + 96, vrow * 2);
                     tl.template dp<3, 4, 7>();
                 }

@@ -17,6 +17,8 @@
 #include <span>
 #include <vector>
 
+#include "backend/cpu_prefetch.h"
+
 namespace glm5::backend::cpu::amx_bf16 {
 
 // Tile rows on whole cache lines: a row split over two lines made each tile
@@ -66,9 +68,9 @@ class Query {
     // q: [n_heads][w] floats; n visible rows of width w whose first v values are the values.
     Query(const float* q, int64_t n_heads, int64_t w, int64_t v, int64_t n, float scale);
     int64_t blocks() const { return (n_ + kBlockKeys - 1) / kBlockKeys; }
-    void block(const Rows& rows, int64_t b) {
+    void block(const Rows& rows, int64_t b, int64_t next = -1) {
         Query* self = this;
-        block_of_run({&self, 1}, {&rows, 1}, b);
+        block_of_run({&self, 1}, {&rows, 1}, b, next);
     }
     // Block b of up to kMaxRun queries of one shape (head groups of one
     // layer, of up to kRunQueries queries), query i reading rows[i] and having
@@ -76,7 +78,10 @@ class Query {
     // and scored against all of their heads; each query then takes its own
     // rows' scores and values. The bits are those of block() alone: a score
     // depends only on its row and head.
-    static void block_of_run(std::span<Query* const> run, std::span<const Rows> rows, int64_t b);
+    // next: the block of the same rows this thread takes after b (-1: none),
+    // whose rows the vector form asks for while it computes b.
+    static void block_of_run(std::span<Query* const> run, std::span<const Rows> rows, int64_t b,
+                             int64_t next = -1);
     // out[h * out_stride + c] for h < n_heads, c < v.
     void finish(float* out, int64_t out_stride) const;
 
@@ -84,13 +89,14 @@ class Query {
     // block_of_run on the AMX unit or its vector form (Tiles: the tile
     // operations, cpu_attention_amx.cpp).
     template <class Tiles>
-    static void block_of_run_on(std::span<Query* const> run, std::span<const Rows> rows, int64_t b);
+    static void block_of_run_on(std::span<Query* const> run, std::span<const Rows> rows, int64_t b,
+                                int64_t next);
     // The softmax and values of block b: its row j is row map[j] of the
     // converted rows kb (map[j] for j up to a whole pair tile: a zero row; no
     // map: row j), with scores s[that row * kHeads + head].
     template <class Tiles>
     void softmax_values(int64_t b, int64_t nk, const int32_t* map, const uint16_t* kb,
-                        const float* s);
+                        const float* s, RowPrefetch<Rows>& pf);
     int64_t heads_, w_, wp_, v_, vp_, ldo_, n_;
     float scale_;
     LineVector<uint16_t> qt_;      // the query as B tiles: [wp/32][16 dim pairs][16 heads][2]

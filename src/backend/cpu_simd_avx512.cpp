@@ -27,6 +27,7 @@
 
 #include "backend/avx512_exp.h"
 #include "backend/cpu_kernels.h"
+#include "backend/cpu_prefetch.h"
 #include "backend/cpu_simd.h"
 
 namespace glm5::backend::cpu::avx512 {
@@ -75,42 +76,10 @@ void convert(const F16Rows& rows, int64_t j0, int64_t nr, int64_t w, int64_t wp,
     }
 }
 
-// The cache lines of rows still to come, asked for a few at a time from
-// inside the score tiles' loops: in decode the rows come from DRAM (the
-// layer's weights have streamed through every cache since they were last
-// read). Asked for all at once, a block's 144 lines stalled the core behind
-// the outstanding misses and the scores ran ~1.7x slower than from cache;
-// one line every few FMAs overlaps the reads with the products.
-class RowPrefetch {
-  public:
-    RowPrefetch(const F16Rows& rows, int64_t n, int64_t bytes)
-        : rows_(rows), n_(n), lines_((bytes + 63) / 64) {}
-    // Queues rows [j0, j0 + nr), to be asked for over `steps` tile steps.
-    void queue(int64_t j0, int64_t nr, int64_t steps) {
-        row_ = std::min(j0, n_);
-        end_ = std::min(j0 + nr, n_);
-        line_ = 0;
-        const int64_t total = (end_ - row_) * lines_;
-        per_step_ = total > 0 ? (total + steps - 1) / std::max<int64_t>(steps, 1) : 0;
-        if (row_ < end_) p_ = reinterpret_cast<const char*>(rows_.row(row_));
-    }
-    // Asks for the next lines due at one tile step.
-    void step() {
-        for (int64_t k = 0; k < per_step_ && row_ < end_; ++k) {
-            _mm_prefetch(p_ + line_ * 64, _MM_HINT_T0);
-            if (++line_ == lines_) {
-                line_ = 0;
-                if (++row_ < end_) p_ = reinterpret_cast<const char*>(rows_.row(row_));
-            }
-        }
-    }
-
-  private:
-    const F16Rows& rows_;
-    int64_t n_, lines_;
-    int64_t row_ = 0, end_ = 0, line_ = 0, per_step_ = 0;
-    const char* p_ = nullptr;
-};
+// Scores and weighted sums ask for the rows two blocks on one line every few
+// FMAs from inside their tiles (cpu_prefetch.h): a block's 144 lines asked for
+// at once ran the scores ~1.7x slower from DRAM than from cache.
+using RowPrefetch = cpu::RowPrefetch<F16Rows>;
 
 // s[a*ld + b] = q row a . k row b, A query rows by B cache rows, both wp wide.
 template <int A, int B>
