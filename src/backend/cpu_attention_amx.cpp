@@ -406,8 +406,8 @@ void Query::block_of_run_on(std::span<Query* const> run, std::span<const Rows> r
     RowPrefetch<Rows> pf(rows[0], run[0]->n_, int64_t(row_bytes));
     if (Tiles::kPrefetchNext && same && next >= 0) {
         // A step before each tile product: up to 4 per chunk of a row group.
-        const int64_t score_steps = nq * (nu + 15) / 16 * (wp / 32);
-        const int64_t value_steps = nq * (run[0]->vp_ + 15) / 16 * (kBlockKeys / 32);
+        const int64_t score_steps = nq * ((nu + 15) / 16) * (wp / 32);
+        const int64_t value_steps = nq * ((run[0]->vp_ + 15) / 16) * (kBlockKeys / 32);
         pf.queue(next * kBlockKeys, kBlockKeys, score_steps + value_steps);
     }
 
