@@ -35,24 +35,24 @@ namespace glm5::backend::cpu::avx512 {
 namespace {
 
 constexpr int64_t kLanes = 16;
-// Cache rows converted per score block: 8 rows (18 KB at the MLA width) and a
-// 4-head query group stay in L1 together; 16 measured slower.
-constexpr int64_t kScoreRows = 8;
-constexpr int64_t kValueRows = 32;  // cache rows converted per output block
+// Cache rows per score block (every head of the query scores them, from L1)
+// and the blocks ahead whose rows are asked for meanwhile.
+constexpr int64_t kScoreRows = 4, kScoreAhead = 4;
+constexpr int64_t kValueRows = 32;  // cache rows per output block
 
 int64_t padded(int64_t n) {
     return (n + kLanes - 1) / kLanes * kLanes;
 }
 
 __mmask16 lanes(int64_t n) {
-    return n >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+    return n >= kLanes ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
 }
 
 // Per-thread buffers (a task computes one query's heads on one thread).
 struct Scratch {
-    std::vector<float> q, rows, out;
+    std::vector<float> q, out;
 };
-// 64-byte aligned n floats in v: every zmm load of a row or query is then one
+// 64-byte aligned n floats in v: every zmm load of a query row is then one
 // cache line (a std::vector's 16-byte alignment split most of them).
 float* aligned(std::vector<float>& v, size_t n) {
     v.resize(n + 16);
@@ -65,49 +65,55 @@ Scratch& scratch() {
     return s;
 }
 
-// dst[r][0..wp) = row j0 + r's first w values as floats, zero past w.
-void convert(const F16Rows& rows, int64_t j0, int64_t nr, int64_t w, int64_t wp, float* dst) {
-    for (int64_t r = 0; r < nr; ++r) {
-        const uint16_t* src = rows.row(j0 + r);
-        float* d = dst + r * wp;
-        for (int64_t i = 0; i < wp; i += kLanes)
-            _mm512_storeu_ps(d + i,
-                             _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes(w - i), src + i)));
-    }
+// 16 F16 cache values as floats (masked: zero past the mask).
+template <bool Masked>
+inline __m512 load_f16(const uint16_t* p, __mmask16 m) {
+    if constexpr (Masked) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Scores and weighted sums ask for the rows two blocks on one line every few
+// Scores and weighted sums ask for the rows a few blocks on one line every few
 // FMAs from inside their tiles (cpu_prefetch.h): a block's 144 lines asked for
 // at once ran the scores ~1.7x slower from DRAM than from cache.
 using RowPrefetch = cpu::RowPrefetch<F16Rows>;
 
-// s[a*ld + b] = q row a . k row b, A query rows by B cache rows, both wp wide.
+// s[a*ld + b] = q row a . cache row k[b], A query rows by B cache rows over
+// the first w values (query rows wp wide, zero past w). The cache values are
+// converted as they are used: converting a block into a buffer first took a
+// fifth of the time and a third of L1.
 template <int A, int B>
-void score_tile(const float* q, const float* k, int64_t wp, float* s, int64_t ld, RowPrefetch& pf) {
+void score_tile(const float* q, const uint16_t* const* k, int64_t w, int64_t wp, float* s,
+                int64_t ld, RowPrefetch& pf) {
     __m512 acc[A][B];
 #pragma GCC unroll 4
     for (int a = 0; a < A; ++a)
 #pragma GCC unroll 4
         for (int b = 0; b < B; ++b) acc[a][b] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < wp; i += kLanes) {
-        if ((i & (2 * kLanes - 1)) == 0) pf.step();
+    auto chunk = [&]<bool Masked>(int64_t i, __mmask16 m) {
         __m512 kv[B];
 #pragma GCC unroll 4
-        for (int b = 0; b < B; ++b) kv[b] = _mm512_loadu_ps(k + b * wp + i);
+        for (int b = 0; b < B; ++b) kv[b] = load_f16<Masked>(k[b] + i, m);
 #pragma GCC unroll 4
         for (int a = 0; a < A; ++a) {
             const __m512 qa = _mm512_loadu_ps(q + a * wp + i);
 #pragma GCC unroll 4
             for (int b = 0; b < B; ++b) acc[a][b] = _mm512_fmadd_ps(qa, kv[b], acc[a][b]);
         }
+    };
+    const int64_t whole = w / kLanes * kLanes;
+    for (int64_t i = 0; i < whole; i += kLanes) {
+        if ((i & (2 * kLanes - 1)) == 0) pf.step();
+        chunk.template operator()<false>(i, 0);
     }
+    if (whole < wp) chunk.template operator()<true>(whole, lanes(w - whole));
 #pragma GCC unroll 4
     for (int a = 0; a < A; ++a)
 #pragma GCC unroll 4
         for (int b = 0; b < B; ++b) s[a * ld + b] = _mm512_reduce_add_ps(acc[a][b]);
 }
 
-using ScoreTile = void (*)(const float*, const float*, int64_t, float*, int64_t, RowPrefetch&);
+using ScoreTile = void (*)(const float*, const uint16_t* const*, int64_t, int64_t, float*, int64_t,
+                           RowPrefetch&);
 
 template <int A, int... Bs>
 constexpr std::array<ScoreTile, 4> score_row(std::integer_sequence<int, Bs...>) {
@@ -120,11 +126,12 @@ constexpr std::array<std::array<ScoreTile, 4>, 4> kScoreTiles = {
     score_row<3>(std::make_integer_sequence<int, 4>{}),
     score_row<4>(std::make_integer_sequence<int, 4>{})};
 
-// out[h][c0 .. c0 + 16C) += p[h][j] * v[j][..] over nr rows in order, for H
-// heads; out rows are vp wide, p rows ld wide (p already offset to the block).
+// out[h][c0 .. c0 + 16C) += p[h][j] * v[j][c0 ..] over nr cache rows v[j] (F16,
+// the columns of chunk c masked by m[c]) in order, for H heads; out rows are vp
+// wide, p rows ld wide (p already offset to the block).
 template <int H, int C>
-void value_tile(const float* p, int64_t ld, const float* v, int64_t nr, int64_t vp, float* out,
-                int64_t c0, RowPrefetch& pf) {
+void value_tile(const float* p, int64_t ld, const uint16_t* const* v, int64_t nr,
+                const __mmask16* m, int64_t vp, float* out, int64_t c0, RowPrefetch& pf) {
     __m512 acc[H][C];
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h)
@@ -134,7 +141,7 @@ void value_tile(const float* p, int64_t ld, const float* v, int64_t nr, int64_t 
         pf.step();
         __m512 vv[C];
 #pragma GCC unroll 2
-        for (int c = 0; c < C; ++c) vv[c] = _mm512_loadu_ps(v + r * vp + c0 + c * kLanes);
+        for (int c = 0; c < C; ++c) vv[c] = load_f16<true>(v[r] + c0 + c * kLanes, m[c]);
 #pragma GCC unroll 8
         for (int h = 0; h < H; ++h) {
             const __m512 ph = _mm512_set1_ps(p[h * ld + r]);
@@ -148,8 +155,8 @@ void value_tile(const float* p, int64_t ld, const float* v, int64_t nr, int64_t 
         for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + h * vp + c0 + c * kLanes, acc[h][c]);
 }
 
-using ValueTile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t,
-                           RowPrefetch&);
+using ValueTile = void (*)(const float*, int64_t, const uint16_t* const*, int64_t, const __mmask16*,
+                           int64_t, float*, int64_t, RowPrefetch&);
 
 template <int... Hs>
 constexpr std::array<std::array<ValueTile, 2>, 8> value_tiles(std::integer_sequence<int, Hs...>) {
@@ -212,7 +219,7 @@ void scores_f16(const float* q, int64_t nh, int64_t w, const F16Rows& rows, int6
                 int64_t ld) {
     Scratch& sc = scratch();
     const int64_t wp = padded(w);
-    // The query rows padded with zeros like the converted cache rows; rows of
+    // The query rows padded with zeros like the masked cache values; rows of
     // whole vectors on a cache line (the MLA width) are read in place: in
     // decode the copy was one more cold buffer per query.
     const float* sq = q;
@@ -223,26 +230,22 @@ void scores_f16(const float* q, int64_t nh, int64_t w, const F16Rows& rows, int6
             std::memcpy(pq + h * wp, q + h * w, size_t(w) * sizeof(float));
         sq = pq;
     }
-    float* const sr = aligned(sc.rows, size_t(kScoreRows * wp));
-    // Each block's tiles ask for the rows kAhead blocks on, the first
+    // Each block's tiles ask for the rows kScoreAhead blocks on, the first
     // blocks' rows asked for at once.
-    constexpr int64_t kAhead = 2;
     RowPrefetch pf(rows, n, w * int64_t(sizeof(uint16_t)));
-    pf.queue(0, kAhead * kScoreRows, 1);
+    pf.queue(0, kScoreAhead * kScoreRows, 1);
     pf.step();
     // Tile steps a block takes (a step is two 16-value chunks of every tile).
-    const int64_t steps = (nh + 3) / 4 * 2 * ((wp / kLanes + 1) / 2);
+    const int64_t steps = (nh + 3) / 4 * ((w / kLanes + 1) / 2);
     for (int64_t j0 = 0; j0 < n; j0 += kScoreRows) {
         const int64_t nr = std::min(kScoreRows, n - j0);
-        pf.queue(j0 + kAhead * kScoreRows, kScoreRows, steps);
-        convert(rows, j0, nr, w, wp, sr);
+        pf.queue(j0 + kScoreAhead * kScoreRows, kScoreRows, steps);
+        const uint16_t* k[kScoreRows];
+        for (int64_t r = 0; r < nr; ++r) k[r] = rows.row(j0 + r);
         for (int64_t h0 = 0; h0 < nh; h0 += 4) {
             const int64_t a = std::min<int64_t>(4, nh - h0);
-            for (int64_t b0 = 0; b0 < nr; b0 += 4) {
-                const int64_t b = std::min<int64_t>(4, nr - b0);
-                kScoreTiles[size_t(a - 1)][size_t(b - 1)](sq + h0 * wp, sr + b0 * wp, wp,
-                                                          s + h0 * ld + j0 + b0, ld, pf);
-            }
+            kScoreTiles[size_t(a - 1)][size_t(nr - 1)](sq + h0 * wp, k, w, wp, s + h0 * ld + j0, ld,
+                                                       pf);
         }
     }
 }
@@ -256,19 +259,20 @@ void weighted_sum_f16(const float* p, int64_t ld, int64_t nh, const F16Rows& row
     const bool direct = vp == vw;
     float* const so = direct ? out : aligned(sc.out, size_t(nh * vp));
     std::fill(so, so + nh * vp, 0.0f);
-    float* const sr = aligned(sc.rows, size_t(kValueRows * vp));
     // As in scores_f16: the next block's rows asked for over this block's tiles.
     RowPrefetch pf(rows, n, vw * int64_t(sizeof(uint16_t)));
     const int64_t steps = (nh + 7) / 8 * ((vp / kLanes + 1) / 2);
     for (int64_t j0 = 0; j0 < n; j0 += kValueRows) {
         const int64_t nr = std::min(kValueRows, n - j0);
         pf.queue(j0 + kValueRows, kValueRows, steps * nr);
-        convert(rows, j0, nr, vw, vp, sr);
+        const uint16_t* v[kValueRows];
+        for (int64_t r = 0; r < nr; ++r) v[r] = rows.row(j0 + r);
         for (int64_t h0 = 0; h0 < nh; h0 += 8) {
             const int64_t hh = std::min<int64_t>(8, nh - h0);
             for (int64_t c0 = 0; c0 < vp; c0 += 2 * kLanes) {
                 const int64_t cc = std::min<int64_t>(2, (vp - c0) / kLanes);
-                kValueTiles[size_t(hh - 1)][size_t(cc - 1)](p + h0 * ld + j0, ld, sr, nr, vp,
+                const __mmask16 m[2] = {lanes(vw - c0), lanes(vw - c0 - kLanes)};
+                kValueTiles[size_t(hh - 1)][size_t(cc - 1)](p + h0 * ld + j0, ld, v, nr, m, vp,
                                                             so + h0 * vp, c0, pf);
             }
         }
