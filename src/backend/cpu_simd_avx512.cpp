@@ -1,8 +1,8 @@
 // AVX-512 row helpers: the tiles of MLA attention over an F16 cache, its
-// softmax, and SwiGLU. Blocks of cache rows are converted to F32 once and
-// then used by every head of the query from registers: the row-at-a-time
-// helpers converted each row once per head and kept a quarter of the FMA
-// units busy.
+// softmax, and SwiGLU. Blocks of a few cache rows are scored against every
+// head of the query from L1, each F16 value converted as a tile loads it
+// (once per group of four heads): the row-at-a-time helpers converted each
+// row once per head and kept a quarter of the FMA units busy.
 //
 // Determinism: a score is a fixed function of its query row and cache row
 // (lane-wise FMAs over 16-value chunks in order, then one fixed horizontal
