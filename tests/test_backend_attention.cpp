@@ -323,6 +323,36 @@ TEST(AttentionSimd, IndexerScoresHaveTheBitsOfTheF32Dots) {
     }
 }
 
+// The F16-key form: the bits of the F32 form over the keys as floats, with
+// key rows wider than dim (a cache row's stride), counts that end inside a
+// 16-key block, NaN keys, and dims the AVX-512 form leaves to the others.
+TEST(AttentionSimd, IndexerScoresOfF16KeysHaveTheBitsOfTheF32Form) {
+    for (int64_t dim : {128, 64, 48, 40}) {
+        for (int64_t nq : {1, 3, 8}) {
+            for (int64_t nk : {1, 10, 16, 37, 100}) {
+                const int64_t ks = dim + 16;
+                const auto q = f16_floats(size_t(nq * dim), 25);
+                Cache c(nk, ks, 26);
+                if (nk > 2) c.bits[size_t(2 * ks + 1)] = 0x7E00;  // a NaN in key 2
+                std::vector<float> kf(size_t(nk * dim));
+                for (int64_t j = 0; j < nk; ++j)
+                    for (int64_t i = 0; i < dim; ++i)
+                        kf[size_t(j * dim + i)] = fp16_to_fp32(c.bits[size_t(j * ks + i)]);
+                std::vector<float> w(static_cast<size_t>(nq));
+                for (int64_t a = 0; a < nq; ++a) w[size_t(a)] = 0.5f - 0.125f * float(a % 3);
+                std::vector<float> want(static_cast<size_t>(nk)), got(size_t(nk) + 1, -7.0f);
+                cpu::simd().indexer_scores(q.data(), nq, w.data(), kf.data(), dim, nk, dim,
+                                           want.data());
+                cpu::simd().indexer_scores_f16(q.data(), nq, w.data(), c.bits.data(), ks, nk, dim,
+                                               got.data());
+                EXPECT_TRUE(same_bits(got.data(), want.data(), size_t(nk)))
+                    << "dim " << dim << " queries " << nq << " keys " << nk;
+                EXPECT_EQ(got[size_t(nk)], -7.0f) << "written past the keys";
+            }
+        }
+    }
+}
+
 // The indexer's pick: the k best rows (ties to the lower index) in ascending
 // order, as sorting every row by that rule would give: ties, signed zeros, k
 // past n and k = n, and values spread over many of the radix buckets.
@@ -437,6 +467,59 @@ TEST(AttentionBackend, QueryOutputIndependentOfBatch) {
 }  // namespace
 
 namespace {
+
+// The exact indexer through the backend, 2 threads: a prefill-like batch (70
+// queries of one cache with growing key counts, so runs of queries share
+// converted key blocks, and one query of another cache) picks what each
+// query picks alone (one query: the decode form over stretches of keys).
+TEST(AttentionBackend, IndexerPicksTheSameAloneAndBatched) {
+    BackendOptions opt;
+    opt.n_threads = 2;
+    auto be = make_cpu_backend(opt);
+    constexpr int64_t H = 8, D = 128, K = 64, keys = 3000;
+    const Cache c0(keys, D, 61), c1(keys, D, 62);
+    auto rows_of = [&](const Cache& c) {
+        return CacheRows{dev(reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(c.bits.data()))), D,
+                         CacheType::F16};
+    };
+    const int64_t nq = 71;
+    std::vector<std::vector<float>> qs, ws;
+    std::vector<std::vector<int32_t>> picks(static_cast<size_t>(nq),
+                                            std::vector<int32_t>(static_cast<size_t>(K)));
+    std::vector<Backend::IndexerQuery> batch(static_cast<size_t>(nq));
+    for (int64_t i = 0; i < nq; ++i) {
+        qs.push_back(f16_floats(size_t(H * D), 70 + uint32_t(i)));
+        ws.push_back(f16_floats(size_t(H), 170 + uint32_t(i)));
+        auto& b = batch[size_t(i)];
+        b.q = dev(static_cast<const float*>(qs.back().data()));
+        b.w = dev(static_cast<const float*>(ws.back().data()));
+        b.keys = rows_of(i == 5 ? c1 : c0);
+        b.n_keys = int32_t(i == 5 ? keys : 40 + i * 41);  // 40 .. 2910
+        b.out_rows = dev(picks[size_t(i)].data());
+    }
+    be->indexer_select(batch, H, D, K);
+    for (int64_t i = 0; i < nq; ++i) {
+        std::vector<int32_t> alone(static_cast<size_t>(K));
+        Backend::IndexerQuery a = batch[size_t(i)];
+        a.out_rows = dev(alone.data());
+        be->indexer_select({&a, 1}, H, D, K);
+        EXPECT_EQ(alone, picks[size_t(i)]) << "query " << i;
+        // Against the scores of the F32 form over the converted keys.
+        const Cache& c = i == 5 ? c1 : c0;
+        const int64_t n = batch[size_t(i)].n_keys;
+        std::vector<float> kf(size_t(n * D)), sc(static_cast<size_t>(n));
+        for (size_t j = 0; j < kf.size(); ++j) kf[j] = fp16_to_fp32(c.bits[j]);
+        cpu::simd().indexer_scores(qs[size_t(i)].data(), H, ws[size_t(i)].data(), kf.data(), D, n,
+                                   D, sc.data());
+        std::vector<int32_t> order(static_cast<size_t>(n));
+        for (int32_t j = 0; j < int32_t(n); ++j) order[size_t(j)] = j;
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int32_t x, int32_t y) { return sc[size_t(x)] > sc[size_t(y)]; });
+        order.resize(size_t(std::min<int64_t>(K, n)));
+        std::sort(order.begin(), order.end());
+        EXPECT_TRUE(std::equal(order.begin(), order.end(), alone.begin())) << "query " << i;
+    }
+}
 
 // The decode roofline's cache bytes: each attention query counts the rows it
 // sees, each indexer query the keys it scores.

@@ -29,13 +29,9 @@ void CpuBackend::cache_store(const CacheRows& c, DevPtr<const float> x_, int64_t
 void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
                                 int64_t top_k) {
     OpTimer timer_(profile_, "indexer_select", int64_t(queries.size()));
-    // Scores for every (query, key chunk), then a top-k per query.
-    std::vector<int64_t> first_task(queries.size() + 1, 0);
+    // Scores for every (query, key), then a top-k per query.
     std::vector<int64_t> score_off(queries.size() + 1, 0);
-    for (size_t i = 0; i < queries.size(); ++i) {
-        first_task[i + 1] = first_task[i] + (queries[i].n_keys + kIndexerChunk - 1) / kIndexerChunk;
-        score_off[i + 1] = score_off[i] + queries[i].n_keys;
-    }
+    for (size_t i = 0; i < queries.size(); ++i) score_off[i + 1] = score_off[i] + queries[i].n_keys;
     // Uninitialised (every score is written: a prefill call at depth 16384
     // scores 32 MB) and freed at the end of the call (a buffer kept across
     // calls took a filled context's peak 8% over the memory plan on the tiny
@@ -45,13 +41,14 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
     for (const IndexerQuery& q : queries) cache_bytes_ += uint64_t(q.n_keys) * q.keys.row_bytes();
     if (!queries.empty() && queries[0].keys.type == CacheType::BF16 && !attention_bf16_)
         throw Error("indexer_select: BF16 keys are read by the --attn-bf16 path only");
+    const KeyCaches kc = key_caches(queries);
     // Phases timed apart under GLM5_PROFILE.
     std::optional<OpTimer> phase;
     phase.emplace(profile_, "indexer.scores", int64_t(queries.size()));
     if (attention_bf16_)
-        indexer_scores_bf16(queries, n_heads, dim, first_task, score_off, scores);
+        indexer_scores_bf16(queries, kc, n_heads, dim, score_off, scores);
     else
-        indexer_scores(queries, n_heads, dim, first_task, score_off, scores);
+        indexer_scores(queries, kc, n_heads, dim, score_off, scores);
     phase.reset();
     phase.emplace(profile_, "indexer.top_k", int64_t(queries.size()));
     const SimdOps& sv = simd();
@@ -65,79 +62,110 @@ void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n
     });
 }
 
-// Task `task` of indexer_select: its query and that query's keys [s0, s1).
-CpuBackend::IndexerTask CpuBackend::indexer_task(std::span<const IndexerQuery> queries,
-                                                 const std::vector<int64_t>& first_task,
-                                                 int64_t task) {
-    const size_t qi = size_t(std::upper_bound(first_task.begin(), first_task.end(), task) -
-                             first_task.begin() - 1);
-    const int64_t s0 = (task - first_task[qi]) * kIndexerChunk;
-    return {qi, s0, std::min<int64_t>(queries[qi].n_keys, s0 + kIndexerChunk)};
+CpuBackend::KeyCaches CpuBackend::key_caches(std::span<const IndexerQuery> queries) {
+    KeyCaches kc;
+    kc.cache_of.resize(queries.size());
+    for (size_t i = 0; i < queries.size(); ++i) {
+        const CacheRows& k = queries[i].keys;
+        size_t c = 0;
+        while (c < kc.keys.size() && host(kc.keys[c]->data) != host(k.data)) ++c;
+        if (c == kc.keys.size()) {
+            kc.keys.push_back(&k);
+            kc.n_keys.push_back(0);
+            kc.members.emplace_back();
+        }
+        kc.cache_of[i] = c;
+        kc.n_keys[c] = std::max<int64_t>(kc.n_keys[c], queries[i].n_keys);
+        kc.members[c].push_back(i);
+    }
+    return kc;
 }
 
-void CpuBackend::indexer_scores(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
-                                const std::vector<int64_t>& first_task,
-                                const std::vector<int64_t>& score_off, float* scores) {
+void CpuBackend::indexer_scores(std::span<const IndexerQuery> queries, const KeyCaches& kc,
+                                int64_t n_heads, int64_t dim, const std::vector<int64_t>& score_off,
+                                float* scores) {
+    // A score depends only on its query and key, so scoring a block of keys
+    // for many queries at once changes no bit. Converting a block once for
+    // a whole run (prefill converted every key once per query: 15% of the
+    // scores' time at depth 16384) and scoring it while it is in L1 (a
+    // chunk converted whole was 128 KB, read back from L2) is what this buys.
+    const size_t n_caches = kc.keys.size();
+    std::vector<int64_t> runs(n_caches), first(n_caches + 1, 0), chunk(n_caches);
+    for (size_t c = 0; c < n_caches; ++c) {
+        runs[c] = (int64_t(kc.members[c].size()) + kIndexerRun - 1) / kIndexerRun;
+        // One query: about four stretches per thread, each one stream whose
+        // keys the form asks for ahead (256-key chunks left more of each
+        // stretch's first keys cold: at depth 4096, 55-67 against 47-56 us).
+        chunk[c] =
+            kc.members[c].size() > 1
+                ? kIndexerChunk
+                : std::max(kIndexerChunk, (kc.n_keys[c] / (4 * pool_.size()) + 15) / 16 * 16);
+        first[c + 1] = first[c] + runs[c] * ((kc.n_keys[c] + chunk[c] - 1) / chunk[c]);
+    }
     const SimdOps& sv = simd();
-    pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int ith) {
-        PerThread& pt = per_thread_[size_t(ith)];
-        std::vector<float>& kf = pt.row;
-        kf.resize(size_t(kIndexerChunk * dim));
+    pool_.parallel_for(first.back(), 1, [&](int64_t b, int64_t e, int ith) {
+        std::vector<float>& kf = per_thread_[size_t(ith)].row;
+        kf.resize(size_t(kIndexerBlock * dim));
         for (int64_t task = b; task < e; ++task) {
-            const auto [qi, s0, s1] = indexer_task(queries, first_task, task);
-            const IndexerQuery& q = queries[qi];
-            // The chunk's keys as floats, then every key's score in one
-            // tiled call: each key is read once for all the heads.
-            const float* keys = nullptr;
-            int64_t ks = dim;
-            if (q.keys.type == CacheType::F32) {
-                keys = reinterpret_cast<const float*>(host(q.keys.data) +
-                                                      size_t(s0) * q.keys.row_bytes());
-                ks = int64_t(q.keys.row_bytes() / sizeof(float));
-            } else {
-                // Decode reads the keys from DRAM and the hardware's
-                // prefetchers stop at each 4 KiB page: the key kKeysAhead
-                // on is asked for while this one converts (-15-20% on the
-                // scores at depth 4096).
-                constexpr int64_t kKeysAhead = 16;
-                const size_t rb = q.keys.row_bytes();
-                for (int64_t s = s0; s < s1; ++s) {
-                    const uint8_t* row = host(q.keys.data) + size_t(s) * rb;
-                    if (s + kKeysAhead < q.n_keys)
-                        for (size_t o = 0; o < rb; o += 64)
-                            __builtin_prefetch(row + kKeysAhead * rb + o, 0, 3);
-                    sv.f16_to_f32(dim, reinterpret_cast<const uint16_t*>(row),
-                                  kf.data() + (s - s0) * dim);
-                }
-                keys = kf.data();
+            const size_t c =
+                size_t(std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1);
+            const int64_t local = task - first[c];
+            const std::vector<size_t>& m = kc.members[c];
+            const size_t m0 = size_t(local % runs[c] * kIndexerRun);
+            const size_t m1 = std::min(m.size(), m0 + size_t(kIndexerRun));
+            int64_t run_keys = 0;  // the most keys a query of the run reads
+            for (size_t i = m0; i < m1; ++i)
+                run_keys = std::max<int64_t>(run_keys, queries[m[i]].n_keys);
+            const int64_t s0 = local / runs[c] * chunk[c];
+            const int64_t s1 = std::min(run_keys, s0 + chunk[c]);
+            const CacheRows& cache = *kc.keys[c];
+            const size_t rb = cache.row_bytes();
+            const uint8_t* base = host(cache.data);
+            if (cache.type == CacheType::F16 && m1 - m0 == 1) {
+                // One query (decode): the form that converts each 16 keys
+                // as it scores them and asks for the keys ahead.
+                const IndexerQuery& q = queries[m[m0]];
+                sv.indexer_scores_f16(host(q.q), n_heads, host(q.w),
+                                      reinterpret_cast<const uint16_t*>(base + size_t(s0) * rb),
+                                      int64_t(rb / sizeof(uint16_t)), s1 - s0, dim,
+                                      scores + score_off[m[m0]] + s0);
+                continue;
             }
-            sv.indexer_scores(host(q.q), n_heads, host(q.w), keys, ks, s1 - s0, dim,
-                              scores + score_off[qi] + s0);
+            for (int64_t j0 = s0; j0 < s1; j0 += kIndexerBlock) {
+                const int64_t jn = std::min(kIndexerBlock, s1 - j0);
+                const float* keys;
+                int64_t ks;
+                if (cache.type == CacheType::F32) {
+                    keys = reinterpret_cast<const float*>(base + size_t(j0) * rb);
+                    ks = int64_t(rb / sizeof(float));
+                } else {
+                    for (int64_t s = j0; s < j0 + jn; ++s)
+                        sv.f16_to_f32(dim, reinterpret_cast<const uint16_t*>(base + size_t(s) * rb),
+                                      kf.data() + (s - j0) * dim);
+                    keys = kf.data();
+                    ks = dim;
+                }
+                for (size_t i = m0; i < m1; ++i) {
+                    const IndexerQuery& q = queries[m[i]];
+                    if (q.n_keys <= j0) continue;
+                    sv.indexer_scores(host(q.q), n_heads, host(q.w), keys, ks,
+                                      std::min<int64_t>(jn, q.n_keys - j0), dim,
+                                      scores + score_off[m[i]] + j0);
+                }
+            }
         }
     });
 }
 
-void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, int64_t n_heads,
-                                     int64_t dim, const std::vector<int64_t>& first_task,
+void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, const KeyCaches& kc,
+                                     int64_t n_heads, int64_t dim,
                                      const std::vector<int64_t>& score_off, float* scores) {
     // Each distinct key cache prepared once (prefill: every query of a
     // sequence reads the same keys), up to the most keys a query reads:
     // F16/F32 keys converted to BF16 tiles, BF16 keys read in place.
     const int64_t nq = int64_t(queries.size());
-    std::vector<size_t> cache_of(queries.size());
-    std::vector<const CacheRows*> keys;  // distinct caches
-    std::vector<int64_t> n_keys;
-    for (size_t i = 0; i < queries.size(); ++i) {
-        const CacheRows& k = queries[i].keys;
-        size_t c = 0;
-        while (c < keys.size() && host(keys[c]->data) != host(k.data)) ++c;
-        if (c == keys.size()) {
-            keys.push_back(&k);
-            n_keys.push_back(0);
-        }
-        cache_of[i] = c;
-        n_keys[c] = std::max<int64_t>(n_keys[c], queries[i].n_keys);
-    }
+    const std::vector<const CacheRows*>& keys = kc.keys;
+    const std::vector<size_t>& cache_of = kc.cache_of;
     // Decode (no two queries share keys): each scoring task converts the keys
     // it scores, while they are in this core's cache. Otherwise every key
     // tile is converted once first, beside the queries.
@@ -147,7 +175,7 @@ void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, int6
     for (size_t c = 0; c < keys.size(); ++c) {
         idx_keys_[c].reset(amx_bf16::Rows{host(keys[c]->data), keys[c]->row_bytes(), nullptr,
                                           elem_of(keys[c]->type)},
-                           n_keys[c], dim);
+                           kc.n_keys[c], dim);
         first_tile[c + 1] = first_tile[c] + (fused ? 0 : idx_keys_[c].tiles());
     }
     const int64_t qsize = idx_keys_[0].query_size(n_heads);
@@ -165,9 +193,15 @@ void CpuBackend::indexer_scores_bf16(std::span<const IndexerQuery> queries, int6
             idx_keys_[c].convert(task - first_tile[c]);
         }
     });
+    std::vector<int64_t> first_task(queries.size() + 1, 0);
+    for (size_t i = 0; i < queries.size(); ++i)
+        first_task[i + 1] = first_task[i] + (queries[i].n_keys + kIndexerChunk - 1) / kIndexerChunk;
     pool_.parallel_for(first_task.back(), 1, [&](int64_t b, int64_t e, int) {
         for (int64_t task = b; task < e; ++task) {
-            const auto [qi, s0, s1] = indexer_task(queries, first_task, task);
+            const size_t qi = size_t(std::upper_bound(first_task.begin(), first_task.end(), task) -
+                                     first_task.begin() - 1);
+            const int64_t s0 = (task - first_task[qi]) * kIndexerChunk;
+            const int64_t s1 = std::min<int64_t>(queries[qi].n_keys, s0 + kIndexerChunk);
             const IndexerQuery& q = queries[qi];
             amx_bf16::IndexerKeys& k = idx_keys_[cache_of[qi]];
             if (fused && k.tiles() > 0)

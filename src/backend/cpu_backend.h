@@ -259,22 +259,31 @@ class CpuBackend final : public Backend {
     // --attn-bf16: the queries on AMX-BF16 tiles (cpu_attention_amx.h).
     void attend_bf16(std::span<const AttentionQuery> queries, int64_t n_heads, int64_t v_width,
                      float scale);
-    // The indexer's scores into scores[score_off[i] + s] (first_task:
-    // indexer_select's tasks of kIndexerChunk keys per query); the _bf16 form
-    // on tiles under --attn-bf16.
-    static constexpr int64_t kIndexerChunk = 256;
-    struct IndexerTask {
-        size_t qi;
-        int64_t s0, s1;
+    // The indexer's scores into scores[score_off[i] + s]. A call's queries
+    // grouped by the key cache they read (prefill: all of a sequence's
+    // queries read one): each distinct cache, the most keys any of its
+    // queries reads, and its queries in call order.
+    struct KeyCaches {
+        std::vector<const CacheRows*> keys;
+        std::vector<int64_t> n_keys;
+        std::vector<std::vector<size_t>> members;
+        std::vector<size_t> cache_of;  // per query
     };
-    static IndexerTask indexer_task(std::span<const IndexerQuery> queries,
-                                    const std::vector<int64_t>& first_task, int64_t task);
-    void indexer_scores(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
-                        const std::vector<int64_t>& first_task,
-                        const std::vector<int64_t>& score_off, float* scores);
-    void indexer_scores_bf16(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
-                             const std::vector<int64_t>& first_task,
-                             const std::vector<int64_t>& score_off, float* scores);
+    static KeyCaches key_caches(std::span<const IndexerQuery> queries);
+    // Tasks of kIndexerChunk keys of one cache for a run of up to
+    // kIndexerRun of its queries; each block of kIndexerBlock keys converted
+    // once and scored for the run while it is in L1. A cache that one query
+    // reads (decode) is cut into about four stretches per thread instead,
+    // scored by the form that converts its F16 keys as it goes.
+    static constexpr int64_t kIndexerChunk = 256;
+    static constexpr int64_t kIndexerRun = 64;
+    static constexpr int64_t kIndexerBlock = 32;
+    void indexer_scores(std::span<const IndexerQuery> queries, const KeyCaches& kc, int64_t n_heads,
+                        int64_t dim, const std::vector<int64_t>& score_off, float* scores);
+    // --attn-bf16: on tiles, tasks of kIndexerChunk keys per query.
+    void indexer_scores_bf16(std::span<const IndexerQuery> queries, const KeyCaches& kc,
+                             int64_t n_heads, int64_t dim, const std::vector<int64_t>& score_off,
+                             float* scores);
     std::vector<amx_bf16::IndexerKeys> idx_keys_;  // per distinct key cache of a call
     amx_bf16::LineVector<uint16_t> idx_q_;         // the call's queries as B tiles
     bool attention_bf16_ = false;

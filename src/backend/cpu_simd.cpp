@@ -153,6 +153,28 @@ void scores_avx512(const float* q, int64_t nq, const float* w, const float* k, i
         scores_by_dots<dots_by_pairs>(q, nq, w, k, ks, nk, dim, out);
 }
 
+// F16 keys 16 at a time as floats, then the level's F32 form.
+template <void (*ToF32)(int64_t, const uint16_t*, float*),
+          void (*Scores)(const float*, int64_t, const float*, const float*, int64_t, int64_t,
+                         int64_t, float*)>
+void scores_of_f16(const float* q, int64_t nq, const float* w, const uint16_t* k, int64_t ks,
+                   int64_t nk, int64_t dim, float* out) {
+    constexpr int64_t kKeys = 16;
+    thread_local std::vector<float> kf;
+    kf.resize(size_t(kKeys * dim));
+    for (int64_t j0 = 0; j0 < nk; j0 += kKeys) {
+        const int64_t n = std::min(kKeys, nk - j0);
+        for (int64_t j = 0; j < n; ++j) ToF32(dim, k + (j0 + j) * ks, kf.data() + j * dim);
+        Scores(q, nq, w, kf.data(), dim, n, dim, out + j0);
+    }
+}
+
+void scores_f16_avx512(const float* q, int64_t nq, const float* w, const uint16_t* k, int64_t ks,
+                       int64_t nk, int64_t dim, float* out) {
+    if (!avx512::indexer_scores_f16(q, nq, w, k, ks, nk, dim, out))
+        scores_of_f16<avx2::f16_to_f32, scores_avx512>(q, nq, w, k, ks, nk, dim, out);
+}
+
 SimdOps pick() {
     if (!quant::cpu_has_avx2())
         return {scalar::axpy_f32,
@@ -167,16 +189,29 @@ SimdOps pick() {
                 scalar::swiglu,
                 kernels::rms_norm_row,
                 scores_by_dots<dots_by_pairs>,
+                scores_of_f16<scalar::f16_to_f32, scores_by_dots<dots_by_pairs>>,
                 scalar::delta_decay,
                 scalar::delta_update,
                 kernels::top_k_rows};
-    SimdOps ops{avx2::axpy_f32,    avx2::axpy_f16,     avx2::f16_to_f32,
-                avx2::dot_f32_f16, avx2::f32_to_f16,   avx2::round_f16,
-                avx2::scores_f16,  scalar::softmax,    avx2::weighted_sum_f16,
-                scalar::swiglu,    avx2::rms_norm,     scores_by_dots<dots_avx2>,
-                avx2::delta_decay, avx2::delta_update, kernels::top_k_rows};
+    SimdOps ops{avx2::axpy_f32,
+                avx2::axpy_f16,
+                avx2::f16_to_f32,
+                avx2::dot_f32_f16,
+                avx2::f32_to_f16,
+                avx2::round_f16,
+                avx2::scores_f16,
+                scalar::softmax,
+                avx2::weighted_sum_f16,
+                scalar::swiglu,
+                avx2::rms_norm,
+                scores_by_dots<dots_avx2>,
+                scores_of_f16<avx2::f16_to_f32, scores_by_dots<dots_avx2>>,
+                avx2::delta_decay,
+                avx2::delta_update,
+                kernels::top_k_rows};
     if (quant::cpu_has_avx512()) {
         ops.indexer_scores = scores_avx512;
+        ops.indexer_scores_f16 = scores_f16_avx512;
         ops.scores_f16 = avx512::scores_f16;
         ops.weighted_sum_f16 = avx512::weighted_sum_f16;
         ops.softmax = avx512::softmax;

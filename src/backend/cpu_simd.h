@@ -60,6 +60,10 @@ struct SimdOps {
     // quant::vec_dot_fn(F32) on this machine, bit for bit.
     void (*indexer_scores)(const float* q, int64_t nq, const float* w, const float* k, int64_t ks,
                            int64_t nk, int64_t dim, float* out);
+    // The same scores of F16 keys (k rows ks values apart), converted as the
+    // form reads them: the bits of indexer_scores over the keys as floats.
+    void (*indexer_scores_f16)(const float* q, int64_t nq, const float* w, const uint16_t* k,
+                               int64_t ks, int64_t nk, int64_t dim, float* out);
     // The gated delta rule's two passes over one head's d x d state S (row i:
     // key channel i), every product and sum rounded on its own (no FMA) and
     // each acc[j] summed over i in order from zero, as the plain loops:
@@ -127,6 +131,10 @@ void top_k_rows(const float* v, int64_t n, int64_t k, std::vector<int32_t>& tmp,
 // done, another form must run): 16 keys' dots reduced together.
 bool indexer_scores(const float* q, int64_t nq, const float* w, const float* k, int64_t ks,
                     int64_t nk, int64_t dim, float* out);
+// The same over F16 keys, each 16 keys converted once into L1 and the keys 32
+// on asked for meanwhile (decode reads them from DRAM).
+bool indexer_scores_f16(const float* q, int64_t nq, const float* w, const uint16_t* k, int64_t ks,
+                        int64_t nk, int64_t dim, float* out);
 }  // namespace avx512
 
 }  // namespace glm5::backend::cpu

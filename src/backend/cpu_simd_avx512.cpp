@@ -468,33 +468,76 @@ inline __m512 dot_lanes(const __m512 (&qv)[NC], const float* k) {
     return _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
 }
 
-// Keys 16 at a time. The tree leaves sum b's dot in lane 4 (b % 4) + b / 4,
-// so the b-th sum is fed key 4 (b % 4) + b / 4 and the lanes come out in key
-// order. Past nk the last key stands in and its lanes are not stored.
+// The relu-weighted head sum of 16 keys, key 4 (b % 4) + b / 4 at kp[b]: the
+// tree leaves sum b's dot in lane 4 (b % 4) + b / 4, so the lanes come out
+// in key order.
+template <int NC>
+inline __m512 relu_block(const float* q, int64_t nq, const float* w, const float* const* kp) {
+    const __m512 zero = _mm512_setzero_ps();
+    __m512 score = zero;
+    for (int64_t a = 0; a < nq; ++a) {
+        __m512 qv[NC];
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + a * NC * kLanes + kLanes * c);
+        __m512 f8[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; ++t)
+            f8[t] = fold8(dot_lanes<NC>(qv, kp[2 * t]), dot_lanes<NC>(qv, kp[2 * t + 1]));
+        const __m512 d = fold1(fold2(fold4(f8[0], f8[1]), fold4(f8[2], f8[3])),
+                               fold2(fold4(f8[4], f8[5]), fold4(f8[6], f8[7])));
+        // max(0, d) keeps d when it is a NaN or -0, as std::max(d, 0.0f).
+        score = _mm512_add_ps(score, product(_mm512_max_ps(zero, d), _mm512_set1_ps(w[a])));
+    }
+    return score;
+}
+
+// Keys 16 at a time; past nk the last key stands in and its lanes are not
+// stored.
 template <int NC>
 void relu_scores(const float* q, int64_t nq, const float* w, const float* k, int64_t ks, int64_t nk,
                  float* out) {
-    const __m512 zero = _mm512_setzero_ps();
     for (int64_t j0 = 0; j0 < nk; j0 += kLanes) {
         const float* kp[kLanes];
         for (int b = 0; b < kLanes; ++b)
             kp[b] = k + std::min<int64_t>(j0 + 4 * (b % 4) + b / 4, nk - 1) * ks;
-        __m512 score = zero;
-        for (int64_t a = 0; a < nq; ++a) {
-            __m512 qv[NC];
-#pragma GCC unroll 8
-            for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + a * NC * kLanes + kLanes * c);
-            __m512 f8[8];
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; ++t)
-                f8[t] = fold8(dot_lanes<NC>(qv, kp[2 * t]), dot_lanes<NC>(qv, kp[2 * t + 1]));
-            const __m512 d = fold1(fold2(fold4(f8[0], f8[1]), fold4(f8[2], f8[3])),
-                                   fold2(fold4(f8[4], f8[5]), fold4(f8[6], f8[7])));
-            // max(0, d) keeps d when it is a NaN or -0, as std::max(d, 0.0f).
-            score = _mm512_add_ps(score, product(_mm512_max_ps(zero, d), _mm512_set1_ps(w[a])));
-        }
-        _mm512_mask_storeu_ps(out + j0, lanes(nk - j0), score);
+        _mm512_mask_storeu_ps(out + j0, lanes(nk - j0), relu_block<NC>(q, nq, w, kp));
     }
+}
+
+// The same over F16 keys: each 16 converted once into a buffer that stays in
+// L1 while every head reads it (a separate conversion pass over a whole
+// chunk took a third of decode's scoring time), and the keys two blocks on
+// asked for meanwhile.
+template <int NC>
+void relu_scores_f16(const float* q, int64_t nq, const float* w, const uint16_t* k, int64_t ks,
+                     int64_t nk, float* out) {
+    constexpr int64_t kAhead = 2 * kLanes;
+    alignas(64) float kb[kLanes][NC * kLanes];
+    const float* kp[kLanes];
+    for (int b = 0; b < kLanes; ++b) kp[b] = kb[4 * (b % 4) + b / 4];
+    for (int64_t j0 = 0; j0 < nk; j0 += kLanes) {
+        for (int64_t j = 0; j < kLanes; ++j) {
+            if (j0 + j + kAhead < nk) {
+                const char* ahead = reinterpret_cast<const char*>(k + (j0 + j + kAhead) * ks);
+#pragma GCC unroll 4
+                for (int o = 0; o < NC * kLanes * 2; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+            }
+            const uint16_t* src = k + std::min(j0 + j, nk - 1) * ks;
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; ++c)
+                _mm512_store_ps(kb[j] + kLanes * c,
+                                _mm512_cvtph_ps(_mm256_loadu_si256(
+                                    reinterpret_cast<const __m256i*>(src + kLanes * c))));
+        }
+        _mm512_mask_storeu_ps(out + j0, lanes(nk - j0), relu_block<NC>(q, nq, w, kp));
+    }
+}
+
+template <int... Ns>
+constexpr auto relu_scores_f16_table(std::integer_sequence<int, Ns...>) {
+    return std::array<void (*)(const float*, int64_t, const float*, const uint16_t*, int64_t,
+                               int64_t, float*),
+                      sizeof...(Ns)>{relu_scores_f16<Ns + 1>...};
 }
 
 template <int... Ns>
@@ -510,6 +553,14 @@ bool indexer_scores(const float* q, int64_t nq, const float* w, const float* k, 
                     int64_t nk, int64_t dim, float* out) {
     if (dim % kLanes != 0 || dim > 8 * kLanes || dim == 0) return false;
     static constexpr auto kForms = relu_scores_table(std::make_integer_sequence<int, 8>{});
+    kForms[size_t(dim / kLanes - 1)](q, nq, w, k, ks, nk, out);
+    return true;
+}
+
+bool indexer_scores_f16(const float* q, int64_t nq, const float* w, const uint16_t* k, int64_t ks,
+                        int64_t nk, int64_t dim, float* out) {
+    if (dim % kLanes != 0 || dim > 8 * kLanes || dim == 0) return false;
+    static constexpr auto kForms = relu_scores_f16_table(std::make_integer_sequence<int, 8>{});
     kForms[size_t(dim / kLanes - 1)](q, nq, w, k, ks, nk, out);
     return true;
 }
