@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -533,36 +534,42 @@ void relu_scores_f16(const float* q, int64_t nq, const float* w, const uint16_t*
     }
 }
 
-template <int... Ns>
-constexpr auto relu_scores_f16_table(std::integer_sequence<int, Ns...>) {
-    return std::array<void (*)(const float*, int64_t, const float*, const uint16_t*, int64_t,
-                               int64_t, float*),
-                      sizeof...(Ns)>{relu_scores_f16<Ns + 1>...};
+// Keys of type K (float or F16 bits) through the form for dim = 16 NC.
+template <class K, int NC>
+void relu_scores_of(const float* q, int64_t nq, const float* w, const K* k, int64_t ks, int64_t nk,
+                    float* out) {
+    if constexpr (std::is_same_v<K, float>)
+        relu_scores<NC>(q, nq, w, k, ks, nk, out);
+    else
+        relu_scores_f16<NC>(q, nq, w, k, ks, nk, out);
 }
 
-template <int... Ns>
+template <class K, int... Ns>
 constexpr auto relu_scores_table(std::integer_sequence<int, Ns...>) {
-    return std::array<void (*)(const float*, int64_t, const float*, const float*, int64_t, int64_t,
+    return std::array<void (*)(const float*, int64_t, const float*, const K*, int64_t, int64_t,
                                float*),
-                      sizeof...(Ns)>{relu_scores<Ns + 1>...};
+                      sizeof...(Ns)>{relu_scores_of<K, Ns + 1>...};
+}
+
+template <class K>
+bool relu_scores_by_dim(const float* q, int64_t nq, const float* w, const K* k, int64_t ks,
+                        int64_t nk, int64_t dim, float* out) {
+    if (dim % kLanes != 0 || dim > 8 * kLanes || dim == 0) return false;
+    static constexpr auto kForms = relu_scores_table<K>(std::make_integer_sequence<int, 8>{});
+    kForms[size_t(dim / kLanes - 1)](q, nq, w, k, ks, nk, out);
+    return true;
 }
 
 }  // namespace
 
 bool indexer_scores(const float* q, int64_t nq, const float* w, const float* k, int64_t ks,
                     int64_t nk, int64_t dim, float* out) {
-    if (dim % kLanes != 0 || dim > 8 * kLanes || dim == 0) return false;
-    static constexpr auto kForms = relu_scores_table(std::make_integer_sequence<int, 8>{});
-    kForms[size_t(dim / kLanes - 1)](q, nq, w, k, ks, nk, out);
-    return true;
+    return relu_scores_by_dim(q, nq, w, k, ks, nk, dim, out);
 }
 
 bool indexer_scores_f16(const float* q, int64_t nq, const float* w, const uint16_t* k, int64_t ks,
                         int64_t nk, int64_t dim, float* out) {
-    if (dim % kLanes != 0 || dim > 8 * kLanes || dim == 0) return false;
-    static constexpr auto kForms = relu_scores_f16_table(std::make_integer_sequence<int, 8>{});
-    kForms[size_t(dim / kLanes - 1)](q, nq, w, k, ks, nk, out);
-    return true;
+    return relu_scores_by_dim(q, nq, w, k, ks, nk, dim, out);
 }
 
 }  // namespace glm5::backend::cpu::avx512
