@@ -375,3 +375,70 @@ TEST(TextTokenizer, LongerSpecialTokensAreCutFirst) {
     EXPECT_EQ(std::count(ids.begin(), ids.end(), abc), 0);
     EXPECT_EQ(tok.decode(ids), "<ab>cdef");
 }
+
+// The scan keeps only the units of the piece it is reading: over a text long enough
+// to drop them many times, every piece is the one a scan starting at its first byte
+// finds (a piece depends on the text from its start only, but for digits, which
+// \p{N}{1,3} groups from the start of their run), and the pieces add up to the text.
+TEST(TextTokenizer, LongTextScannedInPiecesKeepsEveryPiece) {
+    std::mt19937 rng(7);
+    const std::string text = random_utf8(rng, 200000);
+    std::vector<std::string_view> p;
+    pretokenize_glm4(text, p);
+    ASSERT_GT(p.size(), 20000u);
+    std::string joined;
+    for (auto s : p) joined += s;
+    EXPECT_EQ(joined, text);
+    size_t checked = 0;
+    for (size_t k = 0; k < p.size(); k += 97) {
+        if (char_class(utf8_decode(p[k], 0).cp) == CharClass::Number) continue;
+        ++checked;
+        const size_t at = size_t(p[k].data() - text.data());
+        std::string_view first;
+        pretokenize_glm4(std::string_view(text).substr(at), [&](std::string_view s) {
+            first = s;
+            return false;
+        });
+        ASSERT_EQ(first, p[k]) << "piece " << k;
+    }
+    EXPECT_GT(checked, 150u);
+}
+
+// encode_append with a limit: the whole encoding when it fits, a refusal with a
+// prefix of it when it does not, however the text is too long (many pieces, one
+// piece longer than any encoding of the limit, special tokens).
+TEST(TextTokenizer, EncodeStopsPastItsLimit) {
+    const Tokenizer& tok = fixture_tokenizer();
+    ASSERT_GE(tok.max_token_bytes(), 1u);
+    for (size_t i = 0; i < size_t(tok.n_vocab()); ++i)
+        EXPECT_LE(tok.token_bytes(TokenId(i)).size(), tok.max_token_bytes());
+    std::mt19937 rng(3);
+    const std::string text = random_utf8(rng, 3000) + "<|user|>" + random_utf8(rng, 3000);
+    const std::vector<TokenId> all = tok.encode(text, true);
+    ASSERT_GT(all.size(), 100u);
+
+    std::vector<TokenId> out;
+    EXPECT_TRUE(tok.encode_append(text, true, out, all.size()));
+    EXPECT_EQ(out, all);
+    for (size_t limit : {size_t(0), size_t(1), size_t(50), all.size() / 2, all.size() - 1}) {
+        out.clear();
+        EXPECT_FALSE(tok.encode_append(text, true, out, limit)) << limit;
+        ASSERT_LE(out.size(), all.size());
+        EXPECT_TRUE(std::equal(out.begin(), out.end(), all.begin())) << limit;
+    }
+    // Appending counts what `out` already holds.
+    out.assign(10, 0);
+    EXPECT_FALSE(tok.encode_append(text, true, out, all.size() + 9));
+    out.assign(10, 0);
+    EXPECT_TRUE(tok.encode_append(text, true, out, all.size() + 10));
+
+    // One piece (a run of letters) longer than any 100-token encoding: refused.
+    const std::string run(size_t(4) << 20, 'a');
+    out.clear();
+    EXPECT_FALSE(tok.encode_append(run, true, out, 100));
+    EXPECT_LE(out.size(), 101u);
+    // A text whose bytes alone cannot fit is refused before it is looked at.
+    out.clear();
+    EXPECT_FALSE(tok.encode_append(text, true, out, text.size() / tok.max_token_bytes() - 1));
+    EXPECT_TRUE(out.empty());
+}

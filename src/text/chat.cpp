@@ -347,17 +347,23 @@ ojson tool_call_to_openai(const ToolCall& call) {
     return j;
 }
 
-std::vector<TokenId> encode_prompt(const Tokenizer& tok, const RenderedPrompt& p) {
-    std::vector<TokenId> ids;
-    ids.reserve(p.text.size() / 3 + 16);
+bool encode_prompt(const Tokenizer& tok, const RenderedPrompt& p, size_t limit,
+                   std::vector<TokenId>& ids) {
+    ids.clear();
+    ids.reserve(std::min(p.text.size() / 3, limit) + 16);
     const std::string_view t = p.text;
     size_t at = 0;
     for (const auto& [b, e] : p.content_spans) {
-        if (b > at) tok.encode_append(t.substr(at, b - at), true, ids);
-        tok.encode_append(t.substr(b, e - b), false, ids);
+        if (b > at && !tok.encode_append(t.substr(at, b - at), true, ids, limit)) return false;
+        if (!tok.encode_append(t.substr(b, e - b), false, ids, limit)) return false;
         at = e;
     }
-    if (at < t.size()) tok.encode_append(t.substr(at), true, ids);
+    return at >= t.size() || tok.encode_append(t.substr(at), true, ids, limit);
+}
+
+std::vector<TokenId> encode_prompt(const Tokenizer& tok, const RenderedPrompt& p) {
+    std::vector<TokenId> ids;
+    encode_prompt(tok, p, SIZE_MAX, ids);
     return ids;
 }
 

@@ -140,6 +140,10 @@ class Tokenizer;
 // forging a turn. Equal to tok.encode(p.text) whenever the caller's text holds no control
 // token strings (every span is bounded by control tokens or by a pre-tokenizer split).
 std::vector<int32_t> encode_prompt(const Tokenizer& tok, const RenderedPrompt& p);
+// The same, stopping as soon as the prompt holds more than `limit` tokens: false (and
+// `ids` holds only a prefix) when it does.
+bool encode_prompt(const Tokenizer& tok, const RenderedPrompt& p, size_t limit,
+                   std::vector<int32_t>& ids);
 
 // Compares a Jinja chat template against the built-in layout by its markers (GLM role and
 // start tokens present, no newline emitted after role tokens, closed reasoning written as

@@ -9,6 +9,9 @@
 // (punctuation-like), one byte at a time.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -16,5 +19,13 @@ namespace glm5::text {
 
 // Appends the pieces of `text`, in order; their concatenation is `text`.
 void pretokenize_glm4(std::string_view text, std::vector<std::string_view>& pieces);
+
+// Calls piece() with each piece in order while it returns true. The text is decoded
+// as the scan reaches it and forgotten behind it, so memory follows the longest
+// piece; a piece longer than max_piece_bytes is not scanned to its end. Returns
+// false when piece() asked to stop or a piece was too long (the rest is not passed
+// on), true when every piece was.
+bool pretokenize_glm4(std::string_view text, const std::function<bool(std::string_view)>& piece,
+                      size_t max_piece_bytes = SIZE_MAX);
 
 }  // namespace glm5::text

@@ -163,6 +163,7 @@ Tokenizer::Tokenizer(VocabData d) : tokens_(std::move(d.tokens)), types_(std::mo
         if (!renders_raw(t) || tokens_[i].empty()) continue;
         specials_.push_back({i, t != TokenType::UserDefined});
     }
+    for (const std::string& b : bytes_) max_token_bytes_ = std::max(max_token_bytes_, b.size());
     std::stable_sort(specials_.begin(), specials_.end(),
                      [&](const SpecialMatch& a, const SpecialMatch& b) {
                          return tokens_[a.id].size() > tokens_[b.id].size();
@@ -228,8 +229,10 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool parse_special
     return out;
 }
 
-void Tokenizer::encode_append(std::string_view text, bool parse_special,
-                              std::vector<TokenId>& out) const {
+bool Tokenizer::encode_append(std::string_view text, bool parse_special, std::vector<TokenId>& out,
+                              size_t limit) const {
+    // Too many bytes for the tokens left: no need to look at them.
+    if (out.size() > limit || text.size() / max_token_bytes_ > limit - out.size()) return false;
     // Cut special tokens out of the raw text, longest first; each token carves every
     // occurrence out of the still-raw fragments, left to right.
     struct Frag {
@@ -263,16 +266,26 @@ void Tokenizer::encode_append(std::string_view text, bool parse_special,
     for (const Frag& f : frags) {
         if (f.id != kNoToken)
             out.push_back(f.id);
-        else
-            encode_raw(text.substr(f.b, f.e - f.b), out);
+        else if (!encode_raw(text.substr(f.b, f.e - f.b), out, limit))
+            return false;
+        if (out.size() > limit) return false;
     }
+    return true;
 }
 
-void Tokenizer::encode_raw(std::string_view text, std::vector<TokenId>& out) const {
-    thread_local std::vector<std::string_view> pieces;
-    pieces.clear();
-    pretokenize_glm4(text, pieces);
-    for (std::string_view w : pieces) bpe_word(w, out);
+bool Tokenizer::encode_raw(std::string_view text, std::vector<TokenId>& out, size_t limit) const {
+    // A piece of more than (tokens left + 1) * max_token_bytes_ bytes encodes to more
+    // tokens than are left (the scan may read two code points past a piece).
+    const size_t left = limit - std::min(limit, out.size());
+    const size_t max_piece =
+        left >= SIZE_MAX / max_token_bytes_ - 16 ? SIZE_MAX : (left + 1) * max_token_bytes_ + 8;
+    return pretokenize_glm4(
+        text,
+        [&](std::string_view w) {
+            bpe_word(w, out);
+            return out.size() <= limit;
+        },
+        max_piece);
 }
 
 void Tokenizer::emit_symbol(int32_t sym, std::vector<TokenId>& out) const {

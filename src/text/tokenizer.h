@@ -77,7 +77,15 @@ class Tokenizer {
     // tokenized as plain text. User-defined tokens are matched either way (llama.cpp's and
     // Hugging Face's rule for non-special added tokens).
     std::vector<TokenId> encode(std::string_view text, bool parse_special = true) const;
-    void encode_append(std::string_view text, bool parse_special, std::vector<TokenId>& out) const;
+    // Appends the tokens of `text` to `out` while `out` holds at most `limit` tokens:
+    // returns false, with only a prefix appended, as soon as the whole would hold more
+    // (a text too long for a context is refused without encoding it all: the memory an
+    // encode takes follows its longest piece, not the text).
+    bool encode_append(std::string_view text, bool parse_special, std::vector<TokenId>& out,
+                       size_t limit = SIZE_MAX) const;
+    // No token stands for more bytes than this, so a text of B bytes encodes to at
+    // least B / max_token_bytes() tokens.
+    size_t max_token_bytes() const { return max_token_bytes_; }
 
     // Bytes of the tokens. render_special false drops control and unknown tokens.
     std::string decode(std::span<const TokenId> ids, bool render_special = true) const;
@@ -117,7 +125,7 @@ class Tokenizer {
     const MergeSlot* find_merge(int32_t left, int32_t right) const;
 
     void bpe_word(std::string_view word, std::vector<TokenId>& out) const;
-    void encode_raw(std::string_view text, std::vector<TokenId>& out) const;
+    bool encode_raw(std::string_view text, std::vector<TokenId>& out, size_t limit) const;
     void emit_symbol(int32_t sym, std::vector<TokenId>& out) const;
 
     std::vector<std::string> tokens_;
@@ -139,6 +147,7 @@ class Tokenizer {
         bool needs_parse_special;  // control / unknown; false for user-defined
     };
     std::vector<SpecialMatch> specials_;
+    size_t max_token_bytes_ = 1;
 };
 
 // Incremental decoder for streaming: push() returns only complete UTF-8 characters and
