@@ -1019,3 +1019,45 @@ TEST(GrammarLimits, OneNumberCapForJsonAndToolCalls) {
     EXPECT_TRUE(t_int.allows(tv->value_close));
     EXPECT_EQ(digits_taken(t_frac, open_x), 15);
 }
+
+// Tool parameters are checked as a whole without being compiled: invalid schemas are
+// refused, keywords the call grammar does not enforce are not.
+TEST(JsonSchemaCheck, RefusesInvalidSchemasAndAcceptsUnenforcedKeywords) {
+    auto ok = [](const char* s) {
+        EXPECT_NO_THROW(check_json_schema(ojson::parse(s))) << s;
+    };
+    auto refused = [](const char* s, const char* why) {
+        try {
+            check_json_schema(ojson::parse(s));
+            ADD_FAILURE() << "accepted: " << s;
+        } catch (const glm5::Error& e) {
+            EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+        }
+    };
+    refused(R"({"type":"nonsense"})", "unknown type 'nonsense'");
+    refused(R"({"type":"object","properties":{"a":{"type":["string","thing"]}}})", "unknown type");
+    refused(R"({"$ref":"#"})", "no finite value");
+    refused(R"({"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})",
+            "no finite value");
+    refused(R"({"type":"object","properties":{"next":{"$ref":"#"}},"required":["next"]})",
+            "no finite value");
+    refused(R"({"type":"object","properties":{"a":{"$ref":"#/nowhere"}}})", "does not exist");
+    refused(R"({"type":"object","properties":{"a":{"$ref":"http://x/s.json"}}})", "only local");
+    refused(R"({"type":"object","properties":{"a":{"anyOf":[]}}})", "non-empty array");
+    refused(R"({"type":"object","required":["a"],"additionalProperties":false})", "no finite");
+    refused(R"({"type":"object","properties":{"a":false},"required":["a"]})", "no finite");
+    refused(R"({"type":"object","properties":{"a":{"type":"integer","enum":["x"]}},"required":["a"]})",
+            "no finite");
+    refused(R"({"type":"array","items":{"$ref":"#"},"minItems":1})", "no finite");
+    refused(R"({"type":"object","properties":{"a":{"not":{"type":"bogus"}}}})", "unknown type");
+
+    // Recursion through optional members, alternatives or empty arrays is fine.
+    ok(R"({"type":"object","properties":{"name":{"type":"string"},"children":{"type":"array","items":{"$ref":"#"}}},"required":["name"]})");
+    ok(R"({"type":"object","properties":{"next":{"$ref":"#"}}})");
+    ok(R"({"$defs":{"n":{"anyOf":[{"type":"null"},{"type":"object","properties":{"n":{"$ref":"#/$defs/n"}},"required":["n"]}]}},"type":"object","properties":{"list":{"$ref":"#/$defs/n"}},"required":["list"]})");
+    ok(R"({"type":"object","properties":{"a":{"type":"object","properties":{"b":{"$ref":"#/properties/a"}},"required":["b"]}}})");
+    // What the call grammar does not hold the output to is still a valid schema.
+    ok(R"({"type":"object","properties":{"n":{"type":"integer","minimum":1,"maximum":9},"s":{"type":"string","pattern":"^a+$","format":"date"},"x":{"not":{"type":"null"}}},"required":["n"],"$schema":"https://json-schema.org/draft/2020-12/schema"})");
+    ok(R"({"type":"object","properties":{}})");
+    ok("{}");
+}

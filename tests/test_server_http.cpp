@@ -155,6 +155,22 @@ TEST_F(ServerHttp, MalformedRequestsGetOpenAIErrors) {
          "invalid_type"},
         {"tool without a name", "/v1/chat/completions",
          "{\"tools\":[{\"type\":\"function\",\"function\":{}}]," + msgs + "}", 400, "tools", ""},
+        {"tool schema with an unknown type", "/v1/chat/completions",
+         R"({"tools":[{"type":"function","function":{"name":"a","parameters":{"type":"object","properties":{"x":{"type":"nonsense"}}}}}],"tool_choice":"required",)" +
+             msgs + "}",
+         400, "tools", ""},
+        {"tool schema that is a $ref to itself", "/v1/chat/completions",
+         R"({"tools":[{"type":"function","function":{"name":"a","parameters":{"$ref":"#"}}}],)" +
+             msgs + "}",
+         400, "tools", ""},
+        {"tool schema with a $ref cycle", "/v1/chat/completions",
+         R"({"tools":[{"type":"function","function":{"name":"a","parameters":{"$defs":{"p":{"$ref":"#/$defs/q"},"q":{"$ref":"#/$defs/p"}},"$ref":"#/$defs/p"}}}],)" +
+             msgs + "}",
+         400, "tools", ""},
+        {"tool schema with a required recursion", "/v1/chat/completions",
+         R"({"tools":[{"type":"function","function":{"name":"a","parameters":{"type":"object","properties":{"self":{"$ref":"#"}},"required":["self"]}}}],"tool_choice":"required",)" +
+             msgs + "}",
+         400, "tools", ""},
         {"tool_choice names a missing tool", "/v1/chat/completions",
          R"({"tools":[{"type":"function","function":{"name":"a"}}],"tool_choice":{"type":"function","function":{"name":"b"}},)" +
              msgs + "}",
@@ -182,6 +198,25 @@ TEST_F(ServerHttp, MalformedRequestsGetOpenAIErrors) {
         expect_api_error(http_post(port(), c.path, c.body), c.status, c.param, c.code);
         expect_still_serving();
     }
+}
+
+// Recursion through optional members is a legal tool schema, and a forced call of
+// it is a call, with keywords the grammar does not enforce accepted.
+TEST(ServerTools, RecursiveToolSchemaThroughOptionalMembersIsCalled) {
+    ServerProcess server({"-m", kModel, "--port", "0", "-t", "1", "--ctx-size", "2048"});
+    ASSERT_GT(server.port(), 0) << server.log();
+    const std::string body =
+        R"({"messages":[{"role":"user","content":"Make a tree"}],"temperature":0,"max_tokens":60,)"
+        R"("tools":[{"type":"function","function":{"name":"tree","parameters":{"type":"object",)"
+        R"("properties":{"label":{"type":"string","pattern":"^[a-z]+$"},"children":{"type":"array",)"
+        R"("items":{"$ref":"#"}}},"required":["label"]}}}],"tool_choice":"required"})";
+    const HttpReply r = http_post(server.port(), "/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.raw.substr(0, 2000);
+    const json j = json::parse(r.body);
+    const json& m = j["choices"][0]["message"];
+    ASSERT_TRUE(m.contains("tool_calls")) << r.body;
+    EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "tree");
+    EXPECT_TRUE(m["content"].is_null()) << r.body;
 }
 
 TEST_F(ServerHttp, OversizedBodyIs413) {

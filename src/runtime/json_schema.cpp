@@ -433,6 +433,207 @@ class Compiler {
     int32_t key_ = -1;
 };
 
+// check_json_schema: the schemas reachable from the root, each with what decides
+// whether it has a finite instance, then a least fixed point over them.
+class SchemaCheck {
+  public:
+    explicit SchemaCheck(const ojson& root) : root_(root) {}
+
+    void run() {
+        const int32_t r = node(root_, "#", 0);
+        // Kleene iteration from "no schema has an instance": what stays false has no
+        // finite instance (a required recursion, a $ref cycle without content).
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (size_t i = 0; i < nodes_.size(); ++i)
+                if (!sat_[i] && satisfiable(nodes_[i])) sat_[i] = changed = true;
+        }
+        // (A part with no instance is fine where the whole does not need it: an
+        // alternative, an optional member.)
+        if (!sat_[size_t(r)])
+            refuse("#",
+                   "no finite value satisfies the schema (a required member or a '$ref' that "
+                   "recurses with no way out, or a part that accepts nothing)");
+    }
+
+  private:
+    struct Node {
+        std::string where;
+        bool never = false;           // the schema false, or an empty enum
+        unsigned types = T_ALL;       // what it may be
+        std::vector<int32_t> all;     // every one must have an instance ($ref, allOf)
+        std::vector<int32_t> any;     // one must (anyOf / oneOf); empty: none asked
+        int32_t items = -1;           // arrays with minItems > 0
+        std::vector<int32_t> req;     // members an object must have
+        bool req_impossible = false;  // a required member additionalProperties forbids
+    };
+
+    int32_t node(const ojson& s, const std::string& where, int depth) {
+        if (auto it = ids_.find(&s); it != ids_.end()) return it->second;
+        if (depth > 256) refuse(where, "schema nested too deeply");
+        const int32_t id = int32_t(nodes_.size());
+        ids_[&s] = id;
+        nodes_.push_back({});
+        sat_.push_back(false);
+        Node n;
+        n.where = where;
+        if (s.is_boolean()) {
+            n.never = !s.get<bool>();
+            nodes_[size_t(id)] = std::move(n);
+            return id;
+        }
+        if (!s.is_object()) refuse(where, "a schema must be an object or a boolean");
+        auto sub = [&](const ojson& x, const std::string& at) { return node(x, at, depth + 1); };
+        if (s.contains("$ref")) {
+            if (!s["$ref"].is_string()) refuse(where, "'$ref' must be a string");
+            n.all.push_back(sub(resolve(s["$ref"].get<std::string>(), where), where + "/$ref"));
+        }
+        for (const char* kw : {"allOf", "anyOf", "oneOf"}) {
+            if (!s.contains(kw)) continue;
+            const ojson& alts = s[kw];
+            if (!alts.is_array() || alts.empty())
+                refuse(where, std::string("'") + kw + "' must be a non-empty array of schemas");
+            std::vector<int32_t> ids;
+            for (size_t i = 0; i < alts.size(); ++i)
+                ids.push_back(sub(alts[i], where + "/" + kw + "/" + std::to_string(i)));
+            if (std::string(kw) == "allOf") {
+                n.all.insert(n.all.end(), ids.begin(), ids.end());
+            } else if (n.any.empty()) {
+                n.any = std::move(ids);
+            } else {  // anyOf and oneOf together: one of each
+                const int32_t both = int32_t(nodes_.size());
+                nodes_.push_back({});
+                sat_.push_back(false);
+                nodes_[size_t(both)].where = where;
+                nodes_[size_t(both)].any = std::move(ids);
+                n.all.push_back(both);
+            }
+        }
+        // Subschemas that restrict nothing the grammar holds the output to: checked
+        // for their own validity only.
+        for (const char* kw : {"not", "if", "then", "else", "contains", "propertyNames"})
+            if (s.contains(kw)) (void)sub(s[kw], where + "/" + kw);
+
+        if (s.contains("type")) {
+            const auto& t = s["type"];
+            if (t.is_string()) {
+                n.types = type_bit(t.get<std::string>(), where);
+            } else if (t.is_array() && !t.empty()) {
+                n.types = 0;
+                for (const auto& x : t) {
+                    if (!x.is_string()) refuse(where, "'type' must name types");
+                    n.types |= type_bit(x.get<std::string>(), where);
+                }
+            } else {
+                refuse(where, "'type' must be a string or a non-empty array");
+            }
+        } else if (s.contains("properties") || s.contains("required") ||
+                   s.contains("additionalProperties")) {
+            n.types = T_OBJ;
+        } else if (s.contains("items") || s.contains("minItems")) {
+            n.types = T_ARR;
+        }
+        if (s.contains("enum")) {
+            if (!s["enum"].is_array()) refuse(where, "'enum' must be an array");
+            unsigned vt = 0;
+            for (const auto& v : s["enum"]) vt |= value_types(v);
+            n.types &= vt;
+            if (n.types == 0) n.never = true;
+        }
+        if (s.contains("const")) {
+            n.types &= value_types(s["const"]);
+            if (n.types == 0) n.never = true;
+        }
+
+        if (s.contains("items")) {
+            const ojson& it = s["items"];
+            if (it.is_array()) {
+                for (size_t i = 0; i < it.size(); ++i)
+                    (void)sub(it[i], where + "/items/" + std::to_string(i));
+            } else {
+                const int32_t item = sub(it, where + "/items");
+                const ojson* mi = s.contains("minItems") ? &s["minItems"] : nullptr;
+                if (mi && mi->is_number() && mi->get<double>() >= 1) n.items = item;
+            }
+        }
+        std::set<std::string> declared;
+        if (s.contains("properties")) {
+            if (!s["properties"].is_object()) refuse(where, "'properties' must be an object");
+            for (const auto& [name, p] : s["properties"].items()) declared.insert(name);
+        }
+        int32_t additional = -1;
+        bool additional_false = false;
+        if (s.contains("additionalProperties")) {
+            const ojson& ap = s["additionalProperties"];
+            if (ap.is_boolean())
+                additional_false = !ap.get<bool>();
+            else
+                additional = sub(ap, where + "/additionalProperties");
+        }
+        std::set<std::string> required;
+        if (s.contains("required")) {
+            if (!s["required"].is_array()) refuse(where, "'required' must be an array");
+            for (const auto& r : s["required"]) {
+                if (!r.is_string()) refuse(where, "'required' must list property names");
+                required.insert(r.get<std::string>());
+            }
+        }
+        if (s.contains("properties"))
+            for (const auto& [name, p] : s["properties"].items()) {
+                const int32_t pid = sub(p, where + "/properties/" + name);
+                if (required.count(name)) n.req.push_back(pid);
+            }
+        for (const auto& r : required) {
+            if (declared.count(r)) continue;
+            if (additional_false) n.req_impossible = true;
+            if (additional >= 0) n.req.push_back(additional);
+        }
+        for (const char* defs : {"$defs", "definitions"})
+            if (s.contains(defs) && !s[defs].is_object())
+                refuse(where, std::string("'") + defs + "' must be an object");
+        nodes_[size_t(id)] = std::move(n);
+        return id;
+    }
+
+    const ojson& resolve(const std::string& r, const std::string& where) {
+        if (r.empty() || r[0] != '#')
+            refuse(where, "only local '$ref' (\"#/...\") is allowed, not \"" + r + "\"");
+        const std::string ptr = r.substr(1);
+        if (ptr.empty()) return root_;
+        if (ptr[0] != '/') refuse(where, "'$ref' anchors are not supported: \"" + r + "\"");
+        try {
+            return root_.at(ojson::json_pointer(ptr));
+        } catch (const std::exception&) {
+            refuse(where, "'$ref' target \"" + r + "\" does not exist");
+        }
+    }
+
+    bool satisfiable(const Node& n) const {
+        if (n.never) return false;
+        for (int32_t a : n.all)
+            if (!sat_[size_t(a)]) return false;
+        if (!n.any.empty()) {
+            bool one = false;
+            for (int32_t a : n.any) one = one || sat_[size_t(a)];
+            if (!one) return false;
+        }
+        // One of its types has an instance.
+        if (n.types & (T_NULL | T_BOOL | T_INT | T_NUM | T_STR)) return true;
+        if ((n.types & T_ARR) && (n.items < 0 || sat_[size_t(n.items)])) return true;
+        if (n.types & T_OBJ) {
+            bool all = !n.req_impossible;
+            for (int32_t r : n.req) all = all && sat_[size_t(r)];
+            if (all) return true;
+        }
+        return false;
+    }
+
+    const ojson& root_;
+    std::vector<Node> nodes_;
+    std::vector<bool> sat_;
+    std::map<const ojson*, int32_t> ids_;
+};
+
 void check_limits(const GrammarLimits& L) {
     if (L.max_string_chars < 0 || L.max_array_items < 0 || L.max_object_members < 0 ||
         L.max_int_digits < 1 || L.max_frac_digits < 1 || L.max_exp_digits < 1 || L.max_depth < 0)
@@ -463,6 +664,10 @@ std::shared_ptr<const Grammar> compile_json_schema(const ojson& schema, const Gr
 std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::json& schema,
                                                    const GrammarLimits& lim) {
     return compile_json_schema(ojson::parse(schema.dump()), lim);
+}
+
+void check_json_schema(const ojson& schema) {
+    SchemaCheck(unwrap(schema)).run();
 }
 
 std::shared_ptr<const Grammar> json_object_grammar(const GrammarLimits& lim) {

@@ -61,6 +61,15 @@ std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::ordered_json&
 // Same; property order is the object's iteration order (sorted names for nlohmann::json).
 std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::json& schema,
                                                    const GrammarLimits& lim = {});
+// Checks a schema as a whole without compiling it, for schemas the output is held to
+// only in part (tool parameters): every type named is a JSON type, every $ref is local
+// and resolves, and the schema has a finite instance (a required member that recurses
+// back with no way out, or a $ref cycle with nothing in it, has none; recursion through
+// optional members is fine). Keywords the grammar does not implement are accepted here.
+// Types are inferred from keywords as compile_json_schema does (properties: an object).
+// Throws glm5::Error naming the place.
+void check_json_schema(const nlohmann::ordered_json& schema);
+
 // Any JSON object (response_format json_object).
 std::shared_ptr<const Grammar> json_object_grammar(const GrammarLimits& lim = {});
 

@@ -251,13 +251,17 @@ void check_total_choices(const GenRequest& g, const ModelContext& mc) {
 
 // The prompt must leave room for a reply; an explicit max_tokens must fit
 // with it (without one, generation stops at the context: "length").
-void check_context(size_t n_prompt, int64_t max_tokens, const ModelContext& mc, const char* param) {
-    if (n_prompt == 0) throw bad_request("the prompt is empty", param);
-    if (int64_t(n_prompt) >= mc.n_ctx)
-        throw bad_request("This model's context holds " + std::to_string(mc.n_ctx) +
-                              " tokens (prompt and reply together); the prompt has " +
-                              std::to_string(n_prompt) + " tokens",
-                          param, "context_length_exceeded");
+// `whole` false: encoding stopped once the prompt held more than n_ctx tokens.
+void check_context(size_t n_prompt, int64_t max_tokens, const ModelContext& mc, const char* param,
+                   bool whole = true) {
+    if (n_prompt == 0 && whole) throw bad_request("the prompt is empty", param);
+    if (!whole || int64_t(n_prompt) >= mc.n_ctx)
+        throw bad_request(
+            "This model's context holds " + std::to_string(mc.n_ctx) +
+                " tokens (prompt and reply together); the prompt has " +
+                (whole ? std::to_string(n_prompt) : "more than " + std::to_string(mc.n_ctx)) +
+                " tokens",
+            param, "context_length_exceeded");
     if (max_tokens > 0 && int64_t(n_prompt) + max_tokens > mc.n_ctx)
         throw bad_request(
             "This model's context holds " + std::to_string(mc.n_ctx) +
@@ -295,8 +299,18 @@ ojson parse_tools(const ojson& body) {
         if (std::find(names.begin(), names.end(), n) != names.end())
             throw bad_request("two tools are named '" + n + "'", "tools");
         names.push_back(n);
-        if (const ojson* p = field(*fn, "parameters"); p && !p->is_object())
-            throw bad_request(where + ".function.parameters must be an object", "tools");
+        if (const ojson* p = field(*fn, "parameters")) {
+            if (!p->is_object())
+                throw bad_request(where + ".function.parameters must be an object", "tools");
+            // The same validity as response_format's schemas (OpenAI refuses an invalid
+            // function schema too); keywords the call grammar does not enforce are
+            // accepted (docs/usage.md says which).
+            try {
+                runtime::check_json_schema(*p);
+            } catch (const Error& e) {
+                throw bad_request(where + ".function.parameters: " + e.what(), "tools");
+            }
+        }
     }
     return *t;
 }
@@ -497,6 +511,25 @@ void check_messages(const ojson& msgs, bool vision) {
     }
 }
 
+// Bytes of message text the prompt holds verbatim (system, user and tool contents; the
+// format may strip an assistant's): a bound the rendered prompt cannot be below.
+size_t verbatim_bytes(const ojson& msgs) {
+    size_t n = 0;
+    for (const auto& m : msgs) {
+        const std::string role = m.value("role", std::string());
+        if (role == "assistant") continue;
+        const ojson* c = field(m, "content");
+        if (!c) continue;
+        if (c->is_string()) n += c->get_ref<const std::string&>().size();
+        if (c->is_array())
+            for (const auto& part : *c)
+                if (const ojson* t =
+                        part.value("type", "") == "text" ? field(part, "text") : nullptr)
+                    n += t->get_ref<const std::string&>().size();
+    }
+    return n;
+}
+
 bool forced_tool(const GenRequest& g) {
     return g.tool_choice == ToolChoice::Required || g.tool_choice == ToolChoice::Named;
 }
@@ -515,6 +548,13 @@ void check_combinations(const GenRequest& g) {
 }  // namespace
 
 ojson parse_body(std::string_view body) {
+    // The parser takes a NUL byte for the end of its input; JSON text has none, so one
+    // means bytes past the value, which a body may not have.
+    if (const size_t nul = body.find('\0'); nul != std::string_view::npos)
+        throw ApiError(400,
+                       "the body is not valid JSON: a NUL byte at offset " + std::to_string(nul) +
+                           " (a body must be one JSON value and nothing after it)",
+                       "", "invalid_json");
     ojson j;
     try {
         // The callback caps nesting: deep documents would exhaust the stack later.
@@ -628,13 +668,23 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     if (!msgs->is_array()) throw type_error("messages", "an array", *msgs);
     if (msgs->empty()) throw bad_request("'messages' must not be empty", "messages");
     check_messages(*msgs, mc.vision != nullptr);
+    // Text that cannot fit is refused before it is copied and rendered.
+    if (verbatim_bytes(*msgs) / mc.tok->max_token_bytes() > size_t(mc.n_ctx))
+        check_context(0, g.max_tokens, mc, "messages", false);
     std::vector<text::ChatMessage> history;
     try {
         // OpenAI's newer "developer" role is the system role under another name.
-        ojson roles = *msgs;
-        for (auto& m : roles)
-            if (m.is_object() && m.value("role", ojson()) == "developer") m["role"] = "system";
-        history = text::messages_from_openai(roles);
+        bool developer = false;
+        for (const auto& m : *msgs)
+            developer = developer || (m.is_object() && m.value("role", ojson()) == "developer");
+        if (developer) {
+            ojson roles = *msgs;
+            for (auto& m : roles)
+                if (m.is_object() && m.value("role", ojson()) == "developer") m["role"] = "system";
+            history = text::messages_from_openai(roles);
+        } else {
+            history = text::messages_from_openai(*msgs);
+        }
     } catch (const Error& e) {
         throw bad_request(std::string("messages: ") + e.what(), "messages");
     }
@@ -683,7 +733,10 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     g.reasoning_open = p.reasoning_open;
     g.warnings = p.warnings;
     PromptInput in;
-    in.tokens = text::encode_prompt(*mc.tok, p);
+    // Encoding stops past the context: a prompt too long costs no more than one that fits.
+    const bool whole = text::encode_prompt(*mc.tok, p, size_t(mc.n_ctx), in.tokens);
+    p = {};
+    if (!whole) check_context(in.tokens.size(), g.max_tokens, mc, "messages", false);
     in.images = message_images(history, mc);
     check_context(size_t(in.expanded_size()), g.max_tokens, mc, "messages");
     g.prompts.push_back(std::move(in));
@@ -712,6 +765,7 @@ GenRequest parse_completion_request(const ojson& body, const ModelContext& mc) {
     if (!p) throw bad_request("'prompt' is required", "prompt", "missing_required_parameter");
     const int32_t n_vocab = mc.tok->n_vocab();
     auto token_prompt = [&](const ojson& arr) {
+        if (int64_t(arr.size()) >= mc.n_ctx) check_context(arr.size(), g.max_tokens, mc, "prompt");
         PromptInput in;
         for (const auto& x : arr) {
             if (!x.is_number_integer() && !x.is_number_unsigned())
@@ -730,7 +784,8 @@ GenRequest parse_completion_request(const ojson& body, const ModelContext& mc) {
     };
     auto text_prompt = [&](const std::string& s) {
         PromptInput in;
-        in.tokens = mc.tok->encode(s, true);
+        if (!mc.tok->encode_append(s, true, in.tokens, size_t(mc.n_ctx)))
+            check_context(in.tokens.size(), g.max_tokens, mc, "prompt", false);
         in.text = s;
         return in;
     };
