@@ -158,10 +158,43 @@ TEST(TextReply, MalformedAndUnterminatedCallsBecomeContent) {
     r = run1(opts(false), "<tool_call>f<arg_key>x</arg_key>oops</tool_call>");
     EXPECT_TRUE(r.tool_calls.empty());
     EXPECT_EQ(r.content, "<tool_call>f<arg_key>x</arg_key>oops</tool_call>");
-    r = run(opts(false), {"ok <tool_call>f<arg_key>x</arg_", "key><arg_value>1"});
-    EXPECT_TRUE(r.tool_calls.empty());
+}
+
+// A call the generation cut off (max_tokens) is the call as far as it came: its name and
+// the arguments whose values arrived whole, never its markup as content; no call at all
+// when even its name was cut off.
+TEST(TextReply, CutOffCallsKeepTheirNameAndWholeArguments) {
+    ParsedReply r = run(opts(false), {"ok <tool_call>f<arg_key>x</arg_", "key><arg_value>1"});
     EXPECT_TRUE(r.tool_call_unterminated);
-    EXPECT_EQ(r.content, "ok <tool_call>f<arg_key>x</arg_key><arg_value>1");
+    EXPECT_EQ(r.content, "ok ");
+    ASSERT_EQ(r.tool_calls.size(), 1u);
+    EXPECT_EQ(r.tool_calls[0].name, "f");
+    EXPECT_EQ(r.tool_calls[0].arguments, ojson::object());
+
+    r = run1(opts(false),
+             "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>days"
+             "</arg_key><arg_value>2");
+    ASSERT_EQ(r.tool_calls.size(), 1u);
+    EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(r.tool_calls[0].arguments, ojson({{"city", "Oslo"}}));
+    EXPECT_TRUE(r.content.empty()) << r.content;
+
+    r = run1(opts(false), "<tool_call>get_weather<arg_k");
+    ASSERT_EQ(r.tool_calls.size(), 1u);
+    EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+
+    // Nothing after the name: a call only when it names one of the tools.
+    r = run1(opts(false), "<tool_call>get_wea");
+    EXPECT_TRUE(r.tool_calls.empty());
+    EXPECT_TRUE(r.content.empty()) << r.content;
+    EXPECT_TRUE(r.tool_call_unterminated);
+    const ojson tools = ojson::parse(R"([{"type":"function","function":{"name":"get_weather"}}])");
+    r = run1(opts(true, tools), "</think><tool_call>get_weather");
+    ASSERT_EQ(r.tool_calls.size(), 1u);
+    EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+    r = run1(opts(false), "<tool_call>");
+    EXPECT_TRUE(r.tool_calls.empty());
+    EXPECT_TRUE(r.content.empty());
 }
 
 TEST(TextReply, EverySplitPointGivesTheSameResult) {

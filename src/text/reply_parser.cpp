@@ -140,8 +140,20 @@ void ReplyParser::step(ReplyDelta& d, bool final) {
         if (mode_ == Mode::ToolCall) {
             const size_t close = buf_.find(kCallClose);
             if (close == std::string::npos) {
-                if (final || buf_.size() > kMaxCallBytes) {
-                    // Cut off mid-call: keep its text as content rather than lose it.
+                if (final) {
+                    // Cut off mid-call (max_tokens): the call as far as it came, with the
+                    // arguments whose values arrived whole; no call when even its name
+                    // did not. Never the markup, which a client would show as text.
+                    ToolCall call;
+                    if (partial_tool_call(buf_, call)) {
+                        d.tool_calls.push_back(call);
+                        result_.tool_calls.push_back(std::move(call));
+                    }
+                    buf_.clear();
+                    mode_ = Mode::Content;
+                    result_.tool_call_unterminated = true;
+                } else if (buf_.size() > kMaxCallBytes) {
+                    // Too long to be a call: keep its text as content rather than lose it.
                     emit_content(d, std::string(kCallOpen) + buf_);
                     buf_.clear();
                     mode_ = Mode::Content;
@@ -235,6 +247,23 @@ bool ReplyParser::parse_tool_call(std::string_view body, ToolCall& call) const {
         else
             call.arguments[key] = std::move(value);
     }
+}
+
+bool ReplyParser::partial_tool_call(std::string_view body, ToolCall& call) const {
+    // The name is complete when something follows it (names hold no '<'), or when
+    // nothing does but it names one of the request's tools.
+    const size_t lt = body.find('<');
+    if (lt == std::string_view::npos) {
+        const std::string name(python_strip(body));
+        if (string_params_.find(name) == string_params_.end()) return false;
+        return parse_tool_call(name, call);
+    }
+    // The arguments up to the last value that arrived whole.
+    const size_t last = body.rfind(kValueClose);
+    const std::string_view whole = last == std::string_view::npos
+                                       ? body.substr(0, lt)
+                                       : body.substr(0, last + kValueClose.size());
+    return parse_tool_call(whole, call);
 }
 
 ChatMessage assistant_message(const ParsedReply& reply) {

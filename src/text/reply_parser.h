@@ -6,8 +6,9 @@
 //   content     everything else; white space at its start, right after </think> and right
 //               after a tool call is dropped
 //   tool calls  <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>
-//               -> {name, arguments}; a value becomes a JSON number / boolean / null / array /
-//               object when it parses as one (unless the tool's schema declares that
+//               -> {name, arguments} (a call the generation cut off: its name and the
+//               arguments that arrived whole); a value becomes a JSON number / boolean / null /
+//               array / object when it parses as one (unless the tool's schema declares that
 //               parameter a string), otherwise it stays the raw string.
 //
 // A marker split across chunks never leaks: text that could still become a marker is held
@@ -37,7 +38,9 @@ struct ParsedReply {
     std::string content;
     std::vector<ToolCall> tool_calls;
     bool reasoning_unterminated = false;  // generation ended before </think>
-    // generation ended inside a <tool_call>; its raw text went to content
+    // generation ended inside a <tool_call>: the call as far as it came is the last of
+    // tool_calls (with the arguments whose values arrived whole), or none when its name
+    // was cut off; its markup is never content
     bool tool_call_unterminated = false;
 };
 
@@ -68,6 +71,8 @@ class ReplyParser {
     void emit_reasoning(ReplyDelta& d, std::string_view s);
     void emit_content(ReplyDelta& d, std::string_view s);
     bool parse_tool_call(std::string_view body, ToolCall& call) const;
+    // A call cut off before </tool_call>: its name and the arguments that arrived whole.
+    bool partial_tool_call(std::string_view body, ToolCall& call) const;
 
     Mode mode_;
     bool reply_start_ = true;  // nothing but white space seen yet: <think> may open

@@ -127,6 +127,36 @@ describe('tools', () => {
     assert.equal(final.choices[0].finish_reason, 'tool_calls');
   });
 
+  test('a forced call cut off by max_tokens is a partial call with finish_reason length, never markup', async () => {
+    // Budgets from too short for the name to one that cuts the arguments (the
+    // fixture's call spells its name within 8 tokens and is not whole at 20).
+    let partial = 0;
+    for (const max_tokens of [2, 6, 8, 12, 20]) {
+      const req = { model: srv.model, messages: question, tools, tool_choice: named, temperature: 0, max_tokens };
+      const plain = (await srv.client.chat.completions.create(req)).choices[0];
+      const s = await collectChat(await srv.client.chat.completions.create({ ...req, stream: true }));
+      for (const text of [plain.message.content ?? '', s.content]) {
+        assert.ok(!/<tool_call>|<arg_|<\/arg_/.test(text), `markup at max_tokens ${max_tokens}: ${text}`);
+      }
+      assert.equal(plain.finish_reason, 'length', `max_tokens ${max_tokens}`);
+      assert.equal(s.finish, 'length');
+      const calls = plain.message.tool_calls ?? [];
+      const streamed = s.toolDeltas.filter((d) => d.index === 0);
+      assert.equal(streamed.length > 0, calls.length > 0, `max_tokens ${max_tokens}`);
+      if (calls.length === 0) continue;
+      partial++;
+      assert.equal(calls.length, 1);
+      assert.equal(calls[0].function.name, 'get_weather');
+      const args = JSON.parse(calls[0].function.arguments);
+      for (const k of Object.keys(args)) assert.ok(['city', 'unit', 'days'].includes(k), `argument ${k}`);
+      if ('unit' in args) assert.ok(['celsius', 'fahrenheit'].includes(args.unit));
+      assert.equal(streamed[0].function.name, 'get_weather');
+      const sargs = streamed.map((d) => d.function?.arguments ?? '').join('');
+      assert.deepEqual(JSON.parse(sargs), args);
+    }
+    assert.ok(partial >= 2, `partial calls seen: ${partial}`);
+  });
+
   test('tool_choice "required" calls one of the tools, with reasoning too', async () => {
     for (const think of [false, true]) {
       for (const seed of [1, 2, 3]) {
