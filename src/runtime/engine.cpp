@@ -148,12 +148,27 @@ std::shared_ptr<Request> Engine::submit(RequestParams p, TokenCallback on_token,
 }
 
 std::vector<std::shared_ptr<Request>> Engine::submit_group(std::vector<RequestParams> ps) {
+    std::vector<Submission> subs;
+    for (auto& p : ps) subs.push_back({std::move(p), nullptr, nullptr});
+    return submit_group(std::move(subs));
+}
+
+std::vector<std::shared_ptr<Request>> Engine::submit_group(std::vector<Submission> subs) {
     std::vector<std::unique_ptr<Job>> jobs;
-    for (auto& p : ps) jobs.push_back(make_job(std::move(p), nullptr, nullptr));
+    for (auto& s : subs)
+        jobs.push_back(make_job(std::move(s.params), std::move(s.on_token), std::move(s.on_done)));
     std::vector<std::shared_ptr<Request>> rs;
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (!accepting_) throw Error("the server is shutting down");
+        // Those that free slots take at once do not wait.
+        const size_t free = size_t(std::max(0, opt_.n_parallel - busy_));
+        const size_t waiting = queue_.size() + jobs.size();
+        if (opt_.max_queue > 0 && waiting > free && waiting - free > size_t(opt_.max_queue)) {
+            stats_.requests_refused += jobs.size();
+            throw QueueFull("the queue is full: " + std::to_string(queue_.size()) +
+                            " requests are waiting for a slot");
+        }
         for (auto& j : jobs) {
             j->req->id_ = next_id_++;
             rs.push_back(j->req);

@@ -188,7 +188,15 @@ class Engine {
                                     DoneCallback on_done = nullptr);
 
     // Queues several requests at once: the engine admits them in the same
-    // step (up to n_parallel), so they decode in lockstep (benchmarks).
+    // step (up to n_parallel), so they decode in lockstep (benchmarks, and the
+    // server's choices of one HTTP request). All or none: QueueFull when those
+    // that free slots cannot take at once do not all fit in max_queue.
+    struct Submission {
+        RequestParams params;
+        TokenCallback on_token;
+        DoneCallback on_done;
+    };
+    std::vector<std::shared_ptr<Request>> submit_group(std::vector<Submission> subs);
     std::vector<std::shared_ptr<Request>> submit_group(std::vector<RequestParams> ps);
     // Forgets every retained prefix entry.
     void drop_retained();
