@@ -10,7 +10,17 @@
 //   - every connection gets a worker of its own at once (threads are started as
 //     connections need them, up to the cap), so slow clients delay nobody else;
 //   - a handler knows its connection's socket (client_socket()), to notice a client
-//     that goes away while its reply is generated.
+//     that goes away while its reply is generated;
+//   - a request's head is read here before httplib parses it, so that what can be
+//     refused from the head is refused at once and the connection closed: a
+//     Content-Length that is not a number (400) or over the body limit (413, without
+//     reading the body), an unknown Transfer-Encoding (501), a head over 64 KiB (431),
+//     a head that does not arrive within the read timeout (408);
+//   - a body of unstated length (chunked, or read to the end) is cut off at the limit
+//     (413), since httplib bounds only stated lengths;
+//   - the bodies held in memory at once are bounded (TransportOptions::body_budget): a
+//     request whose body would go over waits for room up to the read timeout, then
+//     gets a 503 with Retry-After.
 #pragma once
 
 #include <httplib.h>
@@ -33,11 +43,25 @@ struct TransportOptions {
     std::chrono::milliseconds write_timeout{30000};  // a write that makes no progress
     std::chrono::milliseconds keep_alive{3000};      // idle time between requests
     int max_threads = 0;  // workers; 0: max_connections + a few for refusals
+    size_t max_body = size_t(32) << 20;
+    // Bytes of request bodies over 1 MiB (their stated length, or max_body when
+    // unstated) read and parsed at once over all connections: from the head until
+    // the handler has parsed the body (body_parsed()). A body costs about five times
+    // its size while it is parsed. 0: twice max_body.
+    size_t body_budget = 0;
 };
+
+// Replies the transport makes itself (errors from a request's head, 408, 503): the
+// body for `status` in the error shape of the API `path` belongs to.
+using TransportErrorBody = std::function<std::string(
+    const std::string& path, int status, const std::string& message, const std::string& code)>;
 
 // The socket of the connection the calling thread is serving, -1 outside a
 // connection's worker.
 int client_socket();
+// The handler running on the calling worker has parsed its request's body: the body
+// budget it held is released (the request may go on generating for a long time).
+void body_parsed();
 // Ends the sending side after a last reply and reads what the client still sends
 // for a moment (so the reply is not lost to a reset); the caller closes.
 void finish_reply(int sock);
@@ -48,16 +72,34 @@ class Transport : public httplib::Server {
 
     int open_connections() const { return open_; }
     uint64_t refused_connections() const { return refused_; }
+    // Requests refused or dropped from their head (400, 408, 413, 431, 501, 503).
+    uint64_t refused_requests() const { return refused_requests_; }
+    // Bytes of request bodies held now (for the body budget).
+    size_t body_bytes_held() const;
     const TransportOptions& options() const { return opt_; }
+    void set_error_body(TransportErrorBody f) { error_body_ = std::move(f); }
+
+    // Gives back body budget (body_parsed()).
+    void release_body(size_t bytes);
 
   private:
     // httplib calls this on a worker for every accepted connection.
     bool process_and_close_socket(int sock) override;
     void refuse(int sock);
+    // A reply made here, then the connection ends.
+    void reply_and_close(int sock, const std::string& path, int status, const std::string& message,
+                         const std::string& code, bool retry_after = false);
+    // Waits until `bytes` more fit the body budget (false at the deadline).
+    bool acquire_body(size_t bytes, std::chrono::steady_clock::time_point deadline);
 
     TransportOptions opt_;
+    TransportErrorBody error_body_;
     std::atomic<int> open_{0};
     std::atomic<uint64_t> refused_{0};
+    std::atomic<uint64_t> refused_requests_{0};
+    mutable std::mutex body_mu_;
+    std::condition_variable body_cv_;
+    size_t body_held_ = 0;
 };
 
 // A task queue that starts a worker for each job that finds none idle, up to

@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "server/client_socket.h"
 #include "server/http_transport.h"
+#include "server/large_body.h"
 #include "server/reply_stream.h"
 #include "text/tokenizer.h"
 
@@ -177,8 +178,9 @@ Server::Server(runtime::Engine& engine, ModelContext mc, ServerOptions opt)
     to.write_timeout = opt_.write_timeout;
     // An idle keep-alive connection holds a worker until this runs out.
     to.keep_alive = opt_.keep_alive;
+    to.max_body = opt_.max_body_bytes;
     http_ = std::make_unique<Transport>(to);
-    http_->set_payload_max_length(opt_.max_body_bytes);
+    parse_lane_ = std::make_unique<ParseLane>();
     http_->set_keep_alive_max_count(1000);
     http_->set_default_headers({{"Access-Control-Allow-Origin", "*"}});
     // httplib's default is SO_REUSEPORT, which lets a second server bind the same port
@@ -365,9 +367,46 @@ void Server::routes() {
         };
     };
 
-    auto chat = guarded([this](const auto& req, auto& res) { generate(req, res, Endpoint::Chat); });
+    // Generation endpoints read their bodies themselves: into a string of the stated
+    // size (httplib's own reading grows one by doubling), or a large body into a
+    // mapping of its own (large_body.h).
+    using BodyHandler = std::function<void(const httplib::Request&, httplib::Response&,
+                                           std::string_view body, bool large)>;
+    auto with_body = [guarded](BodyHandler h) {
+        return [h, guarded](const httplib::Request& req, httplib::Response& res,
+                            const httplib::ContentReader& reader) {
+            guarded([&](const httplib::Request& rq, httplib::Response& rs) {
+                const size_t stated =
+                    rq.has_header("Content-Length")
+                        ? size_t(std::stoull(rq.get_header_value("Content-Length")))
+                        : kLargeBody + 1;  // unknown: as a large one
+                std::string small;
+                std::unique_ptr<BodyBuffer> large;
+                if (stated > kLargeBody)
+                    large = std::make_unique<BodyBuffer>(stated);
+                else
+                    small.reserve(stated);
+                // A body cut off by the read timeout or the body limit is answered by the
+                // transport (408, 413), whatever is sent from here.
+                if (!reader([&](const char* data, size_t n) {
+                        if (large)
+                            large->append(data, n);
+                        else
+                            small.append(data, n);
+                        return true;
+                    }))
+                    throw ApiError(400, "the request body could not be read", "", "bad_body");
+                h(rq, rs, large ? large->view() : std::string_view(small), large != nullptr);
+            })(req, res);
+        };
+    };
+    auto chat = with_body([this](const auto& req, auto& res, std::string_view body, bool large) {
+        generate(req, res, body, large, Endpoint::Chat);
+    });
     auto completion =
-        guarded([this](const auto& req, auto& res) { generate(req, res, Endpoint::Completion); });
+        with_body([this](const auto& req, auto& res, std::string_view body, bool large) {
+            generate(req, res, body, large, Endpoint::Completion);
+        });
     http_->Post("/v1/chat/completions", chat);
     http_->Post("/chat/completions", chat);
     http_->Post("/v1/completions", completion);
@@ -478,14 +517,23 @@ void Server::routes() {
     });
 }
 
-void Server::generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
+void Server::generate(const httplib::Request& req, httplib::Response& res,
+                      std::string_view raw_body, bool large, Endpoint ep) {
     // Counted before the check: a drain that starts now sees this request (and
     // waits for it) or this request sees the drain.
     auto guard = std::make_shared<InFlight>(this);
     if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
-    const ojson body = parse_body(req.body);
-    GenRequest g =
-        ep == Endpoint::Chat ? parse_chat_request(body, mc_) : parse_completion_request(body, mc_);
+    GenRequest g;
+    auto parse = [&] {
+        const ojson body = parse_body(raw_body);
+        g = ep == Endpoint::Chat ? parse_chat_request(body, mc_)
+                                 : parse_completion_request(body, mc_);
+    };
+    if (large)
+        parse_lane_->run(parse);
+    else
+        parse();
+    body_parsed();
     for (const auto& w : g.warnings) log_info("glm5 serve: %s\n", w.c_str());
 
     // Every choice's parameters first, so a refused constraint is a 400 before anything runs.
@@ -499,7 +547,10 @@ void Server::generate(const httplib::Request& req, httplib::Response& res, Endpo
     ro.stop = g.stop;
     ro.single_tool_call = ep == Endpoint::Chat && !g.parallel_tool_calls;
 
+    // The choices go to the engine as one group: admitted in the same step, they
+    // decode in lockstep (and their speculative windows share verifies).
     auto ex = std::make_shared<Exchange>();
+    std::vector<runtime::Engine::Submission> subs;
     for (int k = 0; k < g.choices(); ++k) {
         auto rs = std::make_shared<ReplyStream>(*mc_.tok, ro);
         std::shared_ptr<Channel> ch = ex->channel;
@@ -518,18 +569,17 @@ void Server::generate(const httplib::Request& req, httplib::Response& res, Endpo
             e.result = r;
             ch->push(std::move(e));
         };
-        try {
-            ex->requests.push_back(engine_.submit(std::move(params[size_t(k)]), on_token, on_done));
-        } catch (const runtime::QueueFull& e) {
-            ex->cancel();
-            throw ApiError(429, std::string(e.what()) + "; retry later", "", "queue_full",
-                           "rate_limit_error")
-                .with_retry_after(1);
-        } catch (const Error& e) {
-            ex->cancel();
-            if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
-            throw bad_request(e.what());
-        }
+        subs.push_back({std::move(params[size_t(k)]), on_token, on_done});
+    }
+    try {
+        ex->requests = engine_.submit_group(std::move(subs));
+    } catch (const runtime::QueueFull& e) {
+        throw ApiError(429, std::string(e.what()) + "; retry later", "", "queue_full",
+                       "rate_limit_error")
+            .with_retry_after(1);
+    } catch (const Error& e) {
+        if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+        throw bad_request(e.what());
     }
     if (g.stream) {
         respond_stream(req, res, g, ex);

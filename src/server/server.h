@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -39,6 +40,7 @@ struct Response;
 namespace glm5::server {
 
 class Transport;
+class ParseLane;
 
 struct ServerOptions {
     std::string host = "127.0.0.1";
@@ -83,7 +85,9 @@ class Server {
 
   private:
     void routes();
-    void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
+    // `large`: a body over kLargeBody, parsed on parse_lane_ (large_body.h).
+    void generate(const httplib::Request& req, httplib::Response& res, std::string_view body,
+                  bool large, Endpoint ep);
     void respond_plain(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
                        std::shared_ptr<Exchange> ex);
     void respond_stream(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
@@ -95,6 +99,7 @@ class Server {
     ModelContext mc_;
     ServerOptions opt_;
     std::unique_ptr<Transport> http_;
+    std::unique_ptr<ParseLane> parse_lane_;
     std::thread listener_;
     std::thread monitor_;
     int port_ = 0;
