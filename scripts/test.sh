@@ -6,9 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 jobs=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+# The options are named, not taken from the cache: scripts/run.sh configures build/
+# without the tests, and a build folder that kept that would have nothing to test.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGLM5_BUILD_TESTS=ON -DGLM5_BUILD_BENCH=ON
 cmake --build build -j"$jobs"
-ctest --test-dir build -j"$jobs" --output-on-failure --timeout 900
+# --no-tests=error: a suite that finds no test fails instead of passing.
+ctest --test-dir build -j"$jobs" --output-on-failure --timeout 900 --no-tests=error
 if [[ ${GLM5_NO_SANITIZE:-} != 1 ]]; then
   bash scripts/sanitize.sh all
 fi
