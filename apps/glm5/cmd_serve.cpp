@@ -110,6 +110,9 @@ int cmd_serve(int argc, char** argv) {
     a.option("min-p", "P", "0.0", "default min-p (0: off)");
     a.option("repeat-penalty", "R", "1.0", "default repetition penalty (1: off)");
     a.option("seed", "N", "-1", "default seed (-1: a random one per request)");
+    a.option("reasoning-budget", "N", "-1",
+             "reasoning tokens a reply may spend before </think> is forced, for requests that do "
+             "not say (-1: no bound)");
     a.flag("log-requests", "one line on stderr per request", true);
     add_vision_flags(a, false);
     if (!a.parse(argc, argv, 2)) return 0;
@@ -179,6 +182,7 @@ int cmd_serve(int argc, char** argv) {
     if (seed >= 0) mc.sampling.seed = uint64_t(seed);
     mc.default_max_tokens = a.get_int("max-tokens", 0, INT64_MAX / 4);
     mc.max_choices = int(a.get_int("max-choices", 1, 1024));
+    mc.reasoning_budget = a.get_int("reasoning-budget", -1, INT64_MAX / 4);
     if (vision.tower) mc.vision = &vision.tower->hparams();
 
     eo.spec = m.spec;

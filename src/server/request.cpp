@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "runtime/json_schema.h"
+#include "runtime/reasoning_budget.h"
 #include "server/response_format.h"
 #include "server/tool_constraint.h"
 #include "text/chat.h"
@@ -721,6 +722,7 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     }
     opt.thinking = think;
     opt.effort = think == false ? text::ReasoningEffort::Default : effort;
+    g.reasoning_budget = opt_int(body, "reasoning_budget", mc.reasoning_budget, -1, INT64_MAX / 4);
 
     // tool_choice "none": the model is not told about the tools (and cannot call one).
     const ojson prompt_tools = g.tool_choice == ToolChoice::None ? ojson(nullptr) : g.tools;
@@ -852,6 +854,14 @@ runtime::RequestParams engine_params(const GenRequest& g, int index, const Model
         }
     } catch (const Error& e) {
         throw bad_request(e.what(), g.grammar ? "response_format" : "tool_choice");
+    }
+    if (g.reasoning_open && g.reasoning_budget >= 0) {
+        const int32_t think_end = mc.tok->find("</think>");
+        if (think_end < 0)
+            throw bad_request("this model's vocabulary has no </think> token to end reasoning with",
+                              "reasoning_budget");
+        p.constraint = std::make_unique<runtime::ReasoningBudget>(g.reasoning_budget, think_end,
+                                                                  std::move(p.constraint));
     }
     return p;
 }

@@ -6,7 +6,8 @@
 // ("auto" | "none" | "required" | {"type": "function", "function": {"name"}}),
 // parallel_tool_calls, think (bool), reasoning_effort ("none" | "low" | "medium" | "high";
 // low / medium / high render the format's Low / Max / High and turn reasoning on),
-// chat_template_kwargs.enable_thinking, response_format (text / json_object / json_schema).
+// chat_template_kwargs.enable_thinking, reasoning_budget (tokens of reasoning before </think> is
+// forced; -1 none), response_format (text / json_object / json_schema).
 // /v1/completions: prompt (a string, token ids, or a list of either), echo.
 // Both: model, stream, stream_options.include_usage, n, max_tokens (chat also
 // max_completion_tokens), temperature, top_p, top_k, min_p, seed, stop,
@@ -54,6 +55,7 @@ struct ModelContext {
     int64_t default_max_tokens = 0;  // <= 0: up to the end of the context
     int max_choices = 16;            // n times the number of prompts
     runtime::SpecParams spec;        // speculative decoding for requests that do not say
+    int64_t reasoning_budget = -1;   // --reasoning-budget: for requests that do not say; -1: none
     bool can_mtp = false;            // a NextN/MTP block is loaded
     // The vision tower's parameters when the server has one (--mmproj); null:
     // requests with images are refused.
@@ -93,7 +95,9 @@ struct GenRequest {
     bool parallel_tool_calls = true;
     std::shared_ptr<const runtime::Grammar> grammar;  // response_format
     std::optional<runtime::SpecParams> spec;          // "speculative"; none: the server's
-    std::vector<std::string> warnings;                // options the format could not honour
+    // Reasoning tokens before </think> is forced ("reasoning_budget"); -1: no bound.
+    int64_t reasoning_budget = -1;
+    std::vector<std::string> warnings;  // options the format could not honour
 
     int choices() const { return int(prompts.size()) * n; }
 };
