@@ -312,3 +312,37 @@ TEST(ServerMemory, ConcurrentHugeRefusedPromptsStayBounded) {
     EXPECT_LT(now - base, 64 * 1024) << "RSS kept " << (now - base) / 1024 << " MiB";
     EXPECT_EQ(http_post(s.port(), "/v1/chat/completions", chat_body("Hello")).status, 200);
 }
+
+// A reply made without reading the body (the API key check answers before the route
+// reads it) leaves the connection able to take the next request: the body is not
+// taken for one.
+TEST(ServerKeepAlive, RefusedRequestsBodyIsNotTheNextRequest) {
+    ServerProcess s({"-m", kModel, "--port", "0", "-t", "1", "--ctx-size", "256", "--api-key",
+                     "k1"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    const std::string body = chat_body("Hello");
+    auto post = [&](const std::string& key, bool close) {
+        return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key +
+               "\r\nContent-Type: application/json\r\nContent-Length: " +
+               std::to_string(body.size()) + "\r\n" + (close ? "Connection: close\r\n" : "") +
+               "\r\n" + body;
+    };
+    const int c = connect_loopback(s.port());
+    ASSERT_GE(c, 0);
+    send_all(c, post("wrong", false));
+    // The first reply, then the second request on the same connection.
+    std::string raw;
+    char buf[4096];
+    timeval tv{30, 0};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    while (raw.find("invalid_api_key") == std::string::npos) {
+        const ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+        ASSERT_GT(n, 0) << raw;
+        raw.append(buf, size_t(n));
+    }
+    send_all(c, post("k1", true));
+    raw += read_all(c, 30);
+    ::close(c);
+    EXPECT_EQ(raw.rfind("HTTP/1.1 401", 0), 0u) << raw;
+    EXPECT_NE(raw.find("HTTP/1.1 200"), std::string::npos) << raw;
+}

@@ -10,6 +10,8 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "runtime/json_schema.h"
+#include "runtime/reasoning_budget.h"
+#include "server/anthropic.h"
 #include "server/reply_stream.h"
 #include "server/request.h"
 #include "server/tool_constraint.h"
@@ -601,3 +603,89 @@ TEST(RequestValidation, NullsAndTypesOfOtherFields) {
 }
 
 }  // namespace
+
+// The reasoning budget: `budget` tokens of reasoning, then only </think>; after it the
+// inner constraint decides alone, and it sees every token.
+TEST(ReasoningBudget, ForcesThinkEndAtTheBudgetAndPassesTheRestOn) {
+    constexpr int32_t kEnd = 7, kBanned = 3;
+    auto inner = std::make_unique<BanConstraint>(std::vector<int32_t>{kBanned});
+    runtime::ReasoningBudget b(2, kEnd, std::move(inner));
+    EXPECT_TRUE(b.allows(1));
+    EXPECT_FALSE(b.allows(kBanned));
+    b.accept(1);
+    EXPECT_TRUE(b.allows(kEnd));
+    b.accept(2);
+    for (int32_t t : {0, 1, 2, 5}) EXPECT_FALSE(b.allows(t)) << t;
+    EXPECT_TRUE(b.allows(kEnd));
+    b.accept(kEnd);
+    EXPECT_TRUE(b.allows(1));
+    EXPECT_FALSE(b.allows(kBanned));
+    runtime::ReasoningBudget zero(0, kEnd, nullptr);
+    EXPECT_FALSE(zero.allows(1));
+    EXPECT_TRUE(zero.allows(kEnd));
+    // </think> before the budget ends the reasoning early.
+    runtime::ReasoningBudget early(5, kEnd, nullptr);
+    early.accept(kEnd);
+    EXPECT_TRUE(early.allows(1));
+}
+
+// Anthropic's request as the chat body: tool results become tool messages before the
+// user's own text, assistant blocks become content, reasoning and tool calls, and the
+// choices map onto the chat fields.
+TEST(AnthropicRequest, MapsOntoTheChatBody) {
+    const ojson body = ojson::parse(R"({
+      "model": "claude-x", "max_tokens": 100, "stop_sequences": ["END"], "top_k": 5,
+      "system": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}],
+      "metadata": {"user_id": "u"},
+      "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"},
+                 "cache_control": {"type": "ephemeral"}}],
+      "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+      "thinking": {"type": "enabled", "budget_tokens": 10},
+      "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                                          {"type": "text", "text": "ok"},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"x": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": [{"type": "text", "text": "r"}], "is_error": true},
+                                     {"type": "text", "text": "and"}, {"type": "text", "text": "more"}]}]})");
+    const ojson chat = anthropic::to_chat_body(body, false);
+    EXPECT_EQ(chat["max_tokens"], 100);
+    EXPECT_EQ(chat["stop"], ojson::array({"END"}));
+    EXPECT_EQ(chat["top_k"], 5);
+    EXPECT_EQ(chat["tool_choice"], "required");
+    EXPECT_EQ(chat["parallel_tool_calls"], false);
+    EXPECT_EQ(chat["think"], true);
+    EXPECT_EQ(chat["reasoning_budget"], 10);
+    EXPECT_EQ(chat["tools"][0]["function"]["parameters"], ojson({{"type", "object"}}));
+    const ojson& m = chat["messages"];
+    ASSERT_EQ(m.size(), 5u) << m.dump();
+    EXPECT_EQ(m[0], ojson({{"role", "system"}, {"content", "A\n\nB"}}));
+    EXPECT_EQ(m[1]["role"], "user");
+    EXPECT_EQ(m[2]["content"], "ok");
+    EXPECT_EQ(m[2]["reasoning_content"], "hm");
+    EXPECT_EQ(m[2]["tool_calls"][0]["id"], "toolu_1");
+    EXPECT_EQ(m[2]["tool_calls"][0]["function"]["arguments"], ojson({{"x", 1}}));
+    EXPECT_EQ(m[3],
+              ojson({{"role", "tool"}, {"tool_call_id", "toolu_1"}, {"content", "Error: r"}}));
+    EXPECT_EQ(m[4]["content"][0]["text"], "and\n\nmore");
+    // The chat parser takes what came out.
+    EXPECT_EQ(anthropic::to_chat_body(
+                  ojson::parse(R"({"messages":[{"role":"user","content":"x"}]})"), true)
+                  .contains("max_tokens"),
+              false);
+    for (
+        const char* bad :
+        {R"({"messages":[{"role":"user","content":"x"}]})",
+         R"({"max_tokens":5,"messages":[{"role":"tool","content":"x"}]})",
+         R"({"max_tokens":5,"messages":[{"role":"user","content":[{"type":"document"}]}]})",
+         R"({"max_tokens":5,"tools":[{"type":"bash_20250124","name":"bash"}],"messages":[{"role":"user","content":"x"}]})",
+         R"({"max_tokens":5,"tool_choice":{"type":"sometimes"},"messages":[{"role":"user","content":"x"}]})",
+         R"({"max_tokens":5,"thinking":{"type":"enabled","budget_tokens":9},"messages":[{"role":"user","content":"x"}]})"}) {
+        EXPECT_THROW(anthropic::to_chat_body(ojson::parse(bad), false), ApiError) << bad;
+    }
+    EXPECT_EQ(anthropic::error_body(429, "m")["error"]["type"], "rate_limit_error");
+    EXPECT_EQ(anthropic::error_body(401, "m")["error"]["type"], "authentication_error");
+    EXPECT_EQ(anthropic::error_body(503, "m")["error"]["type"], "overloaded_error");
+    EXPECT_EQ(anthropic::tool_use_id("call_abc"), "toolu_abc");
+}

@@ -112,3 +112,45 @@ TEST(ServerVision, NoVisionTowerRefusesImages) {
                          image_body("data:image/png;base64," + base64(file("glm5next/img-a.png")))),
                "unsupported_content", "text only");
 }
+
+// Anthropic's image blocks (base64 sources) are the same images: the same prompt as
+// the OpenAI data URL, and the refusals in Anthropic's shape.
+TEST(ServerVision, AnthropicImageBlocks) {
+    ServerProcess s({"-m", kData + "/glm5next/tiny.gguf", "--mmproj",
+                     kData + "/glm5next/mmproj-tiny.gguf", "--port", "0", "-t", "1", "--ctx-size",
+                     "256", "--cache-type", "f32"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    const std::string data = base64(file("glm5next/img-a.png"));
+    auto body = [](const json& source) {
+        json blocks = json::array(
+            {{{"type", "text"}, {"text", "what is it?"}}, {{"type", "image"}, {"source", source}}});
+        return json{{"model", "claude-x"},
+                    {"max_tokens", 4},
+                    {"temperature", 0},
+                    {"messages", json::array({{{"role", "user"}, {"content", blocks}}})}}
+            .dump();
+    };
+    const HttpReply a =
+        http_post(s.port(), "/v1/messages",
+                  body({{"type", "base64"}, {"media_type", "image/png"}, {"data", data}}));
+    ASSERT_EQ(a.status, 200) << a.raw;
+    const json ja = json::parse(a.body);
+    EXPECT_EQ(ja["type"], "message");
+    const HttpReply o =
+        http_post(s.port(), "/v1/chat/completions", image_body("data:image/png;base64," + data));
+    ASSERT_EQ(o.status, 200) << o.raw;
+    EXPECT_EQ(
+        ja["usage"]["input_tokens"].get<int>() + ja["usage"]["cache_read_input_tokens"].get<int>(),
+        json::parse(o.body)["usage"]["prompt_tokens"].get<int>());
+
+    for (const json& bad :
+         {json{{"type", "url"}, {"url", "https://example.com/a.png"}},
+          json{{"type", "base64"}, {"media_type", "image/png"}, {"data", "@@@"}}}) {
+        const HttpReply r = http_post(s.port(), "/v1/messages", body(bad));
+        EXPECT_EQ(r.status, 400) << r.raw;
+        const json j = json::parse(r.body, nullptr, false);
+        ASSERT_TRUE(j.is_object()) << r.body;
+        EXPECT_EQ(j["type"], "error");
+        EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r.body;
+    }
+}

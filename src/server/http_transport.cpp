@@ -234,6 +234,19 @@ class ConnStream final : public httplib::Stream {
     }
     // The body may be at most `cap` bytes as sent (chunk framing included).
     void set_body_cap(uint64_t cap) { body_cap_ = cap; }
+    uint64_t body_read() const { return body_read_; }
+    // Reads and drops `n` more bytes of the body, if that is little (64 KiB) and
+    // arrives in time; false otherwise.
+    bool skip_body(uint64_t n) {
+        if (n > (64u << 10)) return false;
+        char buf[4096];
+        while (n > 0) {
+            const ssize_t got = read(buf, size_t(std::min<uint64_t>(n, sizeof(buf))));
+            if (got <= 0) return false;
+            n -= uint64_t(got);
+        }
+        return true;
+    }
 
     bool is_readable() const override {
         return head_at_ < head_.size() || wait_for(sock_, POLLIN, read_deadline_) > 0;
@@ -483,6 +496,14 @@ bool Transport::process_and_close_socket(int sock) {
                 break;
             }
             if (!ok || closed) break;
+            // A reply made without reading the body (a 401 from the API key check)
+            // leaves it in the socket, where it would be taken for the next request:
+            // read a small rest to keep the connection, else end it. A chunked body's
+            // end is not known here: its connection ends.
+            if (head.chunked) break;
+            if (head.has_length && strm.body_read() < head.length &&
+                !strm.skip_body(head.length - strm.body_read()))
+                break;
             --left;
         }
     }

@@ -27,7 +27,14 @@ std::string StopMatcher::feed(std::string_view s) {
     if (stops_.empty()) return std::string(s);
     held_ += s;
     size_t first = std::string::npos;
-    for (const auto& stop : stops_) first = std::min(first, held_.find(stop));
+    for (const auto& stop : stops_) {
+        const size_t at = held_.find(stop);
+        // The earliest match; at the same place, the one listed first.
+        if (at < first) {
+            first = at;
+            which_ = stop;
+        }
+    }
     if (first != std::string::npos) {
         matched_ = true;
         std::string out = held_.substr(0, first);

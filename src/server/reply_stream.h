@@ -37,9 +37,12 @@ class StopMatcher {
     // End of the text: releases what was held back.
     std::string flush();
     bool matched() const { return matched_; }
+    // The stop string that matched (empty: none did).
+    const std::string& which() const { return which_; }
 
   private:
     std::vector<std::string> stops_;
+    std::string which_;
     std::string held_;
     bool matched_ = false;
 };
@@ -63,6 +66,7 @@ class ReplyStream {
     void finish(Delta& out);
 
     bool stop_matched() const { return stop_.matched(); }
+    const std::string& matched_stop() const { return stop_.which(); }
 
   private:
     void take(const text::ReplyDelta& d, Delta& out);

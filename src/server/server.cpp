@@ -10,7 +10,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/anthropic.h"
 #include "server/client_socket.h"
+#include "server/exchange.h"
 #include "server/http_transport.h"
 #include "server/large_body.h"
 #include "server/reply_stream.h"
@@ -24,86 +26,26 @@ using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// How often a waiting handler looks at its client's socket.
-constexpr milliseconds kPoll{50};
-
-std::string dump(const ojson& j) {
-    return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
-}
 std::string sse(const ojson& j) {
     return "data: " + dump(j) + "\n\n";
 }
 
-void send_json(httplib::Response& res, int status, const ojson& j) {
-    res.status = status;
-    res.set_content(dump(j), "application/json");
-}
-
-void send_error(httplib::Response& res, const ApiError& e) {
+// In the shape of the API the request's path belongs to.
+void send_error(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
     if (e.retry_after() > 0) res.set_header("Retry-After", std::to_string(e.retry_after()));
-    send_json(res, e.status(), e.body());
+    send_json(res, e.status(),
+              anthropic::is_messages_path(req.path) ? anthropic::error_body(e) : e.body());
 }
-
-int64_t unix_now() {
-    return std::chrono::duration_cast<std::chrono::seconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-}
-
-// One event from the engine thread: a choice's text delta, or its end.
-struct Event {
-    int index = 0;
-    Delta delta;
-    bool done = false;
-    runtime::RequestResult result;
-};
-
-class Channel {
-  public:
-    void push(Event e) {
-        {
-            std::lock_guard<std::mutex> lk(mu_);
-            q_.push_back(std::move(e));
-        }
-        cv_.notify_one();
-    }
-    // Moves what is there (waiting up to `timeout` for something) into out.
-    void take(std::vector<Event>& out, milliseconds timeout) {
-        std::unique_lock<std::mutex> lk(mu_);
-        if (timeout.count() > 0) cv_.wait_for(lk, timeout, [&] { return !q_.empty(); });
-        while (!q_.empty()) {
-            out.push_back(std::move(q_.front()));
-            q_.pop_front();
-        }
-    }
-
-  private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<Event> q_;
-};
-
-// What a choice has produced so far.
-struct ChoiceState {
-    std::string reasoning, content;
-    ojson tool_calls = ojson::array();
-    bool done = false;
-    runtime::RequestResult result;
-};
 
 std::string finish_reason(const ChoiceState& c) {
     if (c.result.finish_reason == "length") return "length";
-    return c.tool_calls.empty() ? "stop" : "tool_calls";
+    return c.calls.empty() ? "stop" : "tool_calls";
 }
 
-// An engine request that ended without a reply: its error for the client.
-std::optional<ApiError> failure(const runtime::RequestResult& r) {
-    if (r.finish_reason == "error")
-        return ApiError(500, "generation failed: " + r.error, "", "generation_failed");
-    if (r.finish_reason == "cancelled")
-        return ApiError(503, "the request was cancelled: the server is shutting down", "",
-                        "shutting_down");
-    return std::nullopt;
+ojson tool_calls_json(const ChoiceState& c) {
+    ojson a = ojson::array();
+    for (const auto& call : c.calls) a.push_back(text::tool_call_to_openai(call));
+    return a;
 }
 
 ojson usage_json(const GenRequest& g, const std::vector<ChoiceState>& cs) {
@@ -143,30 +85,7 @@ ojson timings_json(const std::vector<ChoiceState>& cs) {
     return t;
 }
 
-void apply(ChoiceState& c, const Delta& d) {
-    c.reasoning += d.reasoning;
-    c.content += d.content;
-    for (const auto& call : d.tool_calls) c.tool_calls.push_back(text::tool_call_to_openai(call));
-}
-
 }  // namespace
-
-struct Server::Exchange {
-    std::shared_ptr<Channel> channel = std::make_shared<Channel>();
-    std::vector<std::shared_ptr<runtime::Request>> requests;
-    void cancel() {
-        for (auto& r : requests) r->cancel();
-    }
-};
-
-// Counts a generation request as in flight for as long as it lives.
-struct InFlight {
-    explicit InFlight(Server* s) : s_(s) { s_->enter(); }
-    ~InFlight() { s_->leave(); }
-    InFlight(const InFlight&) = delete;
-    InFlight& operator=(const InFlight&) = delete;
-    Server* s_;
-};
 
 Server::Server(runtime::Engine& engine, ModelContext mc, ServerOptions opt)
     : engine_(engine), mc_(std::move(mc)), opt_(std::move(opt)) {
@@ -181,6 +100,11 @@ Server::Server(runtime::Engine& engine, ModelContext mc, ServerOptions opt)
     to.max_body = opt_.max_body_bytes;
     http_ = std::make_unique<Transport>(to);
     parse_lane_ = std::make_unique<ParseLane>();
+    http_->set_error_body([](const std::string& path, int status, const std::string& message,
+                             const std::string& code) {
+        return dump(anthropic::is_messages_path(path) ? anthropic::error_body(status, message)
+                                                      : ApiError(status, message, "", code).body());
+    });
     http_->set_keep_alive_max_count(1000);
     http_->set_default_headers({{"Access-Control-Allow-Origin", "*"}});
     // httplib's default is SO_REUSEPORT, which lets a second server bind the same port
@@ -360,9 +284,9 @@ void Server::routes() {
             try {
                 h(req, res);
             } catch (const ApiError& e) {
-                send_error(res, e);
+                send_error(req, res, e);
             } catch (const std::exception& e) {
-                send_error(res, ApiError(500, std::string("internal error: ") + e.what()));
+                send_error(req, res, ApiError(500, std::string("internal error: ") + e.what()));
             }
         };
     };
@@ -407,6 +331,14 @@ void Server::routes() {
         with_body([this](const auto& req, auto& res, std::string_view body, bool large) {
             generate(req, res, body, large, Endpoint::Completion);
         });
+    auto messages_route = [this, with_body](bool count_only) {
+        return with_body(
+            [this, count_only](const auto& req, auto& res, std::string_view body, bool large) {
+                messages(req, res, body, large, count_only);
+            });
+    };
+    http_->Post("/v1/messages", messages_route(false));
+    http_->Post("/v1/messages/count_tokens", messages_route(true));
     http_->Post("/v1/chat/completions", chat);
     http_->Post("/chat/completions", chat);
     http_->Post("/v1/completions", completion);
@@ -452,7 +384,8 @@ void Server::routes() {
     http_->Options(R"(.*)", [](const httplib::Request&, httplib::Response& res) {
         res.status = 204;
         res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        res.set_header("Access-Control-Allow-Headers",
+                       "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta");
         res.set_header("Access-Control-Max-Age", "86400");
     });
 
@@ -460,16 +393,21 @@ void Server::routes() {
         if (opt_.api_key.empty() || req.method == "OPTIONS" || req.path == "/health" ||
             req.path == "/v1/health" || req.path == "/metrics")
             return httplib::Server::HandlerResponse::Unhandled;
-        const std::string want = "Bearer " + opt_.api_key;
-        const std::string got = req.get_header_value("Authorization");
         // Compare every byte so the time taken says nothing about the key.
-        bool ok = got.size() == want.size();
-        unsigned char diff = 0;
-        for (size_t i = 0; i < want.size(); ++i)
-            diff |= uint8_t(want[i]) ^ uint8_t(i < got.size() ? got[i] : 0);
-        if (ok && diff == 0) return httplib::Server::HandlerResponse::Unhandled;
-        send_error(res,
-                   ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+        auto same = [](const std::string& want, const std::string& got) {
+            unsigned char diff = got.size() == want.size() ? 0 : 1;
+            for (size_t i = 0; i < want.size(); ++i)
+                diff |= uint8_t(want[i]) ^ uint8_t(i < got.size() ? got[i] : 0);
+            return diff == 0;
+        };
+        // OpenAI's clients send a bearer token, Anthropic's an x-api-key header.
+        const bool bearer = same("Bearer " + opt_.api_key, req.get_header_value("Authorization"));
+        const bool x_key = same(opt_.api_key, req.get_header_value("x-api-key"));
+        if (bearer || x_key) return httplib::Server::HandlerResponse::Unhandled;
+        send_error(req, res,
+                   ApiError(401,
+                            "invalid or missing API key (send 'Authorization: Bearer <key>' or "
+                            "'x-api-key: <key>')",
                             "", "invalid_api_key"));
         return httplib::Server::HandlerResponse::Handled;
     });
@@ -498,11 +436,11 @@ void Server::routes() {
                     msg = "the HTTP request could not be served (status " +
                           std::to_string(res.status) + ")";
             }
-            send_error(res, ApiError(res.status, msg, "", code));
+            send_error(req, res, ApiError(res.status, msg, "", code));
             return httplib::Server::HandlerResponse::Handled;
         }));
     http_->set_exception_handler(
-        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
             std::string what = "unknown";
             try {
                 if (ep) std::rethrow_exception(ep);
@@ -510,7 +448,7 @@ void Server::routes() {
                 what = e.what();
             } catch (...) {
             }
-            send_error(res, ApiError(500, "internal error: " + what));
+            send_error(req, res, ApiError(500, "internal error: " + what));
         });
     http_->set_logger([this](const httplib::Request&, const httplib::Response& res) {
         count_status(res.status);
@@ -536,6 +474,17 @@ void Server::generate(const httplib::Request& req, httplib::Response& res,
     body_parsed();
     for (const auto& w : g.warnings) log_info("glm5 serve: %s\n", w.c_str());
 
+    std::shared_ptr<Exchange> ex = submit(g, ep);
+    if (g.stream) {
+        respond_stream(req, res, g, ex);
+        // The stream's provider holds its own InFlight; this one ends with the handler.
+    } else {
+        respond_plain(req, res, g, ex);
+    }
+    (void)guard;
+}
+
+std::shared_ptr<Server::Exchange> Server::submit(const GenRequest& g, Endpoint ep) {
     // Every choice's parameters first, so a refused constraint is a 400 before anything runs.
     std::vector<runtime::RequestParams> params;
     for (int k = 0; k < g.choices(); ++k) params.push_back(engine_params(g, k, mc_));
@@ -567,6 +516,7 @@ void Server::generate(const httplib::Request& req, httplib::Response& res,
             rs->finish(e.delta);
             e.done = true;
             e.result = r;
+            e.stop_sequence = rs->matched_stop();
             ch->push(std::move(e));
         };
         subs.push_back({std::move(params[size_t(k)]), on_token, on_done});
@@ -581,44 +531,43 @@ void Server::generate(const httplib::Request& req, httplib::Response& res,
         if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
         throw bad_request(e.what());
     }
-    if (g.stream) {
-        respond_stream(req, res, g, ex);
-        // The stream's provider holds its own InFlight; this one ends with the handler.
-    } else {
-        respond_plain(req, res, g, ex);
-    }
-    (void)guard;
+    return ex;
 }
 
-void Server::respond_plain(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
-                           std::shared_ptr<Exchange> ex) {
+bool Server::wait_reply(const httplib::Request& req, httplib::Response& res, Exchange& ex,
+                        std::span<ChoiceState> cs) {
     // This handler runs on its connection's worker, which knows the socket.
     const int fd = client_socket();
     if (fd < 0) throw Error("the handler does not know its client's connection");
-    std::vector<ChoiceState> cs(size_t(g.choices()));
-    int pending = g.choices();
+    size_t pending = cs.size();
     std::vector<Event> evs;
     while (pending > 0) {
         evs.clear();
-        ex->channel->take(evs, kPoll);
+        ex.channel->take(evs, kPoll);
         for (auto& e : evs) {
             ChoiceState& c = cs[size_t(e.index)];
-            apply(c, e.delta);
+            c.apply(e.delta);
             if (e.done) {
-                c.done = true;
-                c.result = std::move(e.result);
+                c.finish(e);
                 --pending;
             }
         }
         if (pending > 0 && client_gone(fd)) {
-            ex->cancel();
+            ex.cancel();
             if (opt_.log_requests)
                 log_info("glm5 serve: %s %s: client went away, cancelled\n", req.method.c_str(),
                          req.path.c_str());
             res.status = 499;  // nginx's "client closed request"; nobody reads it
-            return;
+            return false;
         }
     }
+    return true;
+}
+
+void Server::respond_plain(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
+                           std::shared_ptr<Exchange> ex) {
+    std::vector<ChoiceState> cs(size_t(g.choices()));
+    if (!wait_reply(req, res, *ex, cs)) return;
     for (const auto& c : cs)
         if (auto err = failure(c.result)) throw *err;
 
@@ -637,9 +586,9 @@ void Server::respond_plain(const httplib::Request& req, httplib::Response& res, 
             ojson m = ojson::object();
             m["role"] = "assistant";
             m["content"] =
-                c.content.empty() && !c.tool_calls.empty() ? ojson(nullptr) : ojson(c.content);
+                c.content.empty() && !c.calls.empty() ? ojson(nullptr) : ojson(c.content);
             if (!c.reasoning.empty()) m["reasoning_content"] = c.reasoning;
-            if (!c.tool_calls.empty()) m["tool_calls"] = c.tool_calls;
+            if (!c.calls.empty()) m["tool_calls"] = tool_calls_json(c);
             ch["message"] = std::move(m);
         } else {
             ch["text"] = (g.echo ? g.prompts[k / size_t(g.n)].text : std::string()) + c.content;
@@ -747,10 +696,9 @@ void Server::respond_stream(const httplib::Request& req, httplib::Response& res,
                 } else if (!d.content.empty()) {
                     out += chunk(e.index, d.content, nullptr);
                 }
-                apply(c, d);
+                c.apply(d);
                 if (!e.done) continue;
-                c.done = true;
-                c.result = std::move(e.result);
+                c.finish(e);
                 --st->pending;
                 if (auto err = failure(c.result))
                     out += sse(err->body());

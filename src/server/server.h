@@ -1,6 +1,8 @@
-// The OpenAI-compatible HTTP server over a runtime::Engine.
+// The OpenAI-compatible HTTP server over a runtime::Engine, with Anthropic's Messages
+// API beside it.
 //
 //   POST /v1/chat/completions, /v1/completions   (also without the /v1 prefix)
+//   POST /v1/messages, /v1/messages/count_tokens (Anthropic's shapes: anthropic.h)
 //   GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
 //
 // Each choice of a request is one engine request (one slot; beyond --parallel they
@@ -23,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -41,6 +44,7 @@ namespace glm5::server {
 
 class Transport;
 class ParseLane;
+struct ChoiceState;
 
 struct ServerOptions {
     std::string host = "127.0.0.1";
@@ -88,10 +92,24 @@ class Server {
     // `large`: a body over kLargeBody, parsed on parse_lane_ (large_body.h).
     void generate(const httplib::Request& req, httplib::Response& res, std::string_view body,
                   bool large, Endpoint ep);
+    // The request's choices, submitted to the engine as one group (429, 400, 503 as
+    // ApiError).
+    std::shared_ptr<Exchange> submit(const GenRequest& g, Endpoint ep);
+    // Waits for every choice of a plain reply, watching the client's socket; false
+    // when the client went away (its requests are cancelled).
+    bool wait_reply(const httplib::Request& req, httplib::Response& res, Exchange& ex,
+                    std::span<ChoiceState> cs);
     void respond_plain(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
                        std::shared_ptr<Exchange> ex);
     void respond_stream(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
                         std::shared_ptr<Exchange> ex);
+    // Anthropic's Messages API (server_anthropic.cpp); count_only: count_tokens.
+    void messages(const httplib::Request& req, httplib::Response& res, std::string_view body,
+                  bool large, bool count_only);
+    void messages_plain(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
+                        std::shared_ptr<Exchange> ex, const std::string& model);
+    void messages_stream(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
+                         std::shared_ptr<Exchange> ex, const std::string& model);
     void count_status(int status);
     void sample_rates();
 

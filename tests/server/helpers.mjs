@@ -12,8 +12,9 @@ const repo = resolve(here, '..', '..');
 export const BINARY = process.env.GLM5_BINARY ?? resolve(repo, 'build', 'glm5');
 export const MODEL = process.env.GLM5_MODEL ?? resolve(repo, 'tests', 'data', 'glm-dsa', 'tiny.gguf');
 
-// Starts `glm5 serve` with extra flags; resolves once it listens.
-export async function startServer(extra = []) {
+// Starts `glm5 serve` with extra flags; resolves once it listens. apiKey: the key the
+// server was given (--api-key), for the openai client.
+export async function startServer(extra = [], { apiKey = 'unused' } = {}) {
   const args = ['serve', '-m', MODEL, '--host', '127.0.0.1', '--port', '0', '--threads', '1', ...extra];
   const proc = spawn(BINARY, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
@@ -34,7 +35,7 @@ export async function startServer(extra = []) {
     });
   });
   const url = `http://127.0.0.1:${port}`;
-  const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
+  const client = new OpenAI({ baseURL: `${url}/v1`, apiKey, maxRetries: 0, timeout: 120000 });
   const model = (await client.models.list()).data[0].id;
   return {
     proc,
