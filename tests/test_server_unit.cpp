@@ -136,6 +136,19 @@ TEST(ReplyStream, SplitsReasoningContentAndToolCalls) {
     EXPECT_EQ(d.tool_calls[0].id.size(), 29u);
 }
 
+// A chat reply shows the structure's control tokens as reasoning and tool calls and
+// drops the others (a stray <|assistant|>, <sop>, <think></think> once the answer has
+// begun); completions keep them as text.
+TEST(ReplyStream, ChatRepliesDropOtherControlTokens) {
+    ReplyStreamOptions o;
+    const Delta d =
+        stream_all(o, "<think>hm</think>Hi<|assistant|> there<sop>.<|image|><think></think> Bye");
+    EXPECT_EQ(d.reasoning, "hm");
+    EXPECT_EQ(d.content, "Hi there. Bye");
+    o.parse = false;
+    EXPECT_EQ(stream_all(o, "Hi<|assistant|> there").content, "Hi<|assistant|> there");
+}
+
 TEST(ReplyStream, StopStringsApplyToContentNotReasoning) {
     ReplyStreamOptions o;
     o.reasoning_open = true;

@@ -63,10 +63,17 @@ std::string StopMatcher::flush() {
 }
 
 ReplyStream::ReplyStream(const text::Tokenizer& tok, ReplyStreamOptions opt)
-    : dec_(tok),
+    : tok_(&tok),
+      dec_(tok),
       parser_(text::ReplyParserOptions{opt.reasoning_open, opt.tools}),
       stop_(opt.stop),
-      opt_(std::move(opt)) {}
+      opt_(std::move(opt)) {
+    for (const char* m :
+         {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"})
+        if (const int32_t id = tok.find(m); id >= 0) markers_.push_back(id);
+    think_open_ = tok.find("<think>");
+    think_close_ = tok.find("</think>");
+}
 
 void ReplyStream::take(const text::ReplyDelta& d, Delta& out) {
     if (over_) return;
@@ -94,12 +101,25 @@ void ReplyStream::take(const text::ReplyDelta& d, Delta& out) {
 
 bool ReplyStream::push(int32_t token, Delta& out) {
     if (over_) return false;
+    // A chat reply's control tokens are its structure (reasoning, tool calls) or
+    // nothing a reader should see (a stray <|assistant|> or <sop>): the latter are
+    // dropped, as llama-server does.
+    // Reasoning markers only open a reply or close its reasoning: once the answer has
+    // begun, <think></think> is noise (a small model echoing its template).
+    if (opt_.parse && tok_->is_control(token)) {
+        const bool think = token == think_open_ || token == think_close_;
+        if (think ? answering_
+                  : std::find(markers_.begin(), markers_.end(), token) == markers_.end())
+            return true;
+        if (token == think_close_) answering_ = true;
+    }
     const std::string piece = dec_.push(token);
     if (!opt_.parse) {
         out.content += stop_.feed(piece);
         over_ = stop_.matched();
     } else {
         take(parser_.feed(piece), out);
+        answering_ = answering_ || !out.content.empty() || !out.tool_calls.empty();
     }
     return !over_;
 }

@@ -1,5 +1,6 @@
 // Generated tokens -> the text a reply streams: UTF-8 safe decoding, the reply parser
-// (reasoning / content / tool calls) for chat, and stop strings. Runs on the engine
+// (reasoning / content / tool calls) for chat (other control tokens are dropped from a
+// chat reply), and stop strings. Runs on the engine
 // thread inside the token callback, so a stop string ends the generation at once.
 //
 // Stop strings apply to the content (chat) or the whole text (completions), not to
@@ -71,6 +72,10 @@ class ReplyStream {
   private:
     void take(const text::ReplyDelta& d, Delta& out);
 
+    const text::Tokenizer* tok_;
+    std::vector<int32_t> markers_;  // the tool-call control tokens
+    int32_t think_open_ = -1, think_close_ = -1;
+    bool answering_ = false;  // the reasoning is over (or there was none) and the answer began
     text::StreamDecoder dec_;
     text::ReplyParser parser_;
     StopMatcher stop_;
