@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake clang libclang-rt-14-dev googletest libgtest-dev libbenchmark-dev
       nlohmann-json3-dev libcpp-httplib-dev libpng-dev libjpeg62-turbo-dev nodejs npm curl
-      tmux expect wamerican openmpi-bin libopenmpi-dev procps iproute2)
+      tmux expect wamerican openmpi-bin libopenmpi-dev procps iproute2 chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   # NodeSource's nodejs package bundles npm and conflicts with Debian's npm.
@@ -18,8 +18,10 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# The server's end-to-end tests drive glm5 serve with the official openai client,
-# pinned in tests/server/package-lock.json; reinstalled only when the lock changes.
+# The server's end-to-end tests drive glm5 serve with the official openai and
+# @anthropic-ai/sdk clients, and its chat page in chromium (above) through
+# playwright-core, pinned in tests/server/package-lock.json; reinstalled only when the
+# lock changes.
 server_tests="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/server"
 if [[ ! -f $server_tests/node_modules/.package-lock.json ||
       $server_tests/package-lock.json -nt $server_tests/node_modules/.package-lock.json ]]; then

@@ -29,7 +29,8 @@ asan_tests=(test_thread_pool test_gguf_malformed test_quant_basic test_quant_mul
 # shutdown tests cover the same code.)
 tsan_tests=(test_thread_pool test_engine test_engine_stress
             "test_server_http:--gtest_filter=-ServerShutdown.SigtermFinishesInFlightStreamsAndExitsZero"
-            test_server_backpressure)
+            test_server_backpressure
+            "test_server_limits:--gtest_filter=ServerLimits.*:ServerKeepAlive.*")
 
 # Debian's cpp-httplib source (the single header its library is built from),
 # which scripts/deps.sh fetches into .cache/cpp-httplib.

@@ -114,6 +114,7 @@ int cmd_serve(int argc, char** argv) {
              "reasoning tokens a reply may spend before </think> is forced, for requests that do "
              "not say (-1: no bound)");
     a.flag("log-requests", "one line on stderr per request", true);
+    a.flag("webui", "the chat page at /", true);
     add_vision_flags(a, false);
     if (!a.parse(argc, argv, 2)) return 0;
 
@@ -134,6 +135,7 @@ int cmd_serve(int argc, char** argv) {
     so.keep_alive =
         std::chrono::milliseconds(int64_t(a.get_double("keep-alive", 0.01, 86400) * 1000));
     so.log_requests = a.get_flag("log-requests");
+    so.webui = a.get_flag("webui");
 
     runtime::EngineOptions eo;
     eo.n_parallel = int(a.get_int("parallel", 1, 1024));

@@ -16,6 +16,7 @@
 #include "server/http_transport.h"
 #include "server/large_body.h"
 #include "server/reply_stream.h"
+#include "server/webui.h"
 #include "text/tokenizer.h"
 
 namespace glm5::server {
@@ -350,7 +351,9 @@ void Server::routes() {
         m["object"] = "model";
         m["created"] = created_;
         m["owned_by"] = "glm5.cpp";
-        m["meta"] = {{"n_ctx", mc_.n_ctx}, {"n_vocab", mc_.tok->n_vocab()}};
+        m["meta"] = {{"n_ctx", mc_.n_ctx},
+                     {"n_vocab", mc_.tok->n_vocab()},
+                     {"vision", mc_.vision != nullptr}};
         return m;
     };
     auto models = [model_json](const httplib::Request&, httplib::Response& res) {
@@ -389,9 +392,22 @@ void Server::routes() {
         res.set_header("Access-Control-Max-Age", "86400");
     });
 
+    if (opt_.webui) {
+        // The page itself is public: what it asks of the API needs the key.
+        auto page = [](const httplib::Request& req, httplib::Response& res) {
+            const webui::Asset* a = webui::find(req.path);
+            res.set_header("Content-Security-Policy", std::string(webui::kContentSecurityPolicy));
+            res.set_header("X-Content-Type-Options", "nosniff");
+            res.set_header("Cache-Control", "no-cache");
+            res.set_content(a->bytes.data(), a->bytes.size(), std::string(a->content_type));
+        };
+        for (const char* p : {"/", "/index.html", "/webui.js", "/webui.css"}) http_->Get(p, page);
+    }
+
     http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
         if (opt_.api_key.empty() || req.method == "OPTIONS" || req.path == "/health" ||
-            req.path == "/v1/health" || req.path == "/metrics")
+            req.path == "/v1/health" || req.path == "/metrics" ||
+            (opt_.webui && req.method == "GET" && webui::find(req.path)))
             return httplib::Server::HandlerResponse::Unhandled;
         // Compare every byte so the time taken says nothing about the key.
         auto same = [](const std::string& want, const std::string& got) {

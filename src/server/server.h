@@ -4,6 +4,7 @@
 //   POST /v1/chat/completions, /v1/completions   (also without the /v1 prefix)
 //   POST /v1/messages, /v1/messages/count_tokens (Anthropic's shapes: anthropic.h)
 //   GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
+//   GET  /, /webui.js, /webui.css: the chat page (webui.h), unless --no-webui
 //
 // Each choice of a request is one engine request (one slot; beyond --parallel they
 // queue in the engine). Tokens come back on the engine thread, are turned into text
@@ -58,6 +59,7 @@ struct ServerOptions {
     // An idle connection (no request in progress) is closed after this.
     std::chrono::milliseconds keep_alive{3000};
     bool log_requests = true;
+    bool webui = true;  // the chat page at / (webui.h)
 };
 
 class Server {

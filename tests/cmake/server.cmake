@@ -1,5 +1,6 @@
 # glm5 serve end to end: the node suites drive the real server with the official
-# openai and @anthropic-ai/sdk clients (tests/server/*.test.mjs), and a short load run checks every
+# openai and @anthropic-ai/sdk clients, and its chat page in Debian's Chromium through
+# playwright-core (tests/server/*.test.mjs), and a short load run checks every
 # response under concurrency. The HTTP-level and unit tests are the gtest binaries
 # test_server_http and test_server_unit.
 find_program(NODE_BIN node)
@@ -13,7 +14,7 @@ if(NOT EXISTS ${GLM5_SERVER_TESTS}/node_modules/openai/package.json)
 endif()
 set(server_env "GLM5_BINARY=$<TARGET_FILE:glm5>"
                "GLM5_MODEL=${CMAKE_CURRENT_SOURCE_DIR}/data/glm-dsa/tiny.gguf")
-foreach(suite chat tools json concurrency speculative anthropic)
+foreach(suite chat tools json concurrency speculative anthropic webui)
   add_test(NAME server_e2e_${suite}
            COMMAND ${NODE_BIN} --test --test-reporter=spec ${GLM5_SERVER_TESTS}/${suite}.test.mjs
            WORKING_DIRECTORY ${GLM5_SERVER_TESTS})
