@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "core/error.h"
 
@@ -25,6 +25,29 @@ int32_t argmax(std::span<const float> logits) {
     for (size_t i = 1; i < logits.size(); ++i)
         if (logits[i] > logits[size_t(best)]) best = int32_t(i);
     return best;
+}
+
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top_n) {
+    TokenLogprob r;
+    r.token = token;
+    double mx = -INFINITY;
+    for (float l : logits) mx = std::max(mx, double(l));
+    double sum = 0;
+    for (float l : logits) sum += std::exp(double(l) - mx);
+    const double log_z = mx + std::log(sum);
+    r.logprob = float(double(logits[size_t(token)]) - log_z);
+    if (top_n > 0) {
+        std::vector<int32_t> ids(logits.size());
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+        const size_t n = std::min(ids.size(), size_t(top_n));
+        std::partial_sort(ids.begin(), ids.begin() + long(n), ids.end(), [&](int32_t a, int32_t b) {
+            return logits[size_t(a)] > logits[size_t(b)] ||
+                   (logits[size_t(a)] == logits[size_t(b)] && a < b);
+        });
+        for (size_t i = 0; i < n; ++i)
+            r.top.emplace_back(ids[i], float(double(logits[size_t(ids[i])]) - log_z));
+    }
+    return r;
 }
 
 Sampler::Sampler(const SamplerParams& p) : p_(p) {
@@ -53,13 +76,34 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
         if (!allowed || allowed(i)) cand_.emplace_back(logits[size_t(i)], i);
     if (cand_.empty()) throw Error("sampler: no token is allowed");
 
-    if (p_.repeat_penalty != 1.0f && p_.repeat_last_n != 0) {
+    if (!p_.logit_bias.empty()) {
+        // cand_ is in id order here.
+        for (const auto& [id, bias] : p_.logit_bias) {
+            auto it = std::lower_bound(cand_.begin(), cand_.end(), id,
+                                       [](const auto& c, int32_t v) { return c.second < v; });
+            if (it != cand_.end() && it->second == id) it->first += bias;
+        }
+        // A ban leaves the token out, unless it is all that is allowed.
+        auto banned = [](const auto& c) { return std::isinf(c.first) && c.first < 0; };
+        if (!std::all_of(cand_.begin(), cand_.end(), banned))
+            cand_.erase(std::remove_if(cand_.begin(), cand_.end(), banned), cand_.end());
+    }
+
+    const bool penalties =
+        p_.repeat_penalty != 1.0f || p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f;
+    if (penalties && p_.repeat_last_n != 0) {
         const size_t from = p_.repeat_last_n < 0 || size_t(p_.repeat_last_n) >= history.size()
                                 ? 0
                                 : history.size() - size_t(p_.repeat_last_n);
-        std::unordered_set<int32_t> seen(history.begin() + long(from), history.end());
-        for (auto& [l, id] : cand_)
-            if (seen.count(id)) l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+        std::unordered_map<int32_t, int32_t> count;
+        for (size_t i = from; i < history.size(); ++i) ++count[history[i]];
+        for (auto& [l, id] : cand_) {
+            auto it = count.find(id);
+            if (it == count.end()) continue;
+            if (p_.repeat_penalty != 1.0f)
+                l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+            l -= float(it->second) * p_.frequency_penalty + p_.presence_penalty;
+        }
     }
 
     auto by_logit = [](const auto& a, const auto& b) {
