@@ -107,6 +107,8 @@ TEST(CliRun, HelpListsEveryFlagWithDefault) {
         std::string line;
         int flags = 0;
         while (std::getline(in, line)) {
+            // (llama.cpp's flags that are accepted and ignored, or refused, come last.)
+            if (line.rfind("llama.cpp flags", 0) == 0) break;
             if (line.rfind("  -", 0) != 0 || line.find("--help") != std::string::npos) continue;
             ++flags;
             EXPECT_NE(line.find("(default"), std::string::npos) << cmd << ": " << line;
@@ -380,4 +382,49 @@ TEST(CliMemory, InspectPrintsThePlan) {
     EXPECT_EQ(r.code, 2);
     EXPECT_NE(r.out.find("does not fit"), std::string::npos) << r.out;
     EXPECT_NE(last_line(r.err).find("--ctx-size"), std::string::npos) << r.err;
+}
+
+// llama.cpp's command lines: its spellings are the same flags here (same output), its
+// flags that mean nothing here say so once and go on, -hf is refused with the reason,
+// --mlock locks the model in memory, and --reasoning-budget bounds the reasoning.
+TEST(CliRun, LlamaCppFlags) {
+    const std::string base = "run --model " + kTiny + " -p \"Hello\" -n 8";
+    const CliResult ours = run_glm5(base + " --temp 0.7 --seed 3 --system Hi --ubatch 64");
+    ASSERT_EQ(ours.code, 0) << ours.err;
+    const CliResult theirs =
+        run_glm5(base + " --temperature 0.7 -s 3 -sys Hi -ub 64 -fa on --jinja -cnv -ngl 99");
+    ASSERT_EQ(theirs.code, 0) << theirs.err;
+    EXPECT_EQ(theirs.out, ours.out);
+    for (const char* f : {"-fa means nothing here", "--jinja means nothing here",
+                          "-cnv means nothing here", "-ngl means nothing here"}) {
+        const size_t at = theirs.err.find(f);
+        EXPECT_NE(at, std::string::npos) << f << "\n" << theirs.err;
+        EXPECT_EQ(theirs.err.find(f, at + 1), std::string::npos) << f << " said twice";
+    }
+    const CliResult hf = run_glm5("run -hf ggml-org/model -p hi");
+    EXPECT_EQ(hf.code, 2);
+    EXPECT_NE(hf.err.find("downloads nothing"), std::string::npos) << hf.err;
+    // The penalties and their window, as flags.
+    EXPECT_EQ(run_glm5(base + " --presence-penalty 0.5 --frequency-penalty 0.5 --repeat-last-n 32")
+                  .code,
+              0);
+    EXPECT_EQ(run_glm5(base + " --presence-penalty 3").code, 2);
+}
+
+TEST(CliRun, MlockLocksTheModel) {
+    const CliResult r = run_glm5("run --model " + kTiny + " -p \"Hello\" -n 2 --mlock");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("locked in memory"), std::string::npos) << r.err;
+}
+
+TEST(CliRun, ReasoningBudgetBoundsTheReasoning) {
+    // Greedy: with a budget of 3 the reasoning is the first 3 tokens of the unbounded one.
+    const std::string base = "run --model " + kTiny + " -p \"Hello\" -n 24 --temp 0 --think";
+    const CliResult open = run_glm5(base);
+    const CliResult bounded = run_glm5(base + " --reasoning-budget 3");
+    ASSERT_EQ(open.code, 0) << open.err;
+    ASSERT_EQ(bounded.code, 0) << bounded.err;
+    // The reply after the reasoning goes to stdout: a bounded one answers sooner.
+    EXPECT_NE(open.out, bounded.out);
+    EXPECT_FALSE(bounded.out.empty());
 }

@@ -34,6 +34,25 @@ Args& Args::option(const std::string& name, const std::string& value_name, const
     return *this;
 }
 
+Args& Args::alias(const std::string& name, const std::string& token) {
+    for (auto& s : specs_)
+        if (s.name == name) {
+            s.aliases.push_back(token);
+            return *this;
+        }
+    throw std::logic_error("alias of undeclared flag " + name);
+}
+
+Args& Args::ignored(const std::string& token, bool takes_value, const std::string& why) {
+    compat_.push_back({token, why, takes_value, false});
+    return *this;
+}
+
+Args& Args::refused(const std::string& token, const std::string& why) {
+    compat_.push_back({token, why, false, true});
+    return *this;
+}
+
 Args& Args::positional(const std::string& name, const std::string& help, bool required) {
     Spec s;
     s.name = name;
@@ -48,6 +67,8 @@ const Args::Spec* Args::find(const std::string& token) const {
         if (token == "--" + s.name) return &s;
         if (!s.short_name.empty() && token == s.short_name) return &s;
         if (s.is_flag && s.dflt == "true" && token == "--no-" + s.name) return &s;
+        for (const auto& a : s.aliases)
+            if (token == a) return &s;
     }
     return nullptr;
 }
@@ -70,7 +91,20 @@ bool Args::parse(int argc, char** argv, int first) {
                 has_inline = true;
             }
             const Spec* s = find(tok);
-            if (!s) throw UsageError("unknown flag '" + tok + "' for '" + command_ + "'");
+            if (!s) {
+                const Compat* c = nullptr;
+                for (const auto& x : compat_)
+                    if (x.token == tok) c = &x;
+                if (!c) throw UsageError("unknown flag '" + tok + "' for '" + command_ + "'");
+                if (c->refuse) throw UsageError(tok + ": " + c->why);
+                if (c->takes_value && !has_inline) {
+                    if (i + 1 >= argc) throw UsageError("flag " + tok + " needs a value");
+                    ++i;
+                }
+                std::fprintf(stderr, "glm5: %s means nothing here: %s\n", tok.c_str(),
+                             c->why.c_str());
+                continue;
+            }
             if (s->is_flag) {
                 if (has_inline) throw UsageError("flag --" + s->name + " takes no value");
                 values_[s->name] = (tok == "--no-" + s->name) ? "false" : "true";
@@ -170,6 +204,7 @@ std::string Args::help() const {
         std::string left = "  ";
         if (!s.short_name.empty()) left += s.short_name + ", ";
         left += "--" + s.name;
+        for (const auto& a : s.aliases) left += ", " + a;
         if (!s.is_flag) left += " " + s.value_name;
         std::string pad(left.size() < 28 ? 28 - left.size() : 1, ' ');
         std::string dflt;
@@ -181,6 +216,12 @@ std::string Args::help() const {
         h += left + pad + s.help + dflt + "\n";
     }
     h += "  -h, --help                  show this help\n";
+    if (!compat_.empty()) {
+        h += "\nllama.cpp flags accepted and ignored (or refused), with why:\n";
+        for (const auto& c : compat_)
+            h += "  " + c.token + (c.takes_value ? " VALUE" : "") + ": " +
+                 (c.refuse ? "refused: " : "") + c.why + "\n";
+    }
     return h;
 }
 

@@ -25,6 +25,14 @@ class Args {
     // A valued option: --name VALUE (also --name=VALUE). Short aliases like "-n" allowed.
     Args& option(const std::string& name, const std::string& value_name, const std::string& dflt,
                  const std::string& help, const std::string& short_name = "");
+    // Another spelling of a declared flag or option ("--temperature" for --temp,
+    // llama.cpp's "-sys" for --system).
+    Args& alias(const std::string& name, const std::string& token);
+    // A llama.cpp flag that means nothing here: accepted (with a value when
+    // takes_value), and `why` said once on stderr when it is given.
+    Args& ignored(const std::string& token, bool takes_value, const std::string& why);
+    // A llama.cpp flag this program refuses: given, it is a UsageError saying `why`.
+    Args& refused(const std::string& token, const std::string& why);
     // Positional arguments, in order.
     Args& positional(const std::string& name, const std::string& help, bool required = true);
 
@@ -47,12 +55,18 @@ class Args {
     struct Spec {
         std::string name, short_name, value_name, dflt, help;
         bool is_flag = false;
+        std::vector<std::string> aliases;
+    };
+    struct Compat {
+        std::string token, why;
+        bool takes_value = false, refuse = false;
     };
     const Spec* find(const std::string& token) const;
 
     std::string command_, summary_;
     std::vector<Spec> specs_;
     std::vector<Spec> positionals_;
+    std::vector<Compat> compat_;
     std::map<std::string, std::string> values_;
     std::map<std::string, bool> given_;
     std::map<std::string, std::vector<std::string>> all_values_;

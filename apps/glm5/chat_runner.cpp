@@ -9,27 +9,44 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/reasoning_budget.h"
 
 namespace glm5::app {
 
-void add_sampling_flags(Args& a) {
+void add_sampling_flags(Args& a, const std::string& seed_help) {
+    // llama.cpp's (and llama-server's) defaults.
     a.option("temp", "T", "0.8", "temperature (0: greedy)");
+    a.alias("temp", "--temperature");
     a.option("top-k", "K", "40", "top-k sampling (0: off)");
     a.option("top-p", "P", "0.95", "top-p sampling (1: off)");
     a.option("min-p", "P", "0.05", "min-p sampling (0: off)");
-    a.option("repeat-penalty", "R", "1.0", "repetition penalty over the last 64 tokens (1: off)");
-    a.option("seed", "N", "-1", "sampling seed (-1: random, printed on stderr)");
+    a.option("repeat-penalty", "R", "1.0",
+             "repetition penalty over the last --repeat-last-n tokens (1: off)");
+    a.option("repeat-last-n", "N", "64",
+             "tokens the penalties look back over (-1: the whole sequence, 0: none)");
+    a.option("presence-penalty", "P", "0.0",
+             "subtracted from the logit of a token seen in the window (0: off)");
+    a.option("frequency-penalty", "P", "0.0",
+             "subtracted from a token's logit once per time it was seen in the window (0: off)");
+    a.option("seed", "N", "-1", seed_help, "-s");
+    a.option("reasoning-budget", "N", "-1",
+             "reasoning tokens a reply may spend before </think> is forced (-1: no bound)");
 }
 
-runtime::SamplerParams sampling_from_args(const Args& a) {
+runtime::SamplerParams sampling_from_args(const Args& a, bool seed_per_request) {
     runtime::SamplerParams sp;
     sp.temperature = float(a.get_double("temp", 0.0, 100.0));
     sp.top_k = int32_t(a.get_int("top-k", 0, 1 << 30));
     sp.top_p = float(a.get_double("top-p", 0.0, 1.0));
     sp.min_p = float(a.get_double("min-p", 0.0, 1.0));
     sp.repeat_penalty = float(a.get_double("repeat-penalty", 0.01, 100.0));
+    sp.repeat_last_n = int32_t(a.get_int("repeat-last-n", -1, 1 << 30));
+    sp.presence_penalty = float(a.get_double("presence-penalty", -2.0, 2.0));
+    sp.frequency_penalty = float(a.get_double("frequency-penalty", -2.0, 2.0));
     const int64_t seed = a.get_int("seed", -1, INT64_MAX);
-    if (seed < 0) {
+    if (seed < 0 && seed_per_request) {
+        sp.seed = 0;
+    } else if (seed < 0) {
         sp.seed = std::random_device{}();
         if (sp.temperature > 0 && launched_rank() == 0)
             log_info("glm5: seed %llu\n", (unsigned long long)sp.seed);
@@ -151,6 +168,7 @@ TurnResult ChatRunner::run(const std::vector<int32_t>& ids, bool reasoning_open,
     rp.prefill_only = n_predict_ == 0;
     rp.sampler = sampler_;
     for (int32_t s : tok_->stop_ids()) rp.stop_ids.insert(s);
+    apply_reasoning_budget(rp, *tok_, reasoning_open, reasoning_budget_);
     std::string raw_text;
     r.gen = run_request(engine_, std::move(rp), [&](int32_t t) {
         const std::string piece = dec.push(t);
@@ -174,6 +192,14 @@ TurnResult ChatRunner::run(const std::vector<int32_t>& ids, bool reasoning_open,
         r.reply.content = raw_text + tail;
     }
     return r;
+}
+
+void apply_reasoning_budget(runtime::RequestParams& p, const text::Tokenizer& tok,
+                            bool reasoning_open, int64_t budget) {
+    if (!reasoning_open || budget < 0) return;
+    const int32_t end = tok.find("</think>");
+    if (end < 0) throw Error("--reasoning-budget: this model's vocabulary has no </think> token");
+    p.constraint = std::make_unique<runtime::ReasoningBudget>(budget, end, std::move(p.constraint));
 }
 
 std::string timing_summary(const runtime::RequestResult& g) {

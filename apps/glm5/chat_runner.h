@@ -24,8 +24,14 @@ namespace glm5::app {
 void add_generation_flags(Args& a);
 
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, --seed on `a`.
-void add_sampling_flags(Args& a);
-runtime::SamplerParams sampling_from_args(const Args& a);
+// The sampling flags run, chat and serve share (llama.cpp's defaults), and
+// --reasoning-budget.
+void add_sampling_flags(Args& a, const std::string& seed_help =
+                                     "sampling seed (-1: random, printed on "
+                                     "stderr)");
+// seed_per_request: -1 leaves the seed to each request (the server draws one per
+// request) instead of drawing one here.
+runtime::SamplerParams sampling_from_args(const Args& a, bool seed_per_request = false);
 
 struct StreamCallbacks {
     std::function<void(const std::string&)> reasoning;
@@ -49,6 +55,11 @@ runtime::EngineOptions cli_engine_options(const ContextChoice& ctx, int64_t ubat
 runtime::RequestResult run_request(runtime::Engine& e, runtime::RequestParams p,
                                    runtime::TokenCallback on_token = nullptr);
 
+// --reasoning-budget for a request whose prompt leaves <think> open: </think> forced
+// after that many reasoning tokens (nothing when the budget is -1 or reasoning is off).
+void apply_reasoning_budget(runtime::RequestParams& p, const text::Tokenizer& tok,
+                            bool reasoning_open, int64_t budget);
+
 class ChatRunner {
   public:
     // With a vision tower (`vision`, outliving the runner) turns may carry images.
@@ -67,6 +78,8 @@ class ChatRunner {
     TurnResult raw(const std::string& prompt, const StreamCallbacks& cb);
 
     void set_system(const std::string& s) { system_ = s; }
+    // Reasoning tokens a reply may spend before </think> is forced (-1: no bound).
+    void set_reasoning_budget(int64_t n) { reasoning_budget_ = n; }
     // Speculative totals over every turn so far (draft_n, draft_accepted, verifies).
     const runtime::RequestResult& spec_totals() const { return totals_; }
     void reset();
@@ -83,6 +96,7 @@ class ChatRunner {
     runtime::Engine engine_;
     std::shared_ptr<runtime::Sampler> sampler_;
     int64_t n_predict_;
+    int64_t reasoning_budget_ = -1;
     std::string system_;
     std::vector<text::ChatMessage> history_;
     runtime::RequestResult totals_;

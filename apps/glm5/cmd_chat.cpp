@@ -76,6 +76,7 @@ int cmd_chat(int argc, char** argv) {
     plan_vision(vision, cr);
     const ContextChoice ctx = plan_context(a, *m.model, cr);
     ChatRunner chat(m, ctx, ubatch, sp, n_predict, &vision);
+    chat.set_reasoning_budget(a.get_int("reasoning-budget", -1, INT64_MAX / 4));
     if (!a.get("system").empty()) chat.set_system(a.get("system"));
 
     const bool tty = isatty(0) && isatty(1);

@@ -124,9 +124,12 @@ void add_generation_flags(Args& a) {
     add_sampling_flags(a);
     a.option("n-predict", "N", "256", "most tokens to generate per reply", "-n");
     add_context_flags(a, "");
-    a.option("system", "TEXT", "", "system message");
+    a.option("system", "TEXT", "", "system message", "-sys");
+    a.alias("system", "--system-prompt");
     a.flag("think", "let the model reason first (glm5next always does)");
     a.option("reasoning-effort", "LEVEL", "max", "with --think: low, medium (= max), high or max");
+    a.ignored("-cnv", false, "glm5 run answers one turn; glm5 chat is the conversation");
+    a.ignored("--conversation", false, "glm5 run answers one turn; glm5 chat is the conversation");
 }
 
 int cmd_run(int argc, char** argv) {
@@ -172,6 +175,7 @@ int cmd_run(int argc, char** argv) {
 
     const ContextChoice ctx = plan_context(a, *m.model, cli_context_request(ubatch, m.spec));
     ChatRunner chat(m, ctx, ubatch, sp, n_predict);
+    chat.set_reasoning_budget(a.get_int("reasoning-budget", -1, INT64_MAX / 4));
     if (!a.get("system").empty()) chat.set_system(a.get("system"));
     if (a.is_set("jsonl")) {
         const int rc = run_jsonl(a, chat, effort);

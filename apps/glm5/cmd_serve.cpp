@@ -11,6 +11,7 @@
 #include <string>
 
 #include "args.h"
+#include "chat_runner.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -104,15 +105,8 @@ int cmd_serve(int argc, char** argv) {
              "an idle connection (between requests, or before the first) is closed after this");
     a.option("drain-timeout", "SECONDS", "30",
              "on SIGINT / SIGTERM, how long requests in flight may take to finish");
-    a.option("temp", "T", "1.0", "default temperature (0: greedy)");
-    a.option("top-k", "K", "0", "default top-k (0: off)");
-    a.option("top-p", "P", "1.0", "default top-p (1: off)");
-    a.option("min-p", "P", "0.0", "default min-p (0: off)");
-    a.option("repeat-penalty", "R", "1.0", "default repetition penalty (1: off)");
-    a.option("seed", "N", "-1", "default seed (-1: a random one per request)");
-    a.option("reasoning-budget", "N", "-1",
-             "reasoning tokens a reply may spend before </think> is forced, for requests that do "
-             "not say (-1: no bound)");
+    // The defaults of requests that do not say (as run's and llama-server's).
+    add_sampling_flags(a, "default seed (-1: a random one per request)");
     a.flag("log-requests", "one line on stderr per request", true);
     a.flag("webui", "the chat page at /", true);
     add_vision_flags(a, false);
@@ -146,12 +140,7 @@ int cmd_serve(int argc, char** argv) {
     eo.max_queue = int(a.get_int("max-queue", 0, 1 << 20));
     const double drain = a.get_double("drain-timeout", 0, 86400);
 
-    runtime::SamplerParams sp;
-    sp.temperature = float(a.get_double("temp", 0, 100));
-    sp.top_k = int32_t(a.get_int("top-k", 0, 1 << 30));
-    sp.top_p = float(a.get_double("top-p", 0, 1));
-    sp.min_p = float(a.get_double("min-p", 0, 1));
-    sp.repeat_penalty = float(a.get_double("repeat-penalty", 0.01, 100));
+    const runtime::SamplerParams sp = sampling_from_args(a, true);
     const int64_t seed = a.get_int("seed", -1, INT64_MAX);
 
     const std::string path = a.is_set("model") ? a.get("model") : ensure_default_model();
@@ -168,6 +157,7 @@ int cmd_serve(int argc, char** argv) {
     mc.tok = tok.get();
     mc.format = &format;
     mc.id = a.get("alias").empty() ? m.model->info().name : a.get("alias");
+    mc.path = path;
     mc.names = {mc.id, m.model->info().name, base_name(path)};
     if (base_name(path).size() > 5 && base_name(path).ends_with(".gguf"))
         mc.names.push_back(base_name(path).substr(0, base_name(path).size() - 5));

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/format.h"
 #include "core/log.h"
@@ -94,6 +95,35 @@ void add_model_flags(Args& a, bool model_required) {
     a.option("rank-timeout", "S", "120",
              "with --layer-split: seconds a rank may take for its part of one step before the "
              "job is ended, naming it");
+    a.flag("mlock",
+           "lock the weights (and everything else loaded) in RAM, so the system never pages "
+           "them out (needs a memlock limit as large: ulimit -l)");
+    // llama.cpp's command lines, as people already type them.
+    a.ignored("-fa", true,
+              "attention is always fused here (the exact path streams the cache "
+              "in tiles); --attn-bf16 picks the BF16 form");
+    a.ignored("--flash-attn", true,
+              "attention is always fused here; --attn-bf16 picks the BF16 "
+              "form");
+    a.ignored("--jinja", false,
+              "the GLM-5 chat format is built in (the GGUF's Jinja template is "
+              "checked against it at load)");
+    a.ignored("-ngl", true, "this build runs on the CPU");
+    a.ignored("--n-gpu-layers", true, "this build runs on the CPU");
+    for (const char* t : {"-hf", "--hf-repo", "-hfr", "-mu", "--model-url"})
+        a.refused(t,
+                  "glm5 downloads nothing: fetch the GGUF yourself (for example with "
+                  "huggingface-cli download REPO FILE) and pass --model PATH");
+}
+
+void lock_in_memory(const Args& a) {
+    if (!a.get_flag("mlock")) return;
+    if (mlockall(MCL_CURRENT) != 0)
+        throw Error(std::string("--mlock: cannot lock the loaded model in memory: ") +
+                    std::strerror(errno) +
+                    " (raise the memlock limit: ulimit -l unlimited, or LimitMEMLOCK=infinity "
+                    "under systemd; or run without --mlock)");
+    log_info("glm5: the loaded model is locked in memory (--mlock)\n");
 }
 
 backend::CacheType cache_type_from(const Args& a) {
@@ -154,6 +184,7 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     if (sp.type == runtime::DraftType::Auto)
         sp.type = m.model->can_draft() ? runtime::DraftType::Mtp : runtime::DraftType::Ngram;
     m.spec = sp;
+    lock_in_memory(a);
     std::string blocks = std::to_string(info.n_layer) + " trunk layers";
     if (info.has_nextn)
         blocks += m.model->can_draft() ? " +1 NextN/MTP draft block"
@@ -210,7 +241,8 @@ void add_context_flags(Args& a, const std::string& what) {
                  "GGUF's context_length ($MAX_CONTEXT when the flag is absent). Unlike "
                  "llama.cpp's -c, it is per slot, not the total across slots",
              "-c");
-    a.option("ubatch", "N", "512", "most prompt tokens per forward, all slots together");
+    a.option("ubatch", "N", "512", "most prompt tokens per forward, all slots together", "-ub");
+    a.alias("ubatch", "--ubatch-size");
     a.option("mem-reserve", "SIZE", "auto",
              "memory the plan leaves to the rest of the machine (auto: 5% of what is available, "
              "256M to 4G)");

@@ -64,6 +64,8 @@ int run_with_images(const Args& a, LoadedModel& m, LoadedVision& v) {
         reasoning_open = rp.reasoning_open;
         p.prompt = text::encode_prompt(*tok, rp);
         for (int32_t s : tok->stop_ids()) p.stop_ids.insert(s);
+        apply_reasoning_budget(p, *tok, reasoning_open,
+                               a.get_int("reasoning-budget", -1, INT64_MAX / 4));
     }
 
     runtime::EngineOptions eo;

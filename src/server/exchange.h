@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "runtime/sampler.h"
 #include "server/api_error.h"
 #include "server/reply_stream.h"
 #include "server/server.h"
@@ -45,6 +46,7 @@ inline int64_t unix_now() {
 struct Event {
     int index = 0;
     Delta delta;
+    std::vector<runtime::TokenLogprob> logprobs;  // of the tokens behind it, when asked for
     bool done = false;
     runtime::RequestResult result;
     std::string stop_sequence;  // the stop string that ended it, if one did
@@ -79,13 +81,16 @@ class Channel {
 struct ChoiceState {
     std::string reasoning, content;
     std::vector<text::ToolCall> calls;  // with their ids
+    std::vector<runtime::TokenLogprob> logprobs;
     bool done = false;
     runtime::RequestResult result;
     std::string stop_sequence;
-    void apply(const Delta& d) {
+    void apply(const Event& e) {
+        const Delta& d = e.delta;
         reasoning += d.reasoning;
         content += d.content;
         calls.insert(calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+        logprobs.insert(logprobs.end(), e.logprobs.begin(), e.logprobs.end());
     }
     void finish(Event& e) {
         done = true;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <map>
 #include <optional>
 #include <random>
 
@@ -21,6 +23,7 @@ using ojson = nlohmann::ordered_json;
 
 constexpr int kMaxDepth = 128;  // JSON nesting accepted in a body
 constexpr size_t kMaxStops = 16;
+constexpr int64_t kMaxTopLogprobs = 20;  // as OpenAI's chat API
 
 const char* kind_of(const ojson& v) {
     switch (v.type()) {
@@ -164,6 +167,117 @@ void parse_speculative(const ojson& body, const ModelContext& mc, GenRequest& g)
     g.spec = s;
 }
 
+// Fields of other servers' APIs (llama.cpp's sampling, OpenAI's extras) that this server
+// does not implement: accepted at a value that changes nothing (clients such as
+// SillyTavern send them at their defaults), a 400 naming the field otherwise.
+struct Extension {
+    const char* name;
+    bool (*neutral)(const ojson& v);
+    const char* why;
+};
+bool equals_number(const ojson& v, double x) {
+    return v.is_number() && v.get<double>() == x;
+}
+const Extension kExtensions[] = {
+    {"typical_p", [](const ojson& v) { return equals_number(v, 1) || equals_number(v, 0); },
+     "locally typical sampling is not implemented (1: off)"},
+    {"tfs_z", [](const ojson& v) { return equals_number(v, 1) || equals_number(v, 0); },
+     "tail-free sampling is not implemented (1: off)"},
+    {"mirostat", [](const ojson& v) { return equals_number(v, 0); },
+     "mirostat sampling is not implemented (0: off)"},
+    {"dry_multiplier", [](const ojson& v) { return equals_number(v, 0); },
+     "DRY repetition penalty is not implemented (0: off)"},
+    {"xtc_probability", [](const ojson& v) { return equals_number(v, 0); },
+     "XTC sampling is not implemented (0: off)"},
+    {"top_n_sigma", [](const ojson& v) { return v.is_number() && v.get<double>() <= 0; },
+     "top-n-sigma sampling is not implemented (-1: off)"},
+    {"dynatemp_range", [](const ojson& v) { return equals_number(v, 0); },
+     "dynamic temperature is not implemented (0: off)"},
+    {"n_probs", [](const ojson& v) { return equals_number(v, 0); },
+     "llama.cpp's completion_probabilities are not returned: use OpenAI's 'logprobs'"},
+    {"post_sampling_probs", [](const ojson& v) { return v.is_boolean() && !v.get<bool>(); },
+     "only the raw distribution's logprobs are returned"},
+    {"grammar", [](const ojson& v) { return v.is_string() && v.get<std::string>().empty(); },
+     "GBNF grammars are not supported: use 'response_format' or 'json_schema'"},
+    {"samplers", [](const ojson&) { return false; },
+     "the sampler order is fixed: bias, penalties, top-k, top-p, min-p, temperature"},
+    {"t_max_predict_ms", [](const ojson& v) { return equals_number(v, 0); },
+     "a time limit on generation is not supported"},
+    {"n_indent", [](const ojson& v) { return equals_number(v, 0); },
+     "indentation control is not supported"},
+    {"lora", [](const ojson& v) { return v.is_array() && v.empty(); },
+     "LoRA adapters are not supported"},
+    {"penalize_nl", [](const ojson& v) { return v.is_boolean() && !v.get<bool>(); },
+     "newlines are penalized like any token"},
+    {"functions", [](const ojson&) { return false; }, "the legacy 'functions' API: use 'tools'"},
+    {"function_call", [](const ojson&) { return false; },
+     "the legacy 'functions' API: use 'tool_choice'"},
+    {"modalities", [](const ojson& v) { return v == ojson::array({"text"}); },
+     "this server answers with text only"},
+    {"audio", [](const ojson&) { return false; }, "this server answers with text only"},
+    {"response_fields", [](const ojson&) { return false; },
+     "the response's fields cannot be selected"},
+};
+
+void check_extensions(const ojson& body) {
+    for (const Extension& x : kExtensions) {
+        const ojson* v = field(body, x.name);
+        if (v && !x.neutral(*v))
+            throw bad_request(std::string("'") + x.name + "' is not supported by this server at " +
+                                  v->dump() + ": " + x.why,
+                              x.name, "unsupported_parameter");
+    }
+}
+
+// OpenAI's {"token id": bias} (-100..100), or llama.cpp's [[id or text, bias or false]]
+// (false bans the token; a text biases each of its tokens). Sorted by id.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const ojson& lb, const ModelContext& mc) {
+    std::map<int32_t, float> bias;
+    const int32_t n_vocab = mc.tok->n_vocab();
+    auto value = [&](const ojson& v, const std::string& where) -> float {
+        if (v.is_boolean() && !v.get<bool>()) return -INFINITY;
+        if (!v.is_number()) throw type_error(where, "a number (or false, to ban)", v);
+        const double b = v.get<double>();
+        if (!(b >= -100 && b <= 100))
+            throw bad_request("'" + where + "' must be between -100 and 100, got " + num_str(b),
+                              "logit_bias");
+        return float(b);
+    };
+    auto add_id = [&](int64_t id, float b) {
+        if (id < 0 || id >= n_vocab)
+            throw bad_request("logit_bias: token id " + std::to_string(id) +
+                                  " is outside the vocabulary (0.." + std::to_string(n_vocab - 1) +
+                                  ")",
+                              "logit_bias");
+        bias[int32_t(id)] += b;
+    };
+    if (lb.is_object()) {
+        for (const auto& [key, v] : lb.items()) {
+            char* end = nullptr;
+            const long long id = std::strtoll(key.c_str(), &end, 10);
+            if (key.empty() || *end != '\0')
+                throw bad_request("logit_bias: '" + key + "' is not a token id", "logit_bias");
+            add_id(id, value(v, "logit_bias." + key));
+        }
+    } else if (lb.is_array()) {
+        for (size_t i = 0; i < lb.size(); ++i) {
+            const ojson& e = lb[i];
+            const std::string where = "logit_bias[" + std::to_string(i) + "]";
+            if (!e.is_array() || e.size() != 2)
+                throw bad_request(where + " must be [token id or text, bias]", "logit_bias");
+            const float b = value(e[1], where);
+            if (e[0].is_string()) {
+                for (int32_t id : mc.tok->encode(e[0].get<std::string>(), false)) add_id(id, b);
+            } else {
+                add_id(as_int(e[0], where), b);
+            }
+        }
+    } else {
+        throw type_error("logit_bias", "an object of token ids or an array of pairs", lb);
+    }
+    return {bias.begin(), bias.end()};
+}
+
 // Fields both endpoints share.
 void parse_common(const ojson& body, const ModelContext& mc, GenRequest& g) {
     check_model(body, mc);
@@ -219,29 +333,40 @@ void parse_common(const ojson& body, const ModelContext& mc, GenRequest& g) {
     g.ignore_eos = opt_bool(body, "ignore_eos", false);
     g.use_prefix_cache = opt_bool(body, "cache_prompt", true);
 
-    for (const char* pen : {"presence_penalty", "frequency_penalty"})
-        if (opt_number(body, pen, 0, -2, 2) != 0) throw unsupported(pen, " (only 0)");
-    if (const ojson* lb = field(body, "logit_bias")) {
-        if (!lb->is_object()) throw type_error("logit_bias", "an object", *lb);
-        if (!lb->empty()) throw unsupported("logit_bias", "");
-    }
-    if (const ojson* tl = field(body, "top_logprobs"))
-        if (as_int(*tl, "top_logprobs") != 0) throw unsupported("top_logprobs", "");
+    g.sampling.presence_penalty =
+        float(opt_number(body, "presence_penalty", g.sampling.presence_penalty, -2, 2));
+    g.sampling.frequency_penalty =
+        float(opt_number(body, "frequency_penalty", g.sampling.frequency_penalty, -2, 2));
+    g.sampling.repeat_last_n =
+        int32_t(opt_int(body, "repeat_last_n", g.sampling.repeat_last_n, -1, 1 << 30));
+    if (const ojson* lb = field(body, "logit_bias"))
+        g.sampling.logit_bias = parse_logit_bias(*lb, mc);
     parse_speculative(body, mc, g);
+    check_extensions(body);
 }
 
 void parse_response_format(const ojson& body, GenRequest& g, const ModelContext& mc) {
     const ojson* rf = field(body, "response_format");
-    if (!rf) return;
-    if (!rf->is_object()) throw type_error("response_format", "an object", *rf);
+    const ojson* js = field(body, "json_schema");  // llama.cpp's top-level form
+    if (!rf && !js) return;
+    if (rf && js)
+        throw bad_request("'json_schema' and 'response_format' together: give one", "json_schema");
+    const char* param = rf ? "response_format" : "json_schema";
     try {
-        g.grammar = grammar_from_response_format(*rf);
+        if (rf) {
+            if (!rf->is_object()) throw type_error("response_format", "an object", *rf);
+            g.grammar = grammar_from_response_format(*rf);
+        } else {
+            if (!js->is_object() && !js->is_boolean())
+                throw type_error("json_schema", "a JSON schema (an object)", *js);
+            g.grammar = runtime::compile_json_schema(*js);
+        }
     } catch (const Error& e) {
-        throw bad_request(std::string("response_format: ") + e.what(), "response_format");
+        throw bad_request(std::string(param) + ": " + e.what(), param);
     }
     if (g.grammar && !mc.json_vocab)
-        throw bad_request("response_format: this model's vocabulary cannot express JSON",
-                          "response_format");
+        throw bad_request(std::string(param) + ": this model's vocabulary cannot express JSON",
+                          param);
 }
 
 void check_total_choices(const GenRequest& g, const ModelContext& mc) {
@@ -654,15 +779,10 @@ static std::vector<runtime::PreparedImage> message_images(
     return out;
 }
 
-GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
-    GenRequest g;
-    g.endpoint = Endpoint::Chat;
-    parse_common(body, mc, g);
-    if (const ojson* lp = field(body, "logprobs")) {
-        if (!lp->is_boolean()) throw type_error("logprobs", "a boolean", *lp);
-        if (lp->get<bool>()) throw unsupported("logprobs", "");
-    }
-
+// The chat body's messages, tools and reasoning options, checked and rendered in the
+// model's chat format (what parse_chat_request encodes and /apply-template returns).
+static text::RenderedPrompt render_chat(const ojson& body, const ModelContext& mc, GenRequest& g,
+                                        std::vector<text::ChatMessage>& history) {
     const ojson* msgs = field(body, "messages");
     if (!msgs)
         throw bad_request("'messages' is required", "messages", "missing_required_parameter");
@@ -672,7 +792,6 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     // Text that cannot fit is refused before it is copied and rendered.
     if (verbatim_bytes(*msgs) / mc.tok->max_token_bytes() > size_t(mc.n_ctx))
         check_context(0, g.max_tokens, mc, "messages", false);
-    std::vector<text::ChatMessage> history;
     try {
         // OpenAI's newer "developer" role is the system role under another name.
         bool developer = false;
@@ -734,6 +853,21 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     }
     g.reasoning_open = p.reasoning_open;
     g.warnings = p.warnings;
+    return p;
+}
+
+GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
+    GenRequest g;
+    g.endpoint = Endpoint::Chat;
+    parse_common(body, mc, g);
+    if (opt_bool(body, "logprobs", false))
+        g.logprobs = int(opt_int(body, "top_logprobs", 0, 0, kMaxTopLogprobs));
+    else if (field(body, "top_logprobs") &&
+             opt_int(body, "top_logprobs", 0, 0, kMaxTopLogprobs) > 0)
+        throw bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+
+    std::vector<text::ChatMessage> history;
+    text::RenderedPrompt p = render_chat(body, mc, g, history);
     PromptInput in;
     // Encoding stops past the context: a prompt too long costs no more than one that fits.
     const bool whole = text::encode_prompt(*mc.tok, p, size_t(mc.n_ctx), in.tokens);
@@ -746,6 +880,13 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     return g;
 }
 
+std::string apply_chat_template(const ojson& body, const ModelContext& mc) {
+    GenRequest g;
+    g.endpoint = Endpoint::Chat;
+    std::vector<text::ChatMessage> history;
+    return render_chat(body, mc, g, history).text;
+}
+
 GenRequest parse_completion_request(const ojson& body, const ModelContext& mc) {
     GenRequest g;
     g.endpoint = Endpoint::Completion;
@@ -755,8 +896,9 @@ GenRequest parse_completion_request(const ojson& body, const ModelContext& mc) {
         if (!s->is_string()) throw type_error("suffix", "a string", *s);
         if (!s->get<std::string>().empty()) throw unsupported("suffix", "");
     }
-    if (const ojson* lp = field(body, "logprobs")) {
-        if (!(lp->is_boolean() && !lp->get<bool>())) throw unsupported("logprobs", "");
+    if (const ojson* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>())) {
+        g.logprobs = int(opt_int(body, "logprobs", 0, 0, kMaxTopLogprobs));
+        if (g.echo) throw unsupported("logprobs", " with 'echo' (the prompt's log-probabilities)");
     }
     if (opt_int(body, "best_of", g.n, 1, 1 << 20) != g.n)
         throw unsupported("best_of", " (other than equal to n)");

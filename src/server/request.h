@@ -1,19 +1,19 @@
 // OpenAI request bodies -> what the engine runs. Parsing validates every field it
-// reads and throws ApiError (4xx, OpenAI's error shape) naming the offending one;
-// fields it does not know are ignored, as vLLM and llama.cpp do.
+// reads and throws ApiError (4xx, OpenAI's error shape) naming the offending one.
 //
-// /v1/chat/completions: messages (system / user / assistant / tool), tools, tool_choice
-// ("auto" | "none" | "required" | {"type": "function", "function": {"name"}}),
-// parallel_tool_calls, think (bool), reasoning_effort ("none" | "low" | "medium" | "high";
-// low / medium / high render the format's Low / Max / High and turn reasoning on),
-// chat_template_kwargs.enable_thinking, reasoning_budget (tokens of reasoning before </think> is
-// forced; -1 none), response_format (text / json_object / json_schema).
-// /v1/completions: prompt (a string, token ids, or a list of either), echo.
+// /v1/chat/completions: messages (system / developer / user / assistant / tool), tools,
+// tool_choice ("auto" | "none" | "required" | {"type": "function", "function": {"name"}}),
+// parallel_tool_calls, think (bool), reasoning_effort ("none" | "low" | "medium" | "high"),
+// chat_template_kwargs.enable_thinking, reasoning_budget, response_format (text /
+// json_object / json_schema) or llama.cpp's top-level json_schema, logprobs + top_logprobs.
+// /v1/completions: prompt (a string, token ids, or a list of either), echo, logprobs N.
 // Both: model, stream, stream_options.include_usage, n, max_tokens (chat also
 // max_completion_tokens), temperature, top_p, top_k, min_p, seed, stop,
-// repetition_penalty (or repeat_penalty), ignore_eos, cache_prompt. presence_penalty,
-// frequency_penalty, logit_bias, logprobs, suffix and best_of are refused unless they
-// ask for nothing (0 / empty / false / null).
+// repetition_penalty (or repeat_penalty), presence_penalty, frequency_penalty,
+// repeat_last_n, logit_bias (OpenAI's object or llama.cpp's pairs), ignore_eos,
+// cache_prompt, speculative. Other servers' fields this one does not implement are
+// accepted at their neutral values and refused otherwise (docs/usage.md's table);
+// unknown fields are ignored, as vLLM and llama.cpp do.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +46,7 @@ struct ModelContext {
     const text::Tokenizer* tok = nullptr;
     const text::ChatFormat* format = nullptr;
     std::string id;                  // reported as "model"
+    std::string path;                // the model file (/props)
     std::vector<std::string> names;  // accepted in a request's "model" (id first)
     int64_t n_ctx = 4096;
     std::shared_ptr<const runtime::JsonVocab> json_vocab;      // response_format
@@ -97,6 +98,9 @@ struct GenRequest {
     std::optional<runtime::SpecParams> spec;          // "speculative"; none: the server's
     // Reasoning tokens before </think> is forced ("reasoning_budget"); -1: no bound.
     int64_t reasoning_budget = -1;
+    // Log-probabilities of the sampled tokens with this many alternatives each
+    // (chat: logprobs + top_logprobs; completions: logprobs N); -1: none.
+    int logprobs = -1;
     std::vector<std::string> warnings;  // options the format could not honour
 
     int choices() const { return int(prompts.size()) * n; }
@@ -107,6 +111,8 @@ nlohmann::ordered_json parse_body(std::string_view body);
 
 GenRequest parse_chat_request(const nlohmann::ordered_json& body, const ModelContext& mc);
 GenRequest parse_completion_request(const nlohmann::ordered_json& body, const ModelContext& mc);
+// The prompt text a chat body renders to (llama-server's /apply-template).
+std::string apply_chat_template(const nlohmann::ordered_json& body, const ModelContext& mc);
 
 // The engine parameters of choice `index` (prompt index / n): prompt, sampling with
 // its own seed, max_tokens clamped to the context, stop ids, and a fresh constraint.

@@ -4,9 +4,11 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <deque>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -17,7 +19,9 @@
 #include "server/large_body.h"
 #include "server/reply_stream.h"
 #include "server/webui.h"
+#include "text/chat.h"
 #include "text/tokenizer.h"
+#include "text/unicode.h"
 
 namespace glm5::server {
 
@@ -41,6 +45,57 @@ void send_error(const httplib::Request& req, httplib::Response& res, const ApiEr
 std::string finish_reason(const ChoiceState& c) {
     if (c.result.finish_reason == "length") return "length";
     return c.calls.empty() ? "stop" : "tool_calls";
+}
+
+// A token as OpenAI's logprobs show it: its text, its log-probability, its bytes.
+ojson token_json(const text::Tokenizer& tok, int32_t id, float logprob) {
+    const std::string& b = tok.token_bytes(id);
+    ojson bytes = ojson::array();
+    for (unsigned char c : b) bytes.push_back(int(c));
+    ojson t = ojson::object();
+    t["token"] = b;
+    t["logprob"] = logprob;
+    t["bytes"] = std::move(bytes);
+    return t;
+}
+
+// Chat's {"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}.
+ojson chat_logprobs(const text::Tokenizer& tok, std::span<const runtime::TokenLogprob> lps) {
+    ojson content = ojson::array();
+    for (const auto& lp : lps) {
+        ojson e = token_json(tok, lp.token, lp.logprob);
+        ojson top = ojson::array();
+        for (const auto& [id, l] : lp.top) top.push_back(token_json(tok, id, l));
+        e["top_logprobs"] = std::move(top);
+        content.push_back(std::move(e));
+    }
+    ojson j = ojson::object();
+    j["content"] = std::move(content);
+    j["refusal"] = nullptr;
+    return j;
+}
+
+// Completions' {tokens, token_logprobs, top_logprobs, text_offset}; `offset` is the
+// byte offset of the first token in the text, advanced past the last.
+ojson completion_logprobs(const text::Tokenizer& tok, std::span<const runtime::TokenLogprob> lps,
+                          int64_t& offset) {
+    ojson tokens = ojson::array(), values = ojson::array(), tops = ojson::array(),
+          offsets = ojson::array();
+    for (const auto& lp : lps) {
+        tokens.push_back(tok.token_bytes(lp.token));
+        values.push_back(lp.logprob);
+        ojson top = ojson::object();
+        for (const auto& [id, l] : lp.top) top[tok.token_bytes(id)] = l;
+        tops.push_back(std::move(top));
+        offsets.push_back(offset);
+        offset += int64_t(tok.token_bytes(lp.token).size());
+    }
+    ojson j = ojson::object();
+    j["tokens"] = std::move(tokens);
+    j["token_logprobs"] = std::move(values);
+    j["top_logprobs"] = std::move(tops);
+    j["text_offset"] = std::move(offsets);
+    return j;
 }
 
 ojson tool_calls_json(const ChoiceState& c) {
@@ -271,6 +326,23 @@ std::string Server::metrics_text() {
            "HTTP connections refused with 503 beyond --max-connections.",
            http_->refused_connections());
     metric("draining", "gauge", "1 while shutting down.", draining_ ? 1 : 0);
+    // The names llama-server exports, for the dashboards built on them.
+    auto llama = [&](const char* name, const char* type, const char* help, auto value) {
+        o << "# HELP llamacpp:" << name << ' ' << help << "\n# TYPE llamacpp:" << name << ' '
+          << type << "\nllamacpp:" << name << ' ' << value << '\n';
+    };
+    llama("prompt_tokens_total", "counter", "Prompt tokens processed (evaluated, not cached).",
+          s.prompt_tokens - s.cached_tokens);
+    llama("tokens_predicted_total", "counter", "Tokens generated.", s.generated_tokens);
+    llama("prompt_tokens_seconds", "gauge", "Prompt tokens admitted per second (last 10 s).",
+          prompt_rate);
+    llama("predicted_tokens_seconds", "gauge", "Tokens generated per second (last 10 s).",
+          gen_rate);
+    llama("n_decode_total", "counter", "Model forwards.", s.forwards);
+    llama("requests_processing", "gauge", "Requests being generated (busy slots).", s.busy_slots);
+    llama("requests_deferred", "gauge", "Requests waiting for a slot.", s.queue_depth);
+    llama("kv_cache_usage_ratio", "gauge", "Cache memory in use over what the plan set aside.",
+          s.cache_pool_bytes ? double(s.cache_used_bytes) / double(s.cache_pool_bytes) : 0.0);
     o << "# HELP glm5_http_responses_total HTTP responses by status code.\n"
          "# TYPE glm5_http_responses_total counter\n";
     for (const auto& [code, n] : statuses)
@@ -368,6 +440,104 @@ void Server::routes() {
                                       "model_not_found");
                    send_json(res, 200, model_json());
                }));
+
+    // llama-server's utility endpoints, in its shapes.
+    auto body_json = [](const httplib::Request& req) { return parse_body(req.body); };
+    auto token_ids = [this](const ojson& t, const char* name) {
+        if (!t.is_array())
+            throw bad_request(std::string("'") + name + "' must be an array of token ids", name,
+                              "invalid_type");
+        std::vector<int32_t> ids;
+        for (const auto& x : t) {
+            if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
+                x.get<int64_t>() >= mc_.tok->n_vocab())
+                throw bad_request(std::string("'") + name + "' holds " + x.dump() +
+                                      ", not a token id of this vocabulary (0.." +
+                                      std::to_string(mc_.tok->n_vocab() - 1) + ")",
+                                  name);
+            ids.push_back(int32_t(x.get<int64_t>()));
+        }
+        return ids;
+    };
+    auto tokenize = guarded([this, body_json](const auto& req, auto& res) {
+        const ojson b = body_json(req);
+        const auto it = b.find("content");
+        if (it == b.end() || !it->is_string())
+            throw bad_request("'content' must be a string", "content", "invalid_type");
+        const bool add_special = b.value("add_special", false);
+        const bool parse_special = b.value("parse_special", true);
+        const bool with_pieces = b.value("with_pieces", false);
+        std::vector<int32_t> ids;
+        if (add_special && mc_.tok->special().bos >= 0) ids.push_back(mc_.tok->special().bos);
+        mc_.tok->encode_append(it->get_ref<const std::string&>(), parse_special, ids);
+        ojson tokens = ojson::array();
+        for (int32_t id : ids) {
+            if (!with_pieces) {
+                tokens.push_back(id);
+                continue;
+            }
+            // A piece that is not whole UTF-8 comes as its bytes, as llama-server sends it.
+            const std::string& piece = mc_.tok->token_bytes(id);
+            ojson p = ojson::object();
+            p["id"] = id;
+            if (text::is_valid_utf8(piece)) {
+                p["piece"] = piece;
+            } else {
+                ojson bytes = ojson::array();
+                for (unsigned char c : piece) bytes.push_back(int(c));
+                p["piece"] = std::move(bytes);
+            }
+            tokens.push_back(std::move(p));
+        }
+        send_json(res, 200, {{"tokens", std::move(tokens)}});
+    });
+    auto detokenize = guarded([this, body_json, token_ids](const auto& req, auto& res) {
+        const ojson b = body_json(req);
+        const auto it = b.find("tokens");
+        if (it == b.end())
+            throw bad_request("'tokens' is required", "tokens", "missing_required_parameter");
+        send_json(res, 200, {{"content", mc_.tok->decode(token_ids(*it, "tokens"))}});
+    });
+    auto apply_template = guarded([this, body_json](const auto& req, auto& res) {
+        send_json(res, 200, {{"prompt", apply_chat_template(body_json(req), mc_)}});
+    });
+    auto props = [this](const httplib::Request&, httplib::Response& res) {
+        const runtime::SamplerParams& sp = mc_.sampling;
+        // A float as the decimal it was given as (0.8, not 0.800000011920929).
+        auto dec = [](float f) {
+            char buf[32];
+            const auto r = std::to_chars(buf, buf + sizeof(buf), f);
+            return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+        };
+        ojson params = ojson::object();
+        params["temperature"] = dec(sp.temperature);
+        params["top_k"] = sp.top_k;
+        params["top_p"] = dec(sp.top_p);
+        params["min_p"] = dec(sp.min_p);
+        params["repeat_penalty"] = dec(sp.repeat_penalty);
+        params["repeat_last_n"] = sp.repeat_last_n;
+        params["presence_penalty"] = dec(sp.presence_penalty);
+        params["frequency_penalty"] = dec(sp.frequency_penalty);
+        params["seed"] = mc_.seed_fixed ? int64_t(sp.seed) : int64_t(-1);
+        params["n_predict"] = mc_.default_max_tokens > 0 ? mc_.default_max_tokens : int64_t(-1);
+        params["reasoning_budget"] = mc_.reasoning_budget;
+        ojson gen = ojson::object();
+        gen["n_ctx"] = mc_.n_ctx;
+        gen["params"] = std::move(params);
+        ojson j = ojson::object();
+        j["default_generation_settings"] = std::move(gen);
+        j["total_slots"] = engine_.options().n_parallel;
+        j["model_alias"] = mc_.id;
+        j["model_path"] = mc_.path;
+        j["chat_template"] = mc_.format->chat_template();
+        j["modalities"] = {{"vision", mc_.vision != nullptr}, {"audio", false}};
+        j["build_info"] = "glm5.cpp";
+        send_json(res, 200, j);
+    };
+    for (const char* p : {"/tokenize", "/v1/tokenize"}) http_->Post(p, tokenize);
+    for (const char* p : {"/detokenize", "/v1/detokenize"}) http_->Post(p, detokenize);
+    for (const char* p : {"/apply-template", "/v1/apply-template"}) http_->Post(p, apply_template);
+    for (const char* p : {"/props", "/v1/props"}) http_->Get(p, props);
 
     auto health = [this](const httplib::Request&, httplib::Response& res) {
         const runtime::EngineStats s = engine_.stats();
@@ -519,11 +689,25 @@ std::shared_ptr<Server::Exchange> Server::submit(const GenRequest& g, Endpoint e
     for (int k = 0; k < g.choices(); ++k) {
         auto rs = std::make_shared<ReplyStream>(*mc_.tok, ro);
         std::shared_ptr<Channel> ch = ex->channel;
-        auto on_token = [rs, ch, k](int32_t t) {
+        // With logprobs: the engine hands each sampled token's logits row over right
+        // before the token (a stop token's row is dropped with it).
+        std::shared_ptr<std::optional<runtime::TokenLogprob>> lp;
+        if (g.logprobs >= 0) {
+            lp = std::make_shared<std::optional<runtime::TokenLogprob>>();
+            params[size_t(k)].on_logits = [lp, top = g.logprobs](int32_t t,
+                                                                 std::span<const float> row) {
+                *lp = runtime::token_logprob(row, t, top);
+            };
+        }
+        auto on_token = [rs, ch, k, lp](int32_t t) {
             Event e;
             e.index = k;
             const bool more = rs->push(t, e.delta);
-            if (!e.delta.empty()) ch->push(std::move(e));
+            if (lp && *lp) {
+                e.logprobs.push_back(std::move(**lp));
+                lp->reset();
+            }
+            if (!e.delta.empty() || !e.logprobs.empty()) ch->push(std::move(e));
             return more;
         };
         auto on_done = [rs, ch, k](const runtime::RequestResult& r) {
@@ -562,7 +746,7 @@ bool Server::wait_reply(const httplib::Request& req, httplib::Response& res, Exc
         ex.channel->take(evs, kPoll);
         for (auto& e : evs) {
             ChoiceState& c = cs[size_t(e.index)];
-            c.apply(e.delta);
+            c.apply(e);
             if (e.done) {
                 c.finish(e);
                 --pending;
@@ -609,7 +793,14 @@ void Server::respond_plain(const httplib::Request& req, httplib::Response& res, 
         } else {
             ch["text"] = (g.echo ? g.prompts[k / size_t(g.n)].text : std::string()) + c.content;
         }
-        ch["logprobs"] = nullptr;
+        if (g.logprobs < 0) {
+            ch["logprobs"] = nullptr;
+        } else if (chat) {
+            ch["logprobs"] = chat_logprobs(*mc_.tok, c.logprobs);
+        } else {
+            int64_t offset = 0;
+            ch["logprobs"] = completion_logprobs(*mc_.tok, c.logprobs, offset);
+        }
         ch["finish_reason"] = finish_reason(c);
         choices.push_back(std::move(ch));
     }
@@ -635,6 +826,7 @@ void Server::respond_stream(const httplib::Request& req, httplib::Response& res,
         std::unique_ptr<InFlight> guard;
         std::vector<ChoiceState> cs;
         std::vector<int> tool_index;
+        std::vector<int64_t> text_offset;  // completions' logprobs
         int pending = 0;
         bool started = false;
         std::string id;
@@ -647,13 +839,15 @@ void Server::respond_stream(const httplib::Request& req, httplib::Response& res,
     st->guard = std::make_unique<InFlight>(this);
     st->cs.resize(size_t(g.choices()));
     st->tool_index.assign(size_t(g.choices()), 0);
+    st->text_offset.assign(size_t(g.choices()), 0);
     st->pending = g.choices();
     const bool chat = g.endpoint == Endpoint::Chat;
     st->id = random_id(chat ? "chatcmpl-" : "cmpl-");
     st->created = unix_now();
     st->path = req.path;
 
-    auto chunk = [this, st, chat](int index, ojson delta_or_text, const ojson& finish) {
+    auto chunk = [this, st, chat](int index, ojson delta_or_text, const ojson& finish,
+                                  ojson logprobs = nullptr) {
         ojson j = ojson::object();
         j["id"] = st->id;
         j["object"] = chat ? "chat.completion.chunk" : "text_completion";
@@ -665,7 +859,7 @@ void Server::respond_stream(const httplib::Request& req, httplib::Response& res,
             c["delta"] = std::move(delta_or_text);
         else
             c["text"] = std::move(delta_or_text);
-        c["logprobs"] = nullptr;
+        c["logprobs"] = std::move(logprobs);
         c["finish_reason"] = finish;
         j["choices"] = ojson::array({std::move(c)});
         if (st->g.include_usage) j["usage"] = nullptr;
@@ -693,11 +887,19 @@ void Server::respond_stream(const httplib::Request& req, httplib::Response& res,
             for (auto& e : evs) {
                 ChoiceState& c = st->cs[size_t(e.index)];
                 const Delta& d = e.delta;
+                // The tokens' logprobs go with the event's first chunk, or one of their own.
+                ojson lp = nullptr;
+                if (!e.logprobs.empty())
+                    lp = chat ? chat_logprobs(*mc_.tok, e.logprobs)
+                              : completion_logprobs(*mc_.tok, e.logprobs,
+                                                    st->text_offset[size_t(e.index)]);
                 if (chat) {
                     if (!d.reasoning.empty())
-                        out += chunk(e.index, {{"reasoning_content", d.reasoning}}, nullptr);
+                        out += chunk(e.index, {{"reasoning_content", d.reasoning}}, nullptr,
+                                     std::exchange(lp, nullptr));
                     if (!d.content.empty())
-                        out += chunk(e.index, {{"content", d.content}}, nullptr);
+                        out += chunk(e.index, {{"content", d.content}}, nullptr,
+                                     std::exchange(lp, nullptr));
                     if (!d.tool_calls.empty()) {
                         ojson calls = ojson::array();
                         for (const auto& call : d.tool_calls) {
@@ -707,12 +909,16 @@ void Server::respond_stream(const httplib::Request& req, httplib::Response& res,
                             for (auto& [k, v] : tc.items()) indexed[k] = v;
                             calls.push_back(std::move(indexed));
                         }
-                        out += chunk(e.index, {{"tool_calls", calls}}, nullptr);
+                        out += chunk(e.index, {{"tool_calls", calls}}, nullptr,
+                                     std::exchange(lp, nullptr));
                     }
                 } else if (!d.content.empty()) {
-                    out += chunk(e.index, d.content, nullptr);
+                    out += chunk(e.index, d.content, nullptr, std::exchange(lp, nullptr));
                 }
-                c.apply(d);
+                if (!lp.is_null())
+                    out +=
+                        chunk(e.index, chat ? ojson::object() : ojson(""), nullptr, std::move(lp));
+                c.apply(e);
                 if (!e.done) continue;
                 c.finish(e);
                 --st->pending;

@@ -217,7 +217,7 @@ void Server::messages_stream(const httplib::Request& req, httplib::Response& res
                     out += event("content_block_stop",
                                  {{"type", "content_block_stop"}, {"index", st->index}});
                 }
-                st->c.apply(d);
+                st->c.apply(e);
                 if (!e.done) continue;
                 st->c.finish(e);
                 st->finished = true;
