@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -109,6 +110,8 @@ int cmd_serve(int argc, char** argv) {
     add_sampling_flags(a, "default seed (-1: a random one per request)");
     a.flag("log-requests", "one line on stderr per request", true);
     a.flag("webui", "the chat page at /", true);
+    a.option("slot-save-path", "DIR", "",
+             "a folder for /slots/{id}?action=save|restore (the prompt cache on disk)");
     add_vision_flags(a, false);
     if (!a.parse(argc, argv, 2)) return 0;
 
@@ -130,6 +133,9 @@ int cmd_serve(int argc, char** argv) {
         std::chrono::milliseconds(int64_t(a.get_double("keep-alive", 0.01, 86400) * 1000));
     so.log_requests = a.get_flag("log-requests");
     so.webui = a.get_flag("webui");
+    so.slot_save_path = a.get("slot-save-path");
+    if (!so.slot_save_path.empty() && !std::filesystem::is_directory(so.slot_save_path))
+        throw UsageError("--slot-save-path: " + so.slot_save_path + " is not a folder");
 
     runtime::EngineOptions eo;
     eo.n_parallel = int(a.get_int("parallel", 1, 1024));
@@ -158,6 +164,8 @@ int cmd_serve(int argc, char** argv) {
     mc.format = &format;
     mc.id = a.get("alias").empty() ? m.model->info().name : a.get("alias");
     mc.path = path;
+    if (!so.slot_save_path.empty())
+        so.slot_fingerprint = model_fingerprint(*m.file, a.get("cache-type"));
     mc.names = {mc.id, m.model->info().name, base_name(path)};
     if (base_name(path).size() > 5 && base_name(path).ends_with(".gguf"))
         mc.names.push_back(base_name(path).substr(0, base_name(path).size() - 5));

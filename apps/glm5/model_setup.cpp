@@ -15,6 +15,7 @@
 #include "core/format.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "core/sha256.h"
 #include "core/thread_pool.h"
 #include "quant/ops.h"
 
@@ -394,6 +395,22 @@ std::vector<int32_t> parse_token_list(const std::string& s, const std::string& f
     }
     if (ids.empty()) throw UsageError("--" + flag + " is empty");
     return ids;
+}
+
+std::string model_fingerprint(const gguf::File& f, const std::string& cache_type) {
+    std::string text;
+    for (const auto& t : f.tensors()) {
+        text += t.name + ' ' + std::to_string(int(t.type)) + ' ' + t.shape_string() + ' ' +
+                std::to_string(t.shard) + ':' + std::to_string(t.offset) + '\n';
+        // The first and last 256 bytes of each tensor tell two fine-tunes apart.
+        const size_t n = std::min<size_t>(t.nbytes, 256);
+        if (t.data && n) {
+            text.append(reinterpret_cast<const char*>(t.data), n);
+            text.append(reinterpret_cast<const char*>(t.data + t.nbytes - n), n);
+        }
+    }
+    const Sha256 h = sha256({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+    return "glm5 model " + to_hex(h) + ", cache " + cache_type;
 }
 
 }  // namespace glm5::app

@@ -78,4 +78,9 @@ ContextRequest cli_context_request(int64_t ubatch, const runtime::SpecParams& sp
 // "1,2,3" -> ids; refuses anything else with a UsageError.
 std::vector<int32_t> parse_token_list(const std::string& s, const std::string& flag);
 
+// What identifies a model's weights and the cache type its states are in (the files
+// of glm5 serve --slot-save-path carry it): the architecture, every tensor's name,
+// type, shape and place, and a sample of each tensor's bytes, hashed.
+std::string model_fingerprint(const gguf::File& f, const std::string& cache_type);
+
 }  // namespace glm5::app

@@ -122,6 +122,12 @@ class SplitState final : public model::SequenceState {
     bool can_rewind(int64_t n) const override { return local_->can_rewind(n); }
     size_t memory_bytes() const override { return local_->memory_bytes(); }
     int64_t capacity() const override { return local_->capacity(); }
+    void save(model::StateWriter&) const override {
+        throw Error("saving a sequence is not supported with --layer-split or --tp");
+    }
+    void load(model::StateReader&) override {
+        throw Error("restoring a sequence is not supported with --layer-split or --tp");
+    }
     void resize(int64_t rows) override {
         local_->resize(rows);
         m_.state_op(kResize, id_, rows, 0, true);

@@ -1,9 +1,11 @@
 // Sizing a sequence's caches, shared by every architecture's state: the
-// checks on a capacity, and reallocating a set of caches all or nothing.
+// checks on a capacity, and reallocating a set of caches all or nothing; and a
+// state's bytes in and out (SequenceState::save / load).
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -26,5 +28,35 @@ void resize_caches(backend::Backend& be, std::span<const CacheResize> caches);
 // A forward or draft writes positions below `needed`; throws unless the
 // caches hold them (caches never grow inside a forward).
 void check_reserved(int64_t needed, int64_t capacity);
+
+// A state's bytes, section by section in a fixed order; each section carries its
+// length, so a reader of another shape is refused instead of misread.
+class StateWriter {
+  public:
+    explicit StateWriter(std::vector<uint8_t>& out) : out_(out) {}
+    void scalar(int64_t v);
+    void host(const void* data, size_t bytes);
+    // The first n rows of a cache (nothing for a cache of width 0).
+    void rows(backend::Backend& be, const backend::CacheRows& c, int64_t n);
+    void device(backend::Backend& be, backend::DevPtr<const uint8_t> p, size_t bytes);
+
+  private:
+    std::vector<uint8_t>& out_;
+};
+
+class StateReader {
+  public:
+    explicit StateReader(std::span<const uint8_t> in) : in_(in) {}
+    int64_t scalar();
+    void host(void* data, size_t bytes);
+    void rows(backend::Backend& be, const backend::CacheRows& c, int64_t n);
+    void device(backend::Backend& be, backend::DevPtr<uint8_t> p, size_t bytes);
+    bool at_end() const { return at_ == in_.size(); }
+
+  private:
+    std::span<const uint8_t> section(size_t bytes);
+    std::span<const uint8_t> in_;
+    size_t at_ = 0;
+};
 
 }  // namespace glm5::model

@@ -152,6 +152,32 @@ class NextState final : public SequenceState {
         capacity_ = rows;
     }
     void reserve(int64_t n) const { check_reserved(n, capacity_); }
+
+    // The KDA tails and states (the current block) with every positional cache's
+    // rows below n_past and the complete pools below it.
+    void save(StateWriter& w) const override {
+        w.scalar(n_past_);
+        w.device(be_, kda_.as<const uint8_t>(), kda_bytes());
+        for (const auto& ls : layers_) {
+            w.rows(be_, ls.latent, n_past_);
+            w.rows(be_, ls.cells, n_past_);
+            w.rows(be_, ls.pools, n_past_ / pool_);
+        }
+    }
+    void load(StateReader& r) override {
+        const int64_t n = r.scalar();
+        if (n < 0 || n > capacity_)
+            throw Error("state: " + std::to_string(n) + " positions saved, room for " +
+                        std::to_string(capacity_));
+        r.device(be_, kda_.as<uint8_t>(), kda_bytes());
+        for (const auto& ls : layers_) {
+            r.rows(be_, ls.latent, n);
+            r.rows(be_, ls.cells, n);
+            r.rows(be_, ls.pools, n / pool_);
+        }
+        n_past_ = n;
+        ++epoch_;  // no snapshot taken before this applies
+    }
     // The forward completed: what it wrote becomes the state.
     void advance(int64_t n) {
         n_past_ += n;

@@ -97,6 +97,41 @@ class GlmDsaModel::DsaState final : public SequenceState {
     }
     void reserve(int64_t n) const { check_reserved(n, capacity_); }
 
+    void save(StateWriter& w) const override {
+        w.scalar(n_past_);
+        w.scalar(mtp_valid);
+        for (size_t i = 0; i < latent_.size(); ++i) {
+            w.rows(be_, latent_[i], n_past_);
+            w.rows(be_, keys_[i], n_past_);
+        }
+        w.rows(be_, mtp_latent_, n_past_);
+        // The NextN drafter's seed rows (drafts only, but a restored state drafts the same).
+        w.scalar(h_first_);
+        w.scalar(h_count_);
+        w.host(h_rows_.data(), h_rows_.size() * sizeof(float));
+    }
+    void load(StateReader& r) override {
+        const int64_t n = r.scalar();
+        if (n < 0 || n > capacity_)
+            throw Error("state: " + std::to_string(n) + " positions saved, room for " +
+                        std::to_string(capacity_));
+        const int64_t valid = r.scalar();
+        for (size_t i = 0; i < latent_.size(); ++i) {
+            r.rows(be_, latent_[i], n);
+            r.rows(be_, keys_[i], n);
+        }
+        r.rows(be_, mtp_latent_, n);
+        const int64_t h_first = r.scalar(), h_count = r.scalar();
+        if (h_count < 0 || h_count > n + 1) throw Error("state: bad drafter rows");
+        std::vector<float> h(size_t(h_count * n_embd_));
+        r.host(h.data(), h.size() * sizeof(float));
+        n_past_ = n;
+        mtp_valid = std::min(valid, n);
+        h_rows_ = std::move(h);
+        h_first_ = h_first;
+        h_count_ = h_count;
+    }
+
     void advance(int64_t n) { n_past_ += n; }
     const CacheRows& latent(int64_t il) const { return latent_[size_t(il)]; }
     const CacheRows& keys(int64_t il) const { return keys_[size_t(il)]; }

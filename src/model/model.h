@@ -46,6 +46,9 @@ struct ModelInfo {
     uint64_t skipped_bytes = 0;  // weights of the layers other processes hold (never read)
 };
 
+class StateWriter;
+class StateReader;
+
 // An opaque copy of the part of a sequence's state that a rewind cannot
 // recover (speculative decoding's rollback point).
 class StateSnapshot {
@@ -82,6 +85,13 @@ class SequenceState {
     // (n_past <= rows <= n_ctx), keeping what the state holds.
     virtual int64_t capacity() const = 0;
     virtual void resize(int64_t rows) = 0;
+    // What the state holds as bytes (its caches' rows below n_past, its recurrent
+    // state, the scalars that go with them), for a persistent prompt cache; load()
+    // puts them into a fresh state of the same model (capacity at least the saved
+    // n_past), which then answers every later forward bit for bit as the saved one
+    // would. A state of another shape (model, cache type) is refused (glm5::Error).
+    virtual void save(StateWriter& w) const = 0;
+    virtual void load(StateReader& r) = 0;
 };
 
 // What sequence states cost, from the hyperparameters alone (memory planning).

@@ -1,5 +1,8 @@
 #include "runtime/engine.h"
 
+#include "model/cache_alloc.h"
+#include "runtime/slot_file.h"
+
 #include <algorithm>
 #include <chrono>
 #include <deque>
@@ -37,6 +40,7 @@ struct Engine::Job {
 };
 
 struct Engine::Slot {
+    int id = 0;  // 0 .. n_parallel-1: the lowest free when admitted
     std::unique_ptr<Job> job;
     std::unique_ptr<model::SequenceState> state;
     std::vector<int32_t> tokens;  // what the state holds, in order
@@ -66,6 +70,7 @@ struct Engine::Retained {
     std::vector<int32_t> tokens;
     std::vector<uint64_t> content;  // its prompt's content keys (past them: text)
     size_t bytes = 0;
+    int slot = -1;  // the slot whose last sequence it is
 };
 
 RequestResult Request::wait() {
@@ -213,7 +218,16 @@ void Engine::loop() {
     for (;;) {
         {
             std::unique_lock<std::mutex> lk(mu_);
-            cv_.wait(lk, [&] { return stopping_ || !queue_.empty() || !slots_.empty(); });
+            cv_.wait(lk, [&] {
+                return stopping_ || !queue_.empty() || !slots_.empty() || !tasks_.empty();
+            });
+            while (!tasks_.empty()) {
+                std::function<void()> t = std::move(tasks_.front());
+                tasks_.pop_front();
+                lk.unlock();
+                t();
+                lk.lock();
+            }
             if (stopping_ && queue_.empty() && slots_.empty()) return;
             admit(lk);
         }
@@ -304,6 +318,11 @@ void Engine::admit(std::unique_lock<std::mutex>& lk) {
             reserved = cost.bytes(want);
         }
         auto s = std::make_unique<Slot>();
+        for (bool taken = true; taken; ++s->id) {
+            taken = false;
+            for (const auto& o : slots_) taken = taken || o->id == s->id;
+            if (!taken) break;
+        }
         s->job = std::move(queue_.front());
         queue_.pop_front();
         s->admitted = Clock::now();
@@ -787,9 +806,142 @@ void Engine::retain(Slot& s) {
     r.state = std::move(s.state);
     r.tokens = std::move(s.tokens);
     r.content = s.job->expanded.content;
+    r.slot = s.id;
     std::lock_guard<std::mutex> lk(mu_);
+    // A slot's last sequence is the one it left last.
+    for (auto& o : retained_)
+        if (o.slot == r.slot) o.slot = -1;
     retained_.push_front(std::move(r));
     make_room(0, nullptr);
+}
+
+void Engine::run_task(std::function<void()> f) {
+    std::exception_ptr err;
+    bool done = false;
+    std::mutex m;
+    std::condition_variable cv;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stopping_) throw Error("the engine is stopping");
+        tasks_.push_back([&] {
+            try {
+                f();
+            } catch (...) {
+                err = std::current_exception();
+            }
+            std::lock_guard<std::mutex> l(m);
+            done = true;
+            cv.notify_all();
+        });
+    }
+    cv_.notify_all();
+    std::unique_lock<std::mutex> l(m);
+    cv.wait(l, [&] { return done; });
+    if (err) std::rethrow_exception(err);
+}
+
+namespace {
+
+void check_slot(int slot, int n) {
+    if (slot < 0 || slot >= n)
+        throw Error("slot " + std::to_string(slot) + " does not exist (slots 0.." +
+                    std::to_string(n - 1) + ")");
+}
+
+}  // namespace
+
+Engine::SlotIo Engine::save_slot(int slot, const std::string& path,
+                                 const std::string& fingerprint) {
+    check_slot(slot, opt_.n_parallel);
+    SlotIo io;
+    run_task([&] {
+        const auto t0 = Clock::now();
+        // The entry leaves the list while it is read (drop_retained() may run meanwhile).
+        std::list<Retained> held;
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            auto it = std::find_if(retained_.begin(), retained_.end(),
+                                   [&](const Retained& r) { return r.slot == slot; });
+            if (it == retained_.end())
+                throw Error("slot " + std::to_string(slot) + " holds no sequence to save");
+            held.splice(held.begin(), retained_, it);
+        }
+        struct PutBack {
+            Engine& e;
+            std::list<Retained>& l;
+            ~PutBack() {
+                std::lock_guard<std::mutex> lk(e.mu_);
+                e.retained_.splice(e.retained_.begin(), l);
+            }
+        } put_back{*this, held};
+        const Retained& r = held.front();
+        for (uint64_t c : r.content)
+            if (c)
+                throw Error("slot " + std::to_string(slot) + "'s sequence holds images: not saved");
+        SlotFile f;
+        f.tokens = r.tokens;
+        model::StateWriter w(f.state);
+        r.state->save(w);
+        io.bytes = write_slot_file(path, fingerprint, f);
+        io.tokens = int64_t(f.tokens.size());
+        io.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+    return io;
+}
+
+Engine::SlotIo Engine::restore_slot(int slot, const std::string& path,
+                                    const std::string& fingerprint) {
+    check_slot(slot, opt_.n_parallel);
+    SlotIo io;
+    run_task([&] {
+        const auto t0 = Clock::now();
+        SlotFile f = read_slot_file(path, fingerprint, &io.bytes);
+        const int64_t n = int64_t(f.tokens.size());
+        if (n == 0) throw Error(path + ": the saved sequence is empty");
+        if (n >= opt_.n_ctx)
+            throw Error(path + ": the saved sequence holds " + std::to_string(n) +
+                        " tokens; this server's context holds " + std::to_string(opt_.n_ctx));
+        for (int32_t t : f.tokens)
+            if (t < 0 || t >= model_.info().n_vocab)
+                throw Error(path + ": token " + std::to_string(t) + " is outside the vocabulary");
+        const int64_t cap = std::min(opt_.n_ctx, whole_blocks(n));
+        const size_t bytes = model_.state_cost().bytes(cap);
+        Retained r;
+        r.state = model_.new_state(opt_.n_ctx, cap);
+        model::StateReader rd(f.state);
+        r.state->load(rd);
+        if (!rd.at_end() || r.state->n_past() != n)
+            throw Error(path + ": the state does not match its tokens (damaged)");
+        r.tokens = std::move(f.tokens);
+        r.bytes = bytes;
+        r.slot = slot;
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!make_room(bytes, nullptr))
+            throw Error("no cache memory for the restored sequence (" + std::to_string(bytes) +
+                        " bytes) while requests run");
+        for (auto& o : retained_)
+            if (o.slot == slot) o.slot = -1;
+        retained_.push_front(std::move(r));
+        io.tokens = n;
+        io.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+    return io;
+}
+
+int64_t Engine::erase_slot(int slot) {
+    check_slot(slot, opt_.n_parallel);
+    int64_t n = 0;
+    run_task([&] {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto it = retained_.begin(); it != retained_.end();)
+            if (it->slot == slot) {
+                n += int64_t(it->tokens.size());
+                it = retained_.erase(it);
+            } else {
+                ++it;
+            }
+    });
+    return n;
 }
 
 }  // namespace glm5::runtime

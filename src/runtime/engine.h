@@ -201,6 +201,24 @@ class Engine {
     // Forgets every retained prefix entry.
     void drop_retained();
 
+    // The persistent prompt cache (llama-server's /slots/{id}?action=...). Slot ids are
+    // 0 .. n_parallel-1: a request runs in the lowest free one, and the sequence it
+    // leaves (a retained entry) is that slot's until the next request there ends.
+    // save writes the slot's sequence (its tokens and state) to `path`; restore reads
+    // one back as the slot's sequence, which a later request sharing its prefix
+    // adopts as it would any retained entry (so its logits are those of the prefix
+    // computed fresh, bit for bit); erase forgets it. `fingerprint` names the model
+    // and cache type (a file of another is refused). They run on the engine thread
+    // between steps. Throw glm5::Error.
+    struct SlotIo {
+        int64_t tokens = 0;
+        size_t bytes = 0;
+        double seconds = 0;
+    };
+    SlotIo save_slot(int slot, const std::string& path, const std::string& fingerprint);
+    SlotIo restore_slot(int slot, const std::string& path, const std::string& fingerprint);
+    int64_t erase_slot(int slot);
+
     EngineStats stats() const;
     const EngineOptions& options() const { return opt_; }
 
@@ -235,6 +253,8 @@ class Engine {
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::unique_ptr<Job>> queue_;
+    std::deque<std::function<void()>> tasks_;   // run on the engine thread between steps
+    void run_task(std::function<void()> f);     // queues f and waits for it
     std::vector<std::unique_ptr<Slot>> slots_;  // active
     std::list<Retained> retained_;              // most recently used first
     int busy_ = 0;                              // admitted requests not yet finished

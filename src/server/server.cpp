@@ -539,6 +539,64 @@ void Server::routes() {
     for (const char* p : {"/apply-template", "/v1/apply-template"}) http_->Post(p, apply_template);
     for (const char* p : {"/props", "/v1/props"}) http_->Get(p, props);
 
+    // llama-server's slot actions: the sequence a slot's last request left, to and from
+    // a file in --slot-save-path.
+    http_->Post(
+        R"(/slots/(\d+))", guarded([this, body_json](const auto& req, auto& res) {
+            if (opt_.slot_save_path.empty())
+                throw ApiError(501, "slot actions need --slot-save-path", "", "not_supported");
+            const int slot = std::atoi(req.matches[1].str().c_str());
+            const std::string action = req.get_param_value("action");
+            ojson j = ojson::object();
+            j["id_slot"] = slot;
+            try {
+                if (action == "erase") {
+                    j["n_erased"] = engine_.erase_slot(slot);
+                    send_json(res, 200, j);
+                    return;
+                }
+                if (action != "save" && action != "restore")
+                    throw bad_request(
+                        "'action' must be save, restore or erase, got '" + action + "'", "action");
+                const ojson b = body_json(req);
+                const auto f = b.find("filename");
+                if (f == b.end() || !f->is_string())
+                    throw bad_request("'filename' must be a string", "filename", "invalid_type");
+                const std::string name = f->get<std::string>();
+                // A plain file name: nothing that leaves the folder or hides in it.
+                bool ok = !name.empty() && name.size() <= 255 && name[0] != '.' &&
+                          text::is_valid_utf8(name);
+                for (unsigned char c : name)
+                    ok = ok && c >= 0x20 && c != '/' && c != '\\' && c != 0x7f;
+                if (!ok)
+                    throw bad_request(
+                        "'filename' must be a plain file name (no '/', '\\', leading "
+                        "'.' or control characters), got '" +
+                            name + "'",
+                        "filename");
+                const std::string path = opt_.slot_save_path + "/" + name;
+                j["filename"] = name;
+                if (action == "save") {
+                    const runtime::Engine::SlotIo io =
+                        engine_.save_slot(slot, path, opt_.slot_fingerprint);
+                    j["n_saved"] = io.tokens;
+                    j["n_written"] = io.bytes;
+                    j["timings"] = {{"save_ms", io.seconds * 1e3}};
+                } else {
+                    const runtime::Engine::SlotIo io =
+                        engine_.restore_slot(slot, path, opt_.slot_fingerprint);
+                    j["n_restored"] = io.tokens;
+                    j["n_read"] = io.bytes;
+                    j["timings"] = {{"restore_ms", io.seconds * 1e3}};
+                }
+            } catch (const ApiError&) {
+                throw;
+            } catch (const Error& e) {
+                throw bad_request(e.what(), "", "slot_action_failed");
+            }
+            send_json(res, 200, j);
+        }));
+
     auto health = [this](const httplib::Request&, httplib::Response& res) {
         const runtime::EngineStats s = engine_.stats();
         ojson j = ojson::object();

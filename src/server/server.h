@@ -5,6 +5,8 @@
 //   POST /v1/messages, /v1/messages/count_tokens (Anthropic's shapes: anthropic.h)
 //   GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
 //   GET  /, /webui.js, /webui.css: the chat page (webui.h), unless --no-webui
+//   POST /tokenize, /detokenize, /apply-template; GET /props (llama-server's shapes)
+//   POST /slots/{id}?action=save|restore|erase (--slot-save-path: the prompt cache on disk)
 //
 // Each choice of a request is one engine request (one slot; beyond --parallel they
 // queue in the engine). Tokens come back on the engine thread, are turned into text
@@ -60,6 +62,10 @@ struct ServerOptions {
     std::chrono::milliseconds keep_alive{3000};
     bool log_requests = true;
     bool webui = true;  // the chat page at / (webui.h)
+    // --slot-save-path: the folder of /slots/{id}?action=save|restore files (empty: the
+    // actions are refused); slot_fingerprint names the model and cache type in them.
+    std::string slot_save_path;
+    std::string slot_fingerprint;
 };
 
 class Server {

@@ -14,7 +14,7 @@ if(NOT EXISTS ${GLM5_SERVER_TESTS}/node_modules/openai/package.json)
 endif()
 set(server_env "GLM5_BINARY=$<TARGET_FILE:glm5>"
                "GLM5_MODEL=${CMAKE_CURRENT_SOURCE_DIR}/data/glm-dsa/tiny.gguf")
-foreach(suite chat tools json concurrency speculative anthropic webui compat)
+foreach(suite chat tools json concurrency speculative anthropic webui compat slots)
   add_test(NAME server_e2e_${suite}
            COMMAND ${NODE_BIN} --test --test-reporter=spec ${GLM5_SERVER_TESTS}/${suite}.test.mjs
            WORKING_DIRECTORY ${GLM5_SERVER_TESTS})

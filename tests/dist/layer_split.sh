@@ -168,7 +168,8 @@ faults)
       >"$work/f.out" 2>"$work/f.err" &
     job=$!
     pid=""
-    for _ in $(seq 1 100); do
+    # (Three ranks start slowly on a loaded machine: wait up to a minute.)
+    for _ in $(seq 1 600); do
       pid=$(victim_pid "$victim")
       [[ -n $pid ]] && grep -q "^glm5: context" "$work/f.err" && break
       sleep 0.1
