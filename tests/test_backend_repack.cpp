@@ -120,17 +120,17 @@ TEST_P(BackendRepack, MoeEqualsPlainLayoutBitwise) {
         down(GetParam(), F, E, X, 3);
     auto moe = [&](bool packed) {
         backend::MoeWeights m;
-        m.router.type = quant::Type::F32;
-        m.router.cols = E;
-        m.router.rows = X;
-        m.router.row_bytes = size_t(E) * 4;
-        m.router.slice_bytes = m.router.row_bytes * size_t(X);
-        m.router.data = reinterpret_cast<const uint8_t*>(router.data());
-        m.gate = packed ? gate.r : gate.p;
-        m.up = packed ? up.r : up.p;
-        m.down = packed ? down.r : down.p;
-        m.n_used = 2;
-        m.weights_scale = 2.5f;
+        m.route.router.type = quant::Type::F32;
+        m.route.router.cols = E;
+        m.route.router.rows = X;
+        m.route.router.row_bytes = size_t(E) * 4;
+        m.route.router.slice_bytes = m.route.router.row_bytes * size_t(X);
+        m.route.router.data = reinterpret_cast<const uint8_t*>(router.data());
+        m.experts.gate = packed ? gate.r : gate.p;
+        m.experts.up = packed ? up.r : up.p;
+        m.experts.down = packed ? down.r : down.p;
+        m.route.n_used = 2;
+        m.route.weights_scale = 2.5f;
         return m;
     };
     for (int64_t T : {1, 19}) {
@@ -139,6 +139,49 @@ TEST_P(BackendRepack, MoeEqualsPlainLayoutBitwise) {
         be->moe(moe(false), dev(x.data()), T, dev(op.data()));
         be->moe(moe(true), dev(x.data()), T, dev(orp.data()));
         EXPECT_TRUE(bitwise_equal(op, orp)) << "tokens " << T;
+    }
+}
+
+// The mixture of experts as three ops: the shared expert computed by moe_shared and
+// added by moe_experts gives the bits of the fused form (one backend, one pass), and
+// moe_route's ids and weights drive the routed experts the same way.
+TEST_P(BackendRepack, MoeSplitOpsEqualTheFusedForm) {
+    auto be = backend::make_cpu_backend({2});
+    const int64_t E = 512, F = 256, X = 8, S = 256;
+    const auto router = test::normal_floats(size_t(E * X), 12);
+    TwoLayouts gate(GetParam(), E, F, X, 4), up(GetParam(), E, F, X, 5),
+        down(GetParam(), F, E, X, 6);
+    TwoLayouts sg(GetParam(), E, S, 1, 7), su(GetParam(), E, S, 1, 8), sd(GetParam(), S, E, 1, 9);
+    backend::MoeWeights m;
+    m.route.router.type = quant::Type::F32;
+    m.route.router.cols = E;
+    m.route.router.rows = X;
+    m.route.router.row_bytes = size_t(E) * 4;
+    m.route.router.slice_bytes = m.route.router.row_bytes * size_t(X);
+    m.route.router.data = reinterpret_cast<const uint8_t*>(router.data());
+    m.route.n_used = 3;
+    m.route.weights_scale = 2.5f;
+    m.experts = {gate.p, up.p, down.p, 0.0f};
+    m.shared = {sg.p, su.p, sd.p, 0.0f};
+    for (int64_t T : {1, 5, 19}) {
+        const auto x = test::normal_floats(size_t(T * E), uint32_t(100 + T));
+        std::vector<float> fused(size_t(T * E)), split(size_t(T * E), -1.0f),
+            shared(size_t(T * E), -1.0f), routed_only(size_t(T * E), -1.0f);
+        std::vector<int32_t> ids(size_t(T * 3));
+        std::vector<float> w(size_t(T * 3));
+        be->moe(m, dev(x.data()), T, dev(fused.data()));
+        be->moe_route(m.route, dev(x.data()), T, dev(ids.data()), dev(w.data()));
+        be->moe_shared(m.shared, dev(x.data()), T, dev(shared.data()));
+        be->moe_experts(m.experts, dev(x.data()), T, dev(ids.data()), dev(w.data()), 3, nullptr,
+                        dev(shared.data()), dev(split.data()));
+        EXPECT_TRUE(bitwise_equal(fused, split)) << "tokens " << T;
+        be->moe_experts(m.experts, dev(x.data()), T, dev(ids.data()), dev(w.data()), 3, nullptr,
+                        nullptr, dev(routed_only.data()));
+        EXPECT_FALSE(bitwise_equal(fused, routed_only)) << "the shared expert adds something";
+        for (int64_t i = 0; i < T * 3; ++i) {
+            EXPECT_GE(ids[size_t(i)], 0);
+            EXPECT_LT(ids[size_t(i)], X);
+        }
     }
 }
 

@@ -118,16 +118,27 @@ struct Visible {
     int32_t n_rows = 0;
 };
 
-struct MoeWeights {
+// A mixture of experts' routing: a sigmoid router with a selection-only bias, the top
+// n_used experts, their weights renormalised and scaled.
+struct MoeRouter {
     Weight router;                // [E -> n_expert], F32 in practice
     const float* bias = nullptr;  // selection-only bias [n_expert] (host memory of the weight file)
-    Weight gate, up, down;        // stacks of n_expert matrices
-    Weight shared_gate, shared_up, shared_down;  // optional shared expert
     int n_used = 0;
     bool norm_weights = true;
     float weights_scale = 1.0f;
-    float clamp_routed = 0.0f;  // SwiGLU clamp limit for routed experts (<= 1e-6: none)
-    float clamp_shared = 0.0f;  // for the shared expert
+};
+
+// SwiGLU FFNs: the routed experts (stacks of n_expert matrices) or the shared expert.
+struct MoeFfn {
+    Weight gate, up, down;
+    float clamp = 0.0f;  // SwiGLU clamp limit (<= 1e-6: none)
+    explicit operator bool() const { return bool(gate); }
+};
+
+struct MoeWeights {
+    MoeRouter route;
+    MoeFfn experts;
+    MoeFfn shared;  // optional
 };
 
 // Bytes of weights read by the kernels, counted as they run (for the
@@ -297,11 +308,35 @@ class Backend {
                                int64_t v_width, float scale) = 0;
 
     // ---- mixture of experts ------------------------------------------------
-    // Sigmoid router + selection bias, top n_used, renormalised and scaled
-    // weights, SwiGLU experts summed in selection order, plus the shared expert.
-    // x: [n_tok][E] (the normed FFN input), out: [n_tok][E] (overwritten).
-    virtual void moe(const MoeWeights& m, DevPtr<const float> x, int64_t n_tok,
-                     DevPtr<float> out) = 0;
+    // Three ops, so that routing and the shared expert can run on one backend and a
+    // layer's routed experts on another. x: [n_tok][E] (the normed FFN input).
+    //
+    // The routing: ids and weights [n_tok][n_used] in backend memory (they never
+    // visit the host).
+    virtual void moe_route(const MoeRouter& r, DevPtr<const float> x, int64_t n_tok,
+                           DevPtr<int32_t> ids, DevPtr<float> weights) = 0;
+    // out [n_tok][E] (overwritten) = the routed experts' outputs summed in selection
+    // order with their weights, then the shared expert's added: computed here within
+    // the same passes when `fused_shared` is given (one backend holds both), else the
+    // rows `shared_rows` that moe_shared wrote (elsewhere, maybe), or none when both
+    // are null.
+    virtual void moe_experts(const MoeFfn& experts, DevPtr<const float> x, int64_t n_tok,
+                             DevPtr<const int32_t> ids, DevPtr<const float> weights, int n_used,
+                             const MoeFfn* fused_shared, DevPtr<const float> shared_rows,
+                             DevPtr<float> out) = 0;
+    // The shared expert alone: out [n_tok][E] (overwritten), the rows moe_experts' fused
+    // form adds, bit for bit.
+    virtual void moe_shared(const MoeFfn& shared, DevPtr<const float> x, int64_t n_tok,
+                            DevPtr<float> out) = 0;
+    // All of it on this backend, the shared expert fused (ids and weights in scratch).
+    void moe(const MoeWeights& m, DevPtr<const float> x, int64_t n_tok, DevPtr<float> out) {
+        const size_t n = size_t(n_tok) * size_t(m.route.n_used);
+        const DevPtr<int32_t> ids = scratch_ids(n);
+        const DevPtr<float> weights = scratch(n);
+        moe_route(m.route, x, n_tok, ids, weights);
+        moe_experts(m.experts, x, n_tok, ids, weights, m.route.n_used,
+                    m.shared ? &m.shared : nullptr, nullptr, out);
+    }
 
     // ---- accounting --------------------------------------------------------
     virtual Counters counters() const = 0;

@@ -184,8 +184,15 @@ class CpuBackend final : public Backend {
                        float scale) override;
 
     // ---- mixture of experts ----------------------------------------------------
-    void moe(const MoeWeights& m, DevPtr<const float> x, int64_t n_tok,
-             DevPtr<float> out) override;  // cpu_moe.cpp
+    // cpu_moe.cpp
+    void moe_route(const MoeRouter& r, DevPtr<const float> x, int64_t n_tok, DevPtr<int32_t> ids,
+                   DevPtr<float> weights) override;
+    void moe_experts(const MoeFfn& experts, DevPtr<const float> x, int64_t n_tok,
+                     DevPtr<const int32_t> ids, DevPtr<const float> weights, int n_used,
+                     const MoeFfn* fused_shared, DevPtr<const float> shared_rows,
+                     DevPtr<float> out) override;
+    void moe_shared(const MoeFfn& shared, DevPtr<const float> x, int64_t n_tok,
+                    DevPtr<float> out) override;
 
     // ==== glm5next ops (cpu_kda.cpp, cpu_hyper.cpp, cpu_pool_indexer.cpp) ======
     void l2_norm(DevPtr<const float> x, int64_t n_rows, int64_t dim, float eps,

@@ -7,43 +7,73 @@
 
 namespace glm5::backend::cpu {
 
-void CpuBackend::moe(const MoeWeights& m, DevPtr<const float> x_, int64_t T, DevPtr<float> out_) {
+void CpuBackend::moe_route(const MoeRouter& m, DevPtr<const float> x_, int64_t T,
+                           DevPtr<int32_t> ids_, DevPtr<float> wts_) {
     const float* x = host(x_);
-    float* out = host(out_);
-    OpTimer timer_(profile_, "moe", T);
-    const int64_t E = m.router.cols, X = m.router.rows, K = m.n_used, F = m.gate.rows;
-
-    // Phases timed apart under GLM5_PROFILE.
-    std::optional<OpTimer> phase;
-    phase.emplace(profile_, "moe.router", T);
+    int32_t* ids = host(ids_);
+    float* wts = host(wts_);
+    OpTimer timer_(profile_, "moe.router", T);
+    const int64_t E = m.router.cols, X = m.router.rows, K = m.n_used;
     // Route: sigmoid probabilities; the bias only decides which experts run.
     std::vector<float> logits(static_cast<size_t>(T * X));
     products(m.router, 1, x, E, 0, T, logits.data(), X, 0);
-    std::vector<int32_t> ids(static_cast<size_t>(T * K));
-    std::vector<float> wts(static_cast<size_t>(T * K));
-    {
-        std::vector<float> p(static_cast<size_t>(X)), sel(static_cast<size_t>(X));
-        std::vector<int32_t> order(static_cast<size_t>(X));
-        for (int64_t t = 0; t < T; ++t) {
-            for (int64_t e = 0; e < X; ++e) {
-                p[size_t(e)] = sigmoid(logits[size_t(t * X + e)]);
-                sel[size_t(e)] = p[size_t(e)] + (m.bias ? m.bias[e] : 0.0f);
-            }
-            kernels::top_k_desc(sel.data(), X, K, order);
-            double sum = 0.0;
-            for (int64_t k = 0; k < K; ++k) sum += double(p[size_t(order[size_t(k)])]);
-            const float denom = std::max(float(sum), 6.103515625e-5f);
-            for (int64_t k = 0; k < K; ++k) {
-                const int32_t e = order[size_t(k)];
-                float wk = p[size_t(e)];
-                if (m.norm_weights) wk = wk / denom;
-                wk *= m.weights_scale;
-                ids[size_t(t * K + k)] = e;
-                wts[size_t(t * K + k)] = wk;
-            }
+    std::vector<float> p(static_cast<size_t>(X)), sel(static_cast<size_t>(X));
+    std::vector<int32_t> order(static_cast<size_t>(X));
+    for (int64_t t = 0; t < T; ++t) {
+        for (int64_t e = 0; e < X; ++e) {
+            p[size_t(e)] = sigmoid(logits[size_t(t * X + e)]);
+            sel[size_t(e)] = p[size_t(e)] + (m.bias ? m.bias[e] : 0.0f);
+        }
+        kernels::top_k_desc(sel.data(), X, K, order);
+        double sum = 0.0;
+        for (int64_t k = 0; k < K; ++k) sum += double(p[size_t(order[size_t(k)])]);
+        const float denom = std::max(float(sum), 6.103515625e-5f);
+        for (int64_t k = 0; k < K; ++k) {
+            const int32_t e = order[size_t(k)];
+            float wk = p[size_t(e)];
+            if (m.norm_weights) wk = wk / denom;
+            wk *= m.weights_scale;
+            ids[size_t(t * K + k)] = e;
+            wts[size_t(t * K + k)] = wk;
         }
     }
+}
 
+void CpuBackend::moe_shared(const MoeFfn& shared, DevPtr<const float> x, int64_t T,
+                            DevPtr<float> out) {
+    // The fused form's shared unit with no routed pairs: the same activations and
+    // products, so the rows are those moe_experts adds.
+    moe_experts(MoeFfn{}, x, T, nullptr, nullptr, 0, &shared, nullptr, out);
+}
+
+void CpuBackend::moe_experts(const MoeFfn& routed, DevPtr<const float> x_, int64_t T,
+                             DevPtr<const int32_t> ids_, DevPtr<const float> wts_, int n_used,
+                             const MoeFfn* shared_ffn, DevPtr<const float> shared_rows_,
+                             DevPtr<float> out_) {
+    const float* x = host(x_);
+    float* out = host(out_);
+    const int32_t* ids = host(ids_);
+    const float* wts = host(wts_);
+    const float* shared_rows = host(shared_rows_);
+    OpTimer timer_(profile_, "moe", T);
+    const int64_t K = n_used;
+    const int64_t X = routed ? routed.gate.slices : 0, F = routed ? routed.gate.rows : 0;
+    const int64_t E = routed ? routed.gate.cols : shared_ffn->gate.cols;
+    // Written as one MoeWeights-like view for the code below.
+    struct View {
+        Weight gate, up, down, shared_gate, shared_up, shared_down;
+        float clamp_routed, clamp_shared;
+    } m{routed.gate,
+        routed.up,
+        routed.down,
+        shared_ffn ? shared_ffn->gate : Weight{},
+        shared_ffn ? shared_ffn->up : Weight{},
+        shared_ffn ? shared_ffn->down : Weight{},
+        routed.clamp,
+        shared_ffn ? shared_ffn->clamp : 0.0f};
+
+    // Phases timed apart under GLM5_PROFILE.
+    std::optional<OpTimer> phase;
     phase.reset();
     phase.emplace(profile_, "moe.route", T);
     // Sort the (token, k) pairs by expert: expert e's pairs take the slots
@@ -76,12 +106,15 @@ void CpuBackend::moe(const MoeWeights& m, DevPtr<const float> x_, int64_t T, Dev
             std::memcpy(g + size_t(slot_of[size_t(i)]) * arow, a + size_t(i / K) * arow, arow);
         return static_cast<const uint8_t*>(g);
     };
+    // (With no routed experts, moe_shared's form: the shared gate's and up's formats.)
+    const Weight& act_g = routed ? m.gate : m.shared_gate;
+    const Weight& act_u = routed ? m.up : m.shared_up;
     size_t arow_g = 0;
-    const uint8_t* tg = quantize_acts(moe_tok_g_, m.gate.type, E, 1, x, E, 0, T, arow_g);
+    const uint8_t* tg = quantize_acts(moe_tok_g_, act_g.type, E, 1, x, E, 0, T, arow_g);
     const uint8_t* tu = tg;
     size_t arow_u = arow_g;
-    if (!same_acts(m.up, m.gate))
-        tu = quantize_acts(moe_tok_u_, m.up.type, E, 1, x, E, 0, T, arow_u);
+    if (!same_acts(act_u, act_g))
+        tu = quantize_acts(moe_tok_u_, act_u.type, E, 1, x, E, 0, T, arow_u);
     const uint8_t* xg = gather(moe_gate_buf_, tg, arow_g);
     const uint8_t* xu = tu == tg ? xg : gather(moe_up_buf_, tu, arow_u);
 
@@ -122,11 +155,11 @@ void CpuBackend::moe(const MoeWeights& m, DevPtr<const float> x_, int64_t T, Dev
         sh.u = u + P * F;
         sh.o = eo + P * E;
         auto token_acts = [&](const Weight& w, ByteBuffer& own, size_t& arow) {
-            if (same_acts(w, m.gate)) {
+            if (same_acts(w, act_g)) {
                 arow = arow_g;
                 return tg;
             }
-            if (same_acts(w, m.up)) {
+            if (same_acts(w, act_u)) {
                 arow = arow_u;
                 return tu;
             }
@@ -159,14 +192,15 @@ void CpuBackend::moe(const MoeWeights& m, DevPtr<const float> x_, int64_t T, Dev
             else
                 product_rows(*un.up, un.slice, r0, r1, un.au, un.arow_u, un.n, un.u, un.width);
         });
-    swiglu(dev(g), dev(u), P, F, F, m.clamp_routed, dev(g));
+    if (P > 0) swiglu(dev(g), dev(u), P, F, F, m.clamp_routed, dev(g));
     if (shared) swiglu(dev(g + P * F), dev(u + P * F), T, S, S, m.clamp_shared, dev(g + P * F));
 
     phase.reset();
     phase.emplace(profile_, "moe.down", T);
     // Down projections (the hidden rows are already in unit order).
     size_t arow_h = 0;
-    const uint8_t* ah = quantize_acts(act_buf_, m.down.type, F, 1, g, F, 0, P, arow_h);
+    const uint8_t* ah =
+        P > 0 ? quantize_acts(act_buf_, m.down.type, F, 1, g, F, 0, P, arow_h) : nullptr;
     for (Unit& un : units)
         if (un.down == &m.down) {
             un.ad = ah + size_t(un.a0) * arow_h;
@@ -181,8 +215,9 @@ void CpuBackend::moe(const MoeWeights& m, DevPtr<const float> x_, int64_t T, Dev
         [&](const Unit& un, int, int64_t r0, int64_t r1) {
             product_rows(*un.down, un.slice, r0, r1, un.ad, un.arow_d, un.n, un.o, E);
         });
-    weight_bytes_ +=
-        active.size() * (m.gate.payload_bytes() + m.up.payload_bytes() + m.down.payload_bytes());
+    if (routed)
+        weight_bytes_ += active.size() *
+                         (m.gate.payload_bytes() + m.up.payload_bytes() + m.down.payload_bytes());
     if (shared)
         weight_bytes_ += m.shared_gate.payload_bytes() + m.shared_up.payload_bytes() +
                          m.shared_down.payload_bytes();
@@ -211,7 +246,15 @@ void CpuBackend::moe(const MoeWeights& m, DevPtr<const float> x_, int64_t T, Dev
                 for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(src(k) + i, 0, 3);
             for (int64_t k = 0; k < K; ++k)
                 kernels::weigh_row(o, src(k), wts[size_t(t * K + k)], n, k == 0);
-            if (shared) kernels::add_row(o, src(K), n);
+            // The shared expert's rows, computed here or by moe_shared; alone (moe_shared
+            // itself) they are the output.
+            const float* sh = shared ? src(K) : shared_rows ? shared_rows + t * E + c0 : nullptr;
+            if (sh && K > 0)
+                kernels::add_row(o, sh, n);
+            else if (sh)
+                std::memcpy(o, sh, size_t(n) * sizeof(float));
+            else if (K == 0)
+                std::memset(o, 0, size_t(n) * sizeof(float));
         }
     });
 }

@@ -381,16 +381,17 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
     if (ff_split_) {
         // Each routed expert's strip of hidden units (the SwiGLU clamp is per
         // unit); the shared expert whole, on rank 0 only.
-        m.gate = rows_of(m.gate, ff_first_, ff_local_, p + "ffn_gate_exps.weight");
-        m.up = rows_of(m.up, ff_first_, ff_local_, p + "ffn_up_exps.weight");
-        m.down = columns_of(m.down, ff_first_, ff_local_, p + "ffn_down_exps.weight");
-        if (tp_rank_ != 0) m.shared_gate = m.shared_up = m.shared_down = backend::Weight{};
+        m.experts.gate = rows_of(m.experts.gate, ff_first_, ff_local_, p + "ffn_gate_exps.weight");
+        m.experts.up = rows_of(m.experts.up, ff_first_, ff_local_, p + "ffn_up_exps.weight");
+        m.experts.down =
+            columns_of(m.experts.down, ff_first_, ff_local_, p + "ffn_down_exps.weight");
+        if (tp_rank_ != 0) m.shared = backend::MoeFfn{};
     }
-    m.n_used = int(h.n_expert_used);
-    m.norm_weights = h.expert_norm;
-    m.weights_scale = h.expert_scale;
-    m.clamp_routed = h.clamp_exp[size_t(il)];
-    m.clamp_shared = h.clamp_shexp[size_t(il)];
+    m.route.n_used = int(h.n_expert_used);
+    m.route.norm_weights = h.expert_norm;
+    m.route.weights_scale = h.expert_scale;
+    m.experts.clamp = h.clamp_exp[size_t(il)];
+    m.shared.clamp = h.clamp_shexp[size_t(il)];
 }
 
 }  // namespace glm5::model

@@ -18,6 +18,7 @@ namespace glm5::model {
 using backend::CacheRows;
 using backend::CacheType;
 using backend::DevPtr;
+using backend::MoeWeights;
 
 // Per-sequence caches: for every trunk layer one MLA latent row
 // [kv_lora | k_rope] per token, and on full indexer layers one indexer key row.
@@ -322,7 +323,14 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T, 
         be.swiglu(b.fg, b.fu, T, h.n_ff, h.n_ff, 0.0f, b.fg);
         be.matmul(L.ffn_down, b.fg, h.n_ff, T, b.tmp, E);
     } else {
-        be.moe(L.moe, b.xn, T, b.tmp);
+        // The router picks each row's experts (their ids and weights stay on the
+        // backend); the routed experts run with the shared one in the same passes.
+        const MoeWeights& m = L.moe;
+        const DevPtr<int32_t> ids = be.scratch_ids(size_t(T * m.route.n_used));
+        const DevPtr<float> wts = be.scratch(size_t(T * m.route.n_used));
+        be.moe_route(m.route, b.xn, T, ids, wts);
+        be.moe_experts(m.experts, b.xn, T, ids, wts, m.route.n_used, m.shared ? &m.shared : nullptr,
+                       nullptr, b.tmp);
         if (ff_split_) be.reduce_sum(b.tmp, T * E);  // tensor parallel: every rank's strip
     }
     be.add(x, b.tmp, T * E);

@@ -238,14 +238,14 @@ void GlmDsaModel::load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_i
         // on every rank. The shared expert is whole, on rank 0 only, so that
         // the ranks' partial sums count it once.
         const int64_t f0 = ff_first_, n = ff_local_;
-        m.gate = rows_of(m.gate, f0, n, p + "ffn_gate_exps.weight");
-        m.up = rows_of(m.up, f0, n, p + "ffn_up_exps.weight");
-        m.down = columns_of(m.down, f0, n, p + "ffn_down_exps.weight");
-        if (tp_rank_ != 0) m.shared_gate = m.shared_up = m.shared_down = backend::Weight{};
+        m.experts.gate = rows_of(m.experts.gate, f0, n, p + "ffn_gate_exps.weight");
+        m.experts.up = rows_of(m.experts.up, f0, n, p + "ffn_up_exps.weight");
+        m.experts.down = columns_of(m.experts.down, f0, n, p + "ffn_down_exps.weight");
+        if (tp_rank_ != 0) m.shared = backend::MoeFfn{};
     }
-    m.n_used = int(h.n_expert_used);
-    m.norm_weights = h.expert_norm;
-    m.weights_scale = h.expert_scale;
+    m.route.n_used = int(h.n_expert_used);
+    m.route.norm_weights = h.expert_norm;
+    m.route.weights_scale = h.expert_scale;
 }
 
 }  // namespace glm5::model

@@ -264,17 +264,17 @@ backend::MoeWeights load_moe(TensorSource& ts, const std::string& p, int64_t E, 
                              int64_t X, int64_t n_shared, bool bias_required,
                              TensorSource::Layout experts) {
     backend::MoeWeights m;
-    m.router = ts.matrix(p + "ffn_gate_inp.weight", {E, X});
+    m.route.router = ts.matrix(p + "ffn_gate_inp.weight", {E, X});
     const std::string bias = p + "exp_probs_b.bias";
-    m.bias = bias_required || ts.has(bias) ? ts.vector(bias, X) : nullptr;
-    m.gate = ts.matrix(p + "ffn_gate_exps.weight", {E, F, X}, experts);
-    m.up = ts.matrix(p + "ffn_up_exps.weight", {E, F, X}, experts);
-    m.down = ts.matrix(p + "ffn_down_exps.weight", {F, E, X}, experts);
+    m.route.bias = bias_required || ts.has(bias) ? ts.vector(bias, X) : nullptr;
+    m.experts.gate = ts.matrix(p + "ffn_gate_exps.weight", {E, F, X}, experts);
+    m.experts.up = ts.matrix(p + "ffn_up_exps.weight", {E, F, X}, experts);
+    m.experts.down = ts.matrix(p + "ffn_down_exps.weight", {F, E, X}, experts);
     if (n_shared > 0) {
         const int64_t S = F * n_shared;
-        m.shared_gate = ts.matrix(p + "ffn_gate_shexp.weight", {E, S});
-        m.shared_up = ts.matrix(p + "ffn_up_shexp.weight", {E, S});
-        m.shared_down = ts.matrix(p + "ffn_down_shexp.weight", {S, E});
+        m.shared.gate = ts.matrix(p + "ffn_gate_shexp.weight", {E, S});
+        m.shared.up = ts.matrix(p + "ffn_up_shexp.weight", {E, S});
+        m.shared.down = ts.matrix(p + "ffn_down_shexp.weight", {S, E});
     }
     return m;
 }

@@ -147,11 +147,12 @@ backend::MoeWeights load_moe(TensorSource& ts, const std::string& p, int64_t n_e
 // What the backend's MoE holds for `rows` tokens (memory planning): each
 // token's routed copies of its hidden and output rows and the shared
 // expert's, the gate/up outputs, and the activation copies (at most 4 bytes
-// a value). n_ff: the routed experts' width; shared: the shared expert's.
+// a value), with the routing's ids and weights. n_ff: the routed experts'
+// width; shared: the shared expert's.
 inline size_t moe_scratch_bytes(int64_t rows, int64_t n_embd, int64_t n_ff, int64_t n_used,
                                 int64_t shared) {
     const size_t E = size_t(n_embd), F = size_t(n_ff), K = size_t(n_used), S = size_t(shared);
-    return size_t(rows) * ((K * F + S) * 2 + (K + 1) * E + 2 * E + 2 * K * E + K * F) * 4;
+    return size_t(rows) * ((K * F + S) * 2 + (K + 1) * E + 2 * E + 2 * K * E + K * F + 2 * K) * 4;
 }
 
 // The NextN/MTP block's tensors besides its decoder block: eh_proj mixes
