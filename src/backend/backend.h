@@ -32,7 +32,10 @@ namespace glm5::backend {
 struct DeviceMemory;
 
 // A position in backend memory holding T values: offsets in elements like a
-// pointer, converts to a DevPtr of const T or of bytes, never to T*.
+// pointer, converts to a DevPtr of const T or of bytes, never to T*. It carries the
+// backend that owns the memory (Backend::id(); 0: memory of no backend, host arrays a
+// caller hands a CPU backend), so that a handle passed to another backend is refused
+// instead of misread; Backend::copy_from moves values between backends.
 template <class T>
 class DevPtr {
   public:
@@ -40,30 +43,34 @@ class DevPtr {
     DevPtr(std::nullptr_t) {}
     template <class U>
     requires(!std::is_same_v<U, T> && std::is_convertible_v<U*, T*>) DevPtr(DevPtr<U> o)
-        : p_(o.handle()) {}
+        : p_(o.handle()), owner_(o.owner()) {}
 
-    static DevPtr from_handle(DeviceMemory* p) {
+    static DevPtr from_handle(DeviceMemory* p, uint32_t owner = 0) {
         DevPtr d;
         d.p_ = p;
+        d.owner_ = owner;
         return d;
     }
     DeviceMemory* handle() const { return p_; }
+    uint32_t owner() const { return owner_; }
     explicit operator bool() const { return p_ != nullptr; }
-    bool operator==(const DevPtr&) const = default;
+    bool operator==(const DevPtr& o) const { return p_ == o.p_; }
 
     DevPtr operator+(int64_t n) const requires(!std::is_void_v<T>) {
         return from_handle(
-            reinterpret_cast<DeviceMemory*>(reinterpret_cast<char*>(p_) + n * int64_t(sizeof(T))));
+            reinterpret_cast<DeviceMemory*>(reinterpret_cast<char*>(p_) + n * int64_t(sizeof(T))),
+            owner_);
     }
     DevPtr& operator+=(int64_t n) requires(!std::is_void_v<T>) { return *this = *this + n; }
     // The same memory seen as other values (a byte cache holding floats).
     template <class U>
     DevPtr<U> as() const {
-        return DevPtr<U>::from_handle(p_);
+        return DevPtr<U>::from_handle(p_, owner_);
     }
 
   private:
     DeviceMemory* p_ = nullptr;
+    uint32_t owner_ = 0;
 };
 
 // A weight matrix, or a stack of matrices (experts, per-head slices), in its
@@ -178,8 +185,16 @@ class RowChannel {
 
 class Backend {
   public:
+    Backend();
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
+    // This backend's number, carried by every handle it makes (DevPtr::owner()).
+    uint32_t id() const { return id_; }
+    // The one way values cross between backends: `bytes` from `from` (memory of `src`)
+    // to `to` (this backend's). Staged through the host here; a device backend may copy
+    // directly from a peer.
+    virtual void copy_from(Backend& src, DevPtr<const uint8_t> from, DevPtr<uint8_t> to,
+                           size_t bytes);
     virtual int n_threads() const = 0;
 
     // ---- tensor parallelism ---------------------------------------------
@@ -473,6 +488,7 @@ class Backend {
 
   private:
     Reducer* reducer_ = nullptr;
+    uint32_t id_;
 };
 
 struct BackendOptions {

@@ -68,7 +68,7 @@ CpuBackend::KeyCaches CpuBackend::key_caches(std::span<const IndexerQuery> queri
     for (size_t i = 0; i < queries.size(); ++i) {
         const CacheRows& k = queries[i].keys;
         size_t c = 0;
-        while (c < kc.keys.size() && host(kc.keys[c]->data) != host(k.data)) ++c;
+        while (c < kc.keys.size() && cpu::host(kc.keys[c]->data) != cpu::host(k.data)) ++c;
         if (c == kc.keys.size()) {
             kc.keys.push_back(&k);
             kc.n_keys.push_back(0);
@@ -245,8 +245,8 @@ void CpuBackend::attend_bf16(std::span<const AttentionQuery> queries, int64_t H,
     using amx_bf16::Query;
     const int64_t nq = int64_t(queries.size()), groups = (H + Query::kHeads - 1) / Query::kHeads;
     auto rows_of = [](const AttentionQuery& q) {
-        return amx_bf16::Rows{host(q.cache.data), q.cache.row_bytes(),
-                              q.visible.n_dense > 0 ? nullptr : host(q.visible.rows),
+        return amx_bf16::Rows{cpu::host(q.cache.data), q.cache.row_bytes(),
+                              q.visible.n_dense > 0 ? nullptr : cpu::host(q.visible.rows),
                               elem_of(q.cache.type)};
     };
     auto query = [&](const AttentionQuery& q, int64_t g) {

@@ -17,6 +17,18 @@ size_t cache_elem_size(CacheType t) {
     return t == CacheType::F32 ? 4 : 2;
 }
 
+Backend::Backend() {
+    static std::atomic<uint32_t> next{1};
+    id_ = next++;
+}
+
+void Backend::copy_from(Backend& src, DevPtr<const uint8_t> from, DevPtr<uint8_t> to,
+                        size_t bytes) {
+    std::vector<uint8_t> staged(bytes);
+    src.read_bytes(from, staged.data(), bytes);
+    write_bytes(to, staged.data(), bytes);
+}
+
 namespace cpu {
 
 CpuBackend::CpuBackend(const BackendOptions& opt)
@@ -28,6 +40,12 @@ CpuBackend::CpuBackend(const BackendOptions& opt)
             "BF16 attention needs AMX-BF16 tiles or AVX-512 BF16 with VBMI, which this CPU "
             "(or the GLM5_CPU level) does not have: run without --attn-bf16");
     attention_bf16_ = opt.attention_bf16;
+}
+
+void CpuBackend::foreign(uint32_t owner) const {
+    throw Error("a handle of backend #" + std::to_string(owner) + " was passed to backend #" +
+                std::to_string(id()) + " (" + name() +
+                "): memory crosses between backends only by an explicit copy (copy_from)");
 }
 
 DevPtr<float> CpuBackend::scratch(size_t n) {
@@ -42,7 +60,7 @@ DevPtr<float> CpuBackend::scratch(size_t n) {
     Block& b = blocks_[cur_];
     float* p = reinterpret_cast<float*>(b.p.get() + b.used);
     b.used += bytes;
-    return dev(p);
+    return owned(p);
 }
 
 void CpuBackend::reset_scratch() {
@@ -62,11 +80,11 @@ DevPtr<uint8_t> CpuBackend::alloc_cache(size_t bytes) {
         ::madvise(m, bytes, MADV_HUGEPAGE);
         std::lock_guard<std::mutex> lk(mapped_mu_);
         mapped_[static_cast<uint8_t*>(m)] = bytes;
-        return dev(static_cast<uint8_t*>(m));
+        return owned(static_cast<uint8_t*>(m));
     }
     auto* p = static_cast<uint8_t*>(aligned_malloc(std::max<size_t>(bytes, 1)));
     std::memset(p, 0, bytes);
-    return dev(p);
+    return owned(p);
 }
 
 void CpuBackend::free_cache(DevPtr<uint8_t> p_) {

@@ -113,6 +113,22 @@ class CpuBackend final : public Backend {
     std::string name() const override { return "cpu"; }
     int n_threads() const override { return pool_.size(); }
 
+    // A handle's address, refusing one another backend owns (handles of no backend,
+    // host arrays handed in, are this backend's memory too). Every op reads its
+    // arguments through it (the name hides cpu::host inside the class).
+    template <class T>
+    T* host(DevPtr<T> p) const {
+        if (p.owner() != 0 && p.owner() != id()) [[unlikely]]
+            foreign(p.owner());
+        return cpu::host(p);
+    }
+    // A handle of this backend's own.
+    template <class T>
+    DevPtr<T> owned(T* p) const {
+        return DevPtr<T>::from_handle(
+            reinterpret_cast<DeviceMemory*>(const_cast<std::remove_const_t<T>*>(p)), id());
+    }
+
     // ---- memory ------------------------------------------------------------
     DevPtr<float> scratch(size_t n_floats) override;
     void reset_scratch() override;
@@ -238,6 +254,8 @@ class CpuBackend final : public Backend {
     }
 
   private:
+    [[noreturn]] void foreign(uint32_t owner) const;
+
     struct Block {
         std::unique_ptr<uint8_t, AlignedFree> p;
         size_t cap = 0, used = 0;
@@ -256,7 +274,7 @@ class CpuBackend final : public Backend {
 
     // Row s of an F16 or F32 cache as floats (a pointer into the cache when it is F32).
     static const float* load_row(const CacheRows& c, int64_t s, float* buf) {
-        const uint8_t* p = host(c.data) + size_t(s) * c.row_bytes();
+        const uint8_t* p = cpu::host(c.data) + size_t(s) * c.row_bytes();
         if (c.type == CacheType::F32) return reinterpret_cast<const float*>(p);
         simd().f16_to_f32(c.width, reinterpret_cast<const uint16_t*>(p), buf);
         return buf;
