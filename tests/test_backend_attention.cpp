@@ -762,7 +762,7 @@ TEST(AttentionBf16, IndexerPicksTheBf16RoundedTopK) {
                 const std::vector<float>& f = cache ? f1 : f0;
                 be->cache_store(
                     CacheRows{dev(reinterpret_cast<uint8_t*>(b.data())), D, CacheType::BF16},
-                    dev(f.data()), D, sh.keys, pos.data());
+                    dev(f.data()), D, sh.keys, dev(pos.data()));
                 for (size_t i = 0; i < b.size(); ++i) ASSERT_EQ(b[i], fp32_to_bf16(f[i])) << i;
             }
         }

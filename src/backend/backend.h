@@ -8,12 +8,14 @@
 // state and the indexer's selections are DevPtr handles, which model code
 // offsets and passes between ops but cannot dereference (what they point at
 // is an incomplete type). Host memory enters and leaves only through explicit
-// copies (write, read: token rows in, logits out) and the batch's plan (token
-// ids, positions, the rows that want logits), which ops take as host arrays.
+// copies (write, read: token rows in, logits out), and the step's plan (token ids,
+// positions, the rows that want logits), written once per step (plan()) and read by
+// the ops through handles.
 // Weights are host views of the model file (Weight, `const float*` vectors):
 // a device backend makes its own copies of what it reads.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -231,9 +233,40 @@ class Backend {
     virtual void copy_cache(DevPtr<uint8_t> dst, DevPtr<const uint8_t> src, size_t bytes,
                             const char* why = "copy_cache") = 0;
 
+    // ---- steps -----------------------------------------------------------
+    // A forward is a step: begin_step() opens it, plan() writes the step's index arrays
+    // (the batch's token ids, positions and the rows that want logits) into backend
+    // memory in one copy, and the ops take handles into them; end_step() closes it.
+    // (A device copies the plan once per step instead of once per op.)
+    struct PlanArrays {
+        std::span<const int32_t> tokens, pos, out_rows;
+    };
+    struct PlanHandles {
+        DevPtr<const int32_t> tokens, pos, out_rows;
+    };
+    virtual void begin_step() {}
+    // Scratch memory: valid until reset_scratch().
+    PlanHandles plan(const PlanArrays& a) {
+        const size_t n = a.tokens.size() + a.pos.size() + a.out_rows.size();
+        const DevPtr<int32_t> d = scratch_ids(std::max<size_t>(n, 1));
+        std::vector<int32_t> all;
+        all.reserve(n);
+        all.insert(all.end(), a.tokens.begin(), a.tokens.end());
+        all.insert(all.end(), a.pos.begin(), a.pos.end());
+        all.insert(all.end(), a.out_rows.begin(), a.out_rows.end());
+        write(d, all.data(), all.size());
+        PlanHandles h;
+        h.tokens = d;
+        h.pos = d + int64_t(a.tokens.size());
+        h.out_rows = d + int64_t(a.tokens.size() + a.pos.size());
+        return h;
+    }
+    virtual void end_step() {}
+
     // ---- elementwise and norms -----------------------------------------
-    // out[t] = table row ids[t] (dequantized).
-    virtual void embed(const Weight& table, std::span<const int32_t> ids, DevPtr<float> out) = 0;
+    // out[t] = table row ids[t] (dequantized), t < n.
+    virtual void embed(const Weight& table, DevPtr<const int32_t> ids, int64_t n,
+                       DevPtr<float> out) = 0;
     // y = x / sqrt(mean(x^2) + eps) (* w when w != null), per row of `dim`.
     virtual void rms_norm(DevPtr<const float> x, int64_t x_stride, const float* w, int64_t n_rows,
                           int64_t dim, float eps, DevPtr<float> y, int64_t y_stride) = 0;
@@ -243,12 +276,12 @@ class Backend {
     // x[t][h*head_stride + 0..n_rot) rotated in place, GGML "normal" mode
     // (adjacent pairs), angle pos[t] * freq_base^(-2i/n_rot).
     virtual void rope(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
-                      int64_t head_stride, int64_t n_rot, const int32_t* pos, float freq_base) = 0;
+                      int64_t head_stride, int64_t n_rot, DevPtr<const int32_t> pos,
+                      float freq_base) = 0;
     // Normalised Walsh-Hadamard transform of n_vec vectors of `dim` (power of two), in place.
     virtual void hadamard(DevPtr<float> x, int64_t n_vec, int64_t dim) = 0;
     // dst[i][0..n_cols) = src[rows ? rows[i] : i][0..n_cols) for i < n_rows.
-    // (`rows` is the batch's plan: host memory.)
-    virtual void copy_rows(DevPtr<const float> src, int64_t src_stride, const int32_t* rows,
+    virtual void copy_rows(DevPtr<const float> src, int64_t src_stride, DevPtr<const int32_t> rows,
                            int64_t n_rows, int64_t n_cols, DevPtr<float> dst,
                            int64_t dst_stride) = 0;
     // y += x (n values)
@@ -292,7 +325,7 @@ class Backend {
     virtual CacheType indexer_key_type(CacheType requested) const { return requested; }
 
     virtual void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride,
-                             int64_t n_tok, const int32_t* pos) = 0;
+                             int64_t n_tok, DevPtr<const int32_t> pos) = 0;
 
     // Lightning-indexer selection for one query token: score(s) = sum_h w[h] *
     // relu(q[h] . k[s]) over keys s < n_keys; writes the indices of the top_k

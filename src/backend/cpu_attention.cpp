@@ -10,7 +10,8 @@
 namespace glm5::backend::cpu {
 
 void CpuBackend::cache_store(const CacheRows& c, DevPtr<const float> x_, int64_t xs, int64_t n_tok,
-                             const int32_t* pos) {
+                             DevPtr<const int32_t> pos_) {
+    const int32_t* pos = host(pos_);
     const float* x = host(x_);
     OpTimer timer_(profile_, "cache_store", n_tok);
     for (int64_t t = 0; t < n_tok; ++t) {

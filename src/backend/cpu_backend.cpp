@@ -122,14 +122,16 @@ void CpuBackend::send_rows(RowChannel& to, DevPtr<const float> x, size_t n) {
     to.send(host(x), n);
 }
 
-void CpuBackend::embed(const Weight& table, std::span<const int32_t> ids, DevPtr<float> out_) {
+void CpuBackend::embed(const Weight& table, DevPtr<const int32_t> ids_, int64_t n,
+                       DevPtr<float> out_) {
+    const int32_t* ids = host(ids_);
     float* out = host(out_);
-    OpTimer timer_(profile_, "embed", int64_t(ids.size()));
+    OpTimer timer_(profile_, "embed", n);
     if (table.repacked) throw Error("embed: a repacked table has no plain rows");
     const int64_t E = table.cols;
-    pool_.parallel_for(int64_t(ids.size()), 16, [&](int64_t b, int64_t e, int) {
+    pool_.parallel_for(n, 16, [&](int64_t b, int64_t e, int) {
         for (int64_t t = b; t < e; ++t)
-            quant::dequantize_row(table.type, table.row(ids[size_t(t)]), out + t * E, E);
+            quant::dequantize_row(table.type, table.row(ids[t]), out + t * E, E);
     });
 }
 
@@ -155,8 +157,10 @@ void CpuBackend::layer_norm(DevPtr<const float> x_, const float* w, const float*
 }
 
 void CpuBackend::rope(DevPtr<float> x_, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
-                      int64_t head_stride, int64_t n_rot, const int32_t* pos, float freq_base) {
+                      int64_t head_stride, int64_t n_rot, DevPtr<const int32_t> pos_,
+                      float freq_base) {
     float* x = host(x_);
+    const int32_t* pos = host(pos_);
     OpTimer timer_(profile_, "rope", n_tok);
     pool_.parallel_for(n_tok, 4, [&](int64_t b, int64_t e, int ith) {
         std::vector<float>& cs = per_thread_[size_t(ith)].rope;
@@ -177,8 +181,9 @@ void CpuBackend::hadamard(DevPtr<float> x_, int64_t n_vec, int64_t dim) {
     });
 }
 
-void CpuBackend::copy_rows(DevPtr<const float> src_, int64_t ss, const int32_t* rows,
+void CpuBackend::copy_rows(DevPtr<const float> src_, int64_t ss, DevPtr<const int32_t> rows_,
                            int64_t n_rows, int64_t n_cols, DevPtr<float> dst_, int64_t ds) {
+    const int32_t* rows = host(rows_);
     const float* src = host(src_);
     float* dst = host(dst_);
     for (int64_t i = 0; i < n_rows; ++i)

@@ -151,7 +151,8 @@ class CpuBackend final : public Backend {
                     const char* why = "copy_cache") override;
 
     // ---- elementwise ---------------------------------------------------------
-    void embed(const Weight& table, std::span<const int32_t> ids, DevPtr<float> out) override;
+    void embed(const Weight& table, DevPtr<const int32_t> ids, int64_t n,
+               DevPtr<float> out) override;
 
     void rms_norm(DevPtr<const float> x, int64_t x_stride, const float* w, int64_t n_rows,
                   int64_t dim, float eps, DevPtr<float> y, int64_t y_stride) override;
@@ -160,12 +161,13 @@ class CpuBackend final : public Backend {
                     int64_t dim, float eps, DevPtr<float> y) override;
 
     void rope(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
-              int64_t head_stride, int64_t n_rot, const int32_t* pos, float freq_base) override;
+              int64_t head_stride, int64_t n_rot, DevPtr<const int32_t> pos,
+              float freq_base) override;
 
     void hadamard(DevPtr<float> x, int64_t n_vec, int64_t dim) override;
 
-    void copy_rows(DevPtr<const float> src, int64_t src_stride, const int32_t* rows, int64_t n_rows,
-                   int64_t n_cols, DevPtr<float> dst, int64_t dst_stride) override;
+    void copy_rows(DevPtr<const float> src, int64_t src_stride, DevPtr<const int32_t> rows,
+                   int64_t n_rows, int64_t n_cols, DevPtr<float> dst, int64_t dst_stride) override;
 
     void add(DevPtr<float> y, DevPtr<const float> x, int64_t n) override {
         kernels::add_row(host(y), host(x), n);
@@ -191,7 +193,7 @@ class CpuBackend final : public Backend {
         return attention_bf16_ && requested == CacheType::F16 ? CacheType::BF16 : requested;
     }
     void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
-                     const int32_t* pos) override;
+                     DevPtr<const int32_t> pos) override;
 
     void indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
                         int64_t top_k) override;

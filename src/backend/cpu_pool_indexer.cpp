@@ -45,7 +45,7 @@ void CpuBackend::pool_compress(const CacheRows& cells, int64_t Dk, int64_t Gw, i
             }
             simd().rms_norm(pooled.data(), norm_w, Dk, eps, pooled.data());
             const int32_t row = int32_t(j);
-            cache_store(pools, dev(pooled.data()), Dk, 1, &row);
+            cache_store(pools, dev(pooled.data()), Dk, 1, dev(&row));
         }
     });
 }

@@ -228,7 +228,8 @@ struct Glm5NextModel::Batch {
         int64_t n_past;  // before this forward
     };
     std::vector<Segment> segs;
-    std::vector<int32_t> pos;  // position of every token
+    std::vector<int32_t> pos;   // position of every token
+    Backend::PlanHandles plan;  // the step's token ids, positions and logit rows, in backend memory
     int64_t T = 0;
     // Hyper-connection coefficients of the sublayer being evaluated.
     DevPtr<float> xhat, mix, pre, post, comb;
@@ -457,7 +458,7 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, DevPtr<const
         // batch completes.
         for (const auto& s : b.segs) {
             be.cache_store(s.state->cells(il), cellrow + s.first * CW, CW, s.n,
-                           b.pos.data() + s.first);
+                           b.plan.pos + s.first);
             const int64_t p0 = s.n_past / B, p1 = (s.n_past + s.n) / B;
             be.pool_compress(s.state->cells(il), Di, Gw, B, L.idx_ape, L.idx_norm, h.eps,
                              s.state->pools(il), p0, p1 - p0);
@@ -498,7 +499,7 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, DevPtr<const
     // Attention in latent space over the visible cache rows (width R, no rope).
     std::vector<MlaSeq> seqs;
     for (const auto& s : b.segs) seqs.push_back({&s.state->latent(il), s.first, s.n});
-    mla.attend(b.pos.data(), seqs, visible, out);
+    mla.attend(b.plan.pos, seqs, visible, out);
 }
 
 // Dense SwiGLU (clamped with the shared-expert limit) or the MoE (spec 6.7, 6.8).
@@ -554,6 +555,8 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     // Scratch: the streams (twice, for hc_expand), the sublayer input/output,
     // the hyper-connection coefficients and work buffers for the widest layer.
     be.reset_scratch();
+    be.begin_step();
+    b.plan = be.plan({tokens, b.pos, out_rows});
     DevPtr<float> X = be.scratch(size_t(T * SE));
     DevPtr<float> Xnext = be.scratch(size_t(T * SE));
     DevPtr<float> x = be.scratch(size_t(T * E));
@@ -572,7 +575,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     // Embed, put image rows in place of their placeholders (spec 12.5: after
     // the lookup, before the streams), and replicate into the S streams.
     if (sr.first == 0) {
-        be.embed(tok_embd_, tokens, x);
+        be.embed(tok_embd_, b.plan.tokens, T, x);
         for (const auto& e : flat.embeds) be.write(x + e.row * E, e.rows, size_t(e.n * E));
         for (int64_t s = 0; s < S; ++s) be.copy_rows(x, E, nullptr, T, E, X + s * E, SE);
     } else {
@@ -606,6 +609,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
 
     if (!sr.head) {
         be.send_rows(*span.rows_out, X, size_t(T * SE));
+        be.end_step();
         if (span.commit)
             for (const auto& s : b.segs) s.state->advance(s.n);
         return;
@@ -614,17 +618,19 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     // ---- LM head on the unweighted stream mean, only for the rows that want logits
     const int64_t R = int64_t(out_rows.size());
     if (R == 0) {
+        be.end_step();
         if (span.commit)
             for (const auto& s : b.segs) s.state->advance(s.n);
         return;
     }
     DevPtr<float> Xo = be.scratch(size_t(R * SE));
-    be.copy_rows(X, SE, out_rows.data(), R, SE, Xo, SE);
+    be.copy_rows(X, SE, b.plan.out_rows, R, SE, Xo, SE);
     DevPtr<float> xo = be.scratch(size_t(R * E));
     be.hc_reduce(Xo, nullptr, R, S, E, xo);
     be.rms_norm(xo, E, output_norm_, R, E, h.eps, xo, E);
     DevPtr<float> lg = be.scratch(size_t(R * h.n_vocab));
     be.matmul(output_, xo, E, R, lg, h.n_vocab);
+    be.end_step();
     logits.resize(size_t(R * h.n_vocab));
     be.read(lg, logits.data(), logits.size());
 

@@ -15,6 +15,7 @@
 
 namespace glm5::model {
 
+using backend::Backend;
 using backend::CacheRows;
 using backend::CacheType;
 using backend::DevPtr;
@@ -263,7 +264,7 @@ struct GlmDsaModel::Buffers {
 // One decoder block over the rows of x: attention norm, q/kv projections,
 // the lightning indexer (full layers), absorbed MLA, then the dense or MoE FFN.
 void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T, const int32_t* pos,
-                        std::span<const BlockSegment> segs) {
+                        DevPtr<const int32_t> dpos, std::span<const BlockSegment> segs) {
     backend::Backend& be = *backend_;
     const GlmDsaHParams& h = hp_;
     const int64_t E = h.n_embd, Di = h.idx_dim, Hi = h.idx_heads;
@@ -280,13 +281,13 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T, 
 
     // ---- lightning indexer (full layers): which cached tokens each query sees
     if (L.full) {
-        be.rope(b.iq, T, Hi * Di, Hi, Di, h.n_rot, pos, h.freq_base);
+        be.rope(b.iq, T, Hi * Di, Hi, Di, h.n_rot, dpos, h.freq_base);
         be.layer_norm(b.ik, L.idx_k_norm, L.idx_k_norm_b, T, Di, 0.0f, b.ik);
-        be.rope(b.ik, T, Di, 1, Di, h.n_rot, pos, h.freq_base);
+        be.rope(b.ik, T, Di, 1, Di, h.n_rot, dpos, h.freq_base);
         be.hadamard(b.iq, T * Hi, Di);
         be.hadamard(b.ik, T, Di);
         for (const BlockSegment& s : segs)
-            be.cache_store(*s.keys, b.ik + s.first * Di, Di, s.n, pos + s.first);
+            be.cache_store(*s.keys, b.ik + s.first * Di, Di, s.n, dpos + s.first);
         be.scale(b.iw, 1.0f / std::sqrt(float(Di * Hi)), T * Hi);
 
         // While a query sees no more than top_k tokens it keeps them all.
@@ -310,7 +311,7 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T, 
     // ---- MLA, absorbed: queries in latent space against [c | k_rope] rows
     std::vector<MlaSeq> seqs;
     for (const BlockSegment& s : segs) seqs.push_back({s.latent, s.first, s.n});
-    mla.attend(pos, seqs, b.visible, b.tmp);
+    mla.attend(dpos, seqs, b.visible, b.tmp);
     be.reduce_sum(b.tmp, T * E);  // tensor parallel: every rank's heads
     be.add(x, b.tmp, T * E);
 
@@ -369,10 +370,12 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     for (const Segment& s : fb.segs) s.state->reserve(s.n_past + s.n);
 
     be.reset_scratch();
+    be.begin_step();
+    const Backend::PlanHandles plan = be.plan({fb.tokens, fb.pos, out_rows});
     const DevPtr<float> x = be.scratch(size_t(T * E));
     Buffers b(be, h, T);
     if (sr.first == 0)
-        be.embed(tok_embd_, fb.tokens, x);
+        be.embed(tok_embd_, plan.tokens, T, x);
     else
         be.receive_rows(*span.rows_in, x, size_t(T * E));
 
@@ -382,10 +385,11 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
             const Segment& s = fb.segs[i];
             segs[i] = {&s.state->latent(il), &s.state->keys(il), s.first, s.n};
         }
-        block(layers_[size_t(il)], b, x, T, fb.pos.data(), segs);
+        block(layers_[size_t(il)], b, x, T, fb.pos.data(), plan.pos, segs);
     }
     if (!sr.head) {
         be.send_rows(*span.rows_out, x, size_t(T * E));
+        be.end_step();
         if (span.commit)
             for (const Segment& s : fb.segs) s.state->advance(s.n);
         return;
@@ -394,7 +398,7 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     // ---- output norm (every row when the NextN block needs the hidden
     // states) and the LM head, only for the rows that want logits
     const int64_t R = int64_t(out_rows.size());
-    DevPtr<float> hn;
+    DevPtr<float> hn, lg;
     if (nextn_) {
         hn = be.scratch(size_t(T * E));
         be.rms_norm(x, E, output_norm_, T, E, h.eps, hn, E);
@@ -402,17 +406,20 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     if (R > 0) {
         const DevPtr<float> xo = be.scratch(size_t(R * E));
         if (hn) {
-            be.copy_rows(hn, E, out_rows.data(), R, E, xo, E);
+            be.copy_rows(hn, E, plan.out_rows, R, E, xo, E);
         } else {
-            be.copy_rows(x, E, out_rows.data(), R, E, xo, E);
+            be.copy_rows(x, E, plan.out_rows, R, E, xo, E);
             be.rms_norm(xo, E, output_norm_, R, E, h.eps, xo, E);
         }
-        const DevPtr<float> lg = be.scratch(size_t(R * h.n_vocab));
+        lg = be.scratch(size_t(R * h.n_vocab));
         be.matmul(output_, xo, E, R, lg, h.n_vocab);
+    }
+    if (hn) mtp_catch_up(fb, hn);
+    be.end_step();
+    if (R > 0) {
         logits.resize(size_t(R * h.n_vocab));
         be.read(lg, logits.data(), logits.size());
     }
-    if (hn) mtp_catch_up(fb, hn);
     if (span.commit)
         for (const Segment& s : fb.segs) s.state->advance(s.n);
 }
@@ -482,8 +489,10 @@ DevPtr<float> GlmDsaModel::mtp_block(std::span<const int32_t> tokens, std::span<
     const GlmDsaHParams& h = hp_;
     const NextN& nx = *nextn_;
     const int64_t E = h.n_embd, M = int64_t(tokens.size());
+    // The block's own rows: its tokens and positions in backend memory.
+    const Backend::PlanHandles plan = be.plan({tokens, pos, {}});
     const DevPtr<float> e = be.scratch(size_t(M * E));
-    be.embed(nx.embed ? nx.embed : tok_embd_, tokens, e);
+    be.embed(nx.embed ? nx.embed : tok_embd_, plan.tokens, M, e);
     const DevPtr<float> cat = be.scratch(size_t(M * 2 * E));
     be.rms_norm(e, E, nx.enorm, M, E, h.eps, cat, 2 * E);
     be.rms_norm(hh, E, nx.hnorm, M, E, h.eps, cat + E, 2 * E);
@@ -492,7 +501,7 @@ DevPtr<float> GlmDsaModel::mtp_block(std::span<const int32_t> tokens, std::span<
     Buffers b(be, h, M);
     for (int64_t t = 0; t < M; ++t)
         b.visible[size_t(t)] = backend::Visible{pos[size_t(t)] + 1, nullptr, 0};
-    block(nx.block, b, x, M, pos.data(), segs);
+    block(nx.block, b, x, M, pos.data(), plan.pos, segs);
     be.rms_norm(x, E, nx.shared_head_norm, M, E, h.eps, x, E);
     return x;
 }
@@ -526,6 +535,7 @@ void GlmDsaModel::draft(std::span<DraftRequest> reqs) {
     }
     for (int step = 0; !live.empty(); ++step) {
         be.reset_scratch();
+        be.begin_step();
         const int64_t M = int64_t(live.size());
         std::vector<int32_t> tokens, pos;
         std::vector<float> hin;
@@ -541,6 +551,7 @@ void GlmDsaModel::draft(std::span<DraftRequest> reqs) {
         const DevPtr<float> hm = mtp_block(tokens, pos, hh, segs);
         const DevPtr<float> lg = be.scratch(size_t(M * V));
         be.matmul(nextn_->head ? nextn_->head : output_, hm, E, M, lg, V);
+        be.end_step();
         std::vector<float> host(size_t(M * V)), hrows(size_t(M * E));
         be.read(lg, host.data(), host.size());
         be.read(hm, hrows.data(), hrows.size());

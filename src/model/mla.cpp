@@ -41,7 +41,7 @@ void MlaBlock::project(backend::DevPtr<const float> xn, std::span<const MatmulOu
     be_.matmuls(outs, b_.qr, Q, T_);
 }
 
-void MlaBlock::attend(const int32_t* pos, std::span<const MlaSeq> seqs,
+void MlaBlock::attend(backend::DevPtr<const int32_t> pos, std::span<const MlaSeq> seqs,
                       std::span<const backend::Visible> visible, backend::DevPtr<float> out) const {
     backend::Backend& be = be_;
     const int64_t T = T_, H = s_.n_head, R = s_.kv_lora, W = s_.row();

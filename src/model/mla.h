@@ -75,10 +75,11 @@ class MlaBlock {
                  std::span<const MatmulOut> from_qr = {}) const;
 
     // The rest, once each query's visible rows are known: the latent norm and
-    // k_rope's position, the rows into each sequence's cache at `pos`, the
+    // k_rope's position, the rows into each sequence's cache at `pos` (the step's
+    // plan), the
     // absorbed queries, attention, and the heads' outputs projected to out
     // [T][n_embd] (under tensor parallelism this rank's part of the sum).
-    void attend(const int32_t* pos, std::span<const MlaSeq> seqs,
+    void attend(backend::DevPtr<const int32_t> pos, std::span<const MlaSeq> seqs,
                 std::span<const backend::Visible> visible, backend::DevPtr<float> out) const;
 
   private:
