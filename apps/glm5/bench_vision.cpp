@@ -86,7 +86,7 @@ int bench_vision(const Args& a) {
                  "%lld, %.2f GB of weights, %d threads\n",
                  tower.name().c_str(), (long long)h.width, (long long)h.n_block,
                  (long long)h.n_head, (long long)h.out, (long long)h.proj_ff,
-                 double(tower.weight_bytes()) * 1e-9, be->n_threads());
+                 double(tower.weight_bytes()) * 1e-9, bo.n_threads);
 
     std::printf(
         "| image | canvas | tokens | patches | prep s | encode s | GFLOP | GFLOP/s | "
@@ -113,7 +113,7 @@ int bench_vision(const Args& a) {
         }
         std::sort(times.begin(), times.end());
         const double t = times[times.size() / 2];
-        ThreadPool pool(be->n_threads());
+        ThreadPool pool(bo.n_threads);
         const double peak = measure_fma_peak(pool);  // right after, as the roofline does
         std::printf(
             "| %lldx%lld | %lldx%lld | %lld | %lld | %.3f | %.2f | %.0f | %.1f | %.0f%% "

@@ -260,7 +260,7 @@ int cmd_bench(int argc, char** argv) {
     // (A split model's roofline is per rank: the rank table below gives each
     // rank's bytes.)
     if (n_gen > 0 && a.get_flag("roofline") && !is_split(model)) {
-        bw_pool = std::make_unique<ThreadPool>(be.n_threads());
+        bw_pool = std::make_unique<ThreadPool>(m.threads);
         bw = std::make_unique<ReadBandwidth>(*bw_pool, size_t(bw_bytes));
     }
     // With --parallel N > 1 each repetition also decodes one sequence alone,
@@ -299,7 +299,7 @@ int cmd_bench(int argc, char** argv) {
     auto row = [&](const std::string& test, const Stat& s) {
         std::snprintf(buf, sizeof(buf), "| %s | %s | %s | %d | %lld | %s | %.2f | %.2f |\n",
                       info.name.c_str(), human_bytes(double(m.file->total_file_bytes())).c_str(),
-                      be.name().c_str(), be.n_threads(), (long long)ubatch, test.c_str(), s.median,
+                      be.name().c_str(), m.threads, (long long)ubatch, test.c_str(), s.median,
                       s.sd);
         out += buf;
     };
@@ -328,7 +328,7 @@ int cmd_bench(int argc, char** argv) {
             "roofline %.2f t/s; reached %.2f t/s = %.1f GB/s; %.1f%% of the roofline (median of "
             "the repetitions, each against its own bandwidth)\n",
             bytes / 1e6, stats(bpt_w).median / 1e6, stats(bpt_c).median / 1e6, stats(gbs).median,
-            *lo, *hi, gbs.size(), human_bytes(double(bw->bytes())).c_str(), be.n_threads(),
+            *lo, *hi, gbs.size(), human_bytes(double(bw->bytes())).c_str(), m.threads,
             stats(gbs).median * 1e9 / bytes, tps, bytes * tps / 1e9, 100.0 * stats(frac).median);
         out += buf;
         std::snprintf(buf, sizeof(buf),

@@ -175,6 +175,7 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
         m.backend = backend::make_cpu_backend(bo);
         m.model = model::load_model(*m.file, *m.backend, lo);
     }
+    m.threads = bo.n_threads;
     const model::ModelInfo& info = m.model->info();
     if (sp.type == runtime::DraftType::Mtp && !m.model->can_draft())
         throw Error("--spec-type mtp: " +
@@ -193,7 +194,7 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     log_info("glm5: %s: %s, %s, %s of weights, vocab %lld, %s cache, %d threads, %s kernels\n",
              info.name.c_str(), info.arch.c_str(), blocks.c_str(),
              human_bytes(double(info.weight_bytes)).c_str(), (long long)info.n_vocab, ct.c_str(),
-             m.backend->n_threads(), quant::cpu_level_name(quant::cpu_level()));
+             m.threads, quant::cpu_level_name(quant::cpu_level()));
     if (bo.attention_bf16)
         log_info(
             "glm5: attention and indexer products in BF16 on %s (--attn-bf16: logits differ "

@@ -20,6 +20,7 @@ struct LoadedModel {
     std::unique_ptr<gguf::File> file;
     std::unique_ptr<backend::Backend> backend;
     std::unique_ptr<model::Model> model;
+    int threads = 0;  // the CPU backend's threads (--threads)
     // Speculative decoding as the flags ask (type Off without --spec; auto
     // resolved to what the model supports).
     runtime::SpecParams spec;

@@ -197,7 +197,10 @@ class Backend {
     // directly from a peer.
     virtual void copy_from(Backend& src, DevPtr<const uint8_t> from, DevPtr<uint8_t> to,
                            size_t bytes);
-    virtual int n_threads() const = 0;
+    // The scratch mla_attention takes beside its arguments for a batch's queries of
+    // n_heads heads over at most n_visible rows each (the memory plan counts it): what
+    // the backend keeps per worker is its own business.
+    virtual size_t attention_scratch_bytes(int64_t n_heads, int64_t n_visible) const = 0;
 
     // ---- tensor parallelism ---------------------------------------------
     // The partial sums of a layer whose weights are split across ranks

@@ -111,7 +111,11 @@ class CpuBackend final : public Backend {
     ~CpuBackend() override = default;
 
     std::string name() const override { return "cpu"; }
-    int n_threads() const override { return pool_.size(); }
+    int n_threads() const { return pool_.size(); }
+    // Each worker's scores, and the caller's.
+    size_t attention_scratch_bytes(int64_t n_heads, int64_t n_visible) const override {
+        return (size_t(pool_.size()) + 1) * size_t(n_heads) * size_t(n_visible) * 4;
+    }
 
     // A handle's address, refusing one another backend owns (handles of no backend,
     // host arrays handed in, are this backend's memory too). Every op reads its

@@ -321,7 +321,7 @@ size_t Glm5NextModel::scratch_bytes(int64_t T, int64_t R, int64_t D) const {
     b += rows * (n_sel + n_sel * B + B) * 4 + rows * 16;  // picks, cells, visibility
     if (depth / B > n_sel) b += rows * (depth / B) * 4;   // pool scores
     const size_t n_vis = std::min(depth, n_sel * B + B);
-    b += (size_t(backend_->n_threads()) + 1) * size_t(heads) * n_vis * 4;
+    b += backend_->attention_scratch_bytes(int64_t(heads), int64_t(n_vis));
     if (h.n_expert > 0)
         b += moe_scratch_bytes(T, h.n_embd, h.n_ff_exp, h.n_expert_used,
                                h.n_ff_exp * h.n_expert_shared);

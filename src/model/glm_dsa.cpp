@@ -227,7 +227,7 @@ size_t GlmDsaModel::scratch_bytes(int64_t T, int64_t R, int64_t D) const {
     b += rows * (top_k * 4 + 16);              // selections, visibility
     if (depth > top_k) b += rows * depth * 4;  // indexer scores
     const size_t n_vis = std::min(depth, top_k);
-    b += (size_t(backend_->n_threads()) + 1) * H * n_vis * 4;
+    b += backend_->attention_scratch_bytes(int64_t(H), int64_t(n_vis));
     if (h.n_expert > 0)
         b += moe_scratch_bytes(T, h.n_embd, int64_t(F), h.n_expert_used, int64_t(S));
     b += rows * std::max({E, size_t(h.q_lora), F, H * size_t(h.v_mla), size_t(h.kv_lora)}) * 4;
