@@ -358,6 +358,13 @@ class Backend {
     virtual void mla_attention(std::span<const AttentionQuery> queries, int64_t n_heads,
                                int64_t v_width, float scale) = 0;
 
+    // For each of n_rows rows of logits [n_rows][n_vocab]: the greedy pick (ties to the
+    // lowest id) and its probability among the ten most likely tokens (the softmax over
+    // them, in double): a drafter's pick and confidence, as llama.cpp's top-k 10 draft
+    // sampler. Only these come back to the host, not the logits.
+    virtual void draft_pick(DevPtr<const float> logits, int64_t n_rows, int64_t n_vocab,
+                            DevPtr<int32_t> best, DevPtr<double> prob) = 0;
+
     // ---- mixture of experts ------------------------------------------------
     // Three ops, so that routing and the shared expert can run on one backend and a
     // layer's routed experts on another. x: [n_tok][E] (the normed FFN input).

@@ -6,7 +6,10 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <functional>
 
 namespace glm5::backend {
 
@@ -188,6 +191,36 @@ void CpuBackend::copy_rows(DevPtr<const float> src_, int64_t ss, DevPtr<const in
     float* dst = host(dst_);
     for (int64_t i = 0; i < n_rows; ++i)
         std::memcpy(dst + i * ds, src + (rows ? rows[i] : i) * ss, size_t(n_cols) * sizeof(float));
+}
+
+void CpuBackend::draft_pick(DevPtr<const float> logits_, int64_t n_rows, int64_t V,
+                            DevPtr<int32_t> best_, DevPtr<double> prob_) {
+    const float* logits = host(logits_);
+    int32_t* best_out = host(best_);
+    double* prob = host(prob_);
+    OpTimer timer_(profile_, "draft_pick", n_rows);
+    for (int64_t i = 0; i < n_rows; ++i) {
+        const float* l = logits + i * V;
+        std::vector<std::pair<float, int32_t>> top;
+        for (int32_t v = 0; v < V; ++v) {
+            if (top.size() < 10) {
+                top.push_back({l[v], v});
+                std::push_heap(top.begin(), top.end(), std::greater<>());
+            } else if (l[v] > top.front().first) {
+                std::pop_heap(top.begin(), top.end(), std::greater<>());
+                top.back() = {l[v], v};
+                std::push_heap(top.begin(), top.end(), std::greater<>());
+            }
+        }
+        int32_t best = top[0].second;
+        float lmax = top[0].first;
+        for (const auto& [val, id] : top)
+            if (val > lmax || (val == lmax && id < best)) lmax = val, best = id;
+        double z = 0;
+        for (const auto& t : top) z += std::exp(double(t.first) - double(lmax));
+        best_out[i] = best;
+        prob[i] = 1.0 / z;
+    }
 }
 
 void CpuBackend::scale(DevPtr<float> y_, float s, int64_t n) {

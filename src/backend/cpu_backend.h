@@ -206,6 +206,8 @@ class CpuBackend final : public Backend {
                        float scale) override;
 
     // ---- mixture of experts ----------------------------------------------------
+    void draft_pick(DevPtr<const float> logits, int64_t n_rows, int64_t n_vocab,
+                    DevPtr<int32_t> best, DevPtr<double> prob) override;
     // cpu_moe.cpp
     void moe_route(const MoeRouter& r, DevPtr<const float> x, int64_t n_tok, DevPtr<int32_t> ids,
                    DevPtr<float> weights) override;

@@ -551,9 +551,18 @@ void GlmDsaModel::draft(std::span<DraftRequest> reqs) {
         const DevPtr<float> hm = mtp_block(tokens, pos, hh, segs);
         const DevPtr<float> lg = be.scratch(size_t(M * V));
         be.matmul(nextn_->head ? nextn_->head : output_, hm, E, M, lg, V);
+        // Greedy, with the probability of the pick among the ten most likely tokens
+        // (llama.cpp's draft sampler is top-k 10), on the backend: only the picks and
+        // their probabilities come back, not the logits.
+        const DevPtr<int32_t> best = be.scratch_ids(size_t(M));
+        const DevPtr<double> prob = be.scratch(size_t(2 * M)).as<double>();
+        be.draft_pick(lg, M, V, best, prob);
         be.end_step();
-        std::vector<float> host(size_t(M * V)), hrows(size_t(M * E));
-        be.read(lg, host.data(), host.size());
+        std::vector<int32_t> picks(static_cast<size_t>(M));
+        std::vector<double> probs(static_cast<size_t>(M));
+        std::vector<float> hrows(size_t(M * E));
+        be.read(best, picks.data(), picks.size());
+        be.read(prob, probs.data(), probs.size());
         be.read(hm, hrows.data(), hrows.size());
         std::vector<Chain> next;
         for (int64_t i = 0; i < M; ++i) {
@@ -561,30 +570,11 @@ void GlmDsaModel::draft(std::span<DraftRequest> reqs) {
             // The first step's row mixes the trunk's own hidden state: it is
             // the row the next trunk forward would compute.
             if (step == 0) c.st->mtp_valid = std::max<int64_t>(c.st->mtp_valid, c.pos + 1);
-            const float* l = host.data() + i * V;
-            // Greedy; the probability is the softmax over the ten most likely
-            // tokens (llama.cpp's draft sampler is top-k 10).
-            std::vector<std::pair<float, int32_t>> top;
-            for (int32_t v = 0; v < V; ++v) {
-                if (top.size() < 10) {
-                    top.push_back({l[v], v});
-                    std::push_heap(top.begin(), top.end(), std::greater<>());
-                } else if (l[v] > top.front().first) {
-                    std::pop_heap(top.begin(), top.end(), std::greater<>());
-                    top.back() = {l[v], v};
-                    std::push_heap(top.begin(), top.end(), std::greater<>());
-                }
-            }
-            int32_t best = top[0].second;
-            float lmax = top[0].first;
-            for (const auto& [val, id] : top)
-                if (val > lmax || (val == lmax && id < best)) lmax = val, best = id;
-            double z = 0;
-            for (const auto& t : top) z += std::exp(double(t.first) - double(lmax));
-            if (1.0 / z < double(c.r->p_min)) continue;
-            c.r->out.push_back(best);
+            const int32_t best_id = picks[size_t(i)];
+            if (probs[size_t(i)] < double(c.r->p_min)) continue;
+            c.r->out.push_back(best_id);
             if (int(c.r->out.size()) >= c.r->max_tokens) continue;
-            c.token = best;
+            c.token = best_id;
             c.pos += 1;
             c.h.assign(hrows.begin() + i * E, hrows.begin() + (i + 1) * E);
             next.push_back(std::move(c));
