@@ -111,6 +111,18 @@ TEST_P(BackendRepack, SlicesEqualPlainLayoutBitwise) {
     }
 }
 
+// An F32 matrix [cols -> rows] over `v` (a router).
+backend::Weight f32_matrix(const std::vector<float>& v, int64_t cols, int64_t rows) {
+    backend::Weight w;
+    w.type = quant::Type::F32;
+    w.cols = cols;
+    w.rows = rows;
+    w.row_bytes = size_t(cols) * 4;
+    w.slice_bytes = w.row_bytes * size_t(rows);
+    w.data = reinterpret_cast<const uint8_t*>(v.data());
+    return w;
+}
+
 TEST_P(BackendRepack, MoeEqualsPlainLayoutBitwise) {
     if (!repack_here()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: no repacked GEMM";
     auto be = backend::make_cpu_backend({2});
@@ -120,12 +132,7 @@ TEST_P(BackendRepack, MoeEqualsPlainLayoutBitwise) {
         down(GetParam(), F, E, X, 3);
     auto moe = [&](bool packed) {
         backend::MoeWeights m;
-        m.route.router.type = quant::Type::F32;
-        m.route.router.cols = E;
-        m.route.router.rows = X;
-        m.route.router.row_bytes = size_t(E) * 4;
-        m.route.router.slice_bytes = m.route.router.row_bytes * size_t(X);
-        m.route.router.data = reinterpret_cast<const uint8_t*>(router.data());
+        m.route.router = f32_matrix(router, E, X);
         m.experts.gate = packed ? gate.r : gate.p;
         m.experts.up = packed ? up.r : up.p;
         m.experts.down = packed ? down.r : down.p;
@@ -153,12 +160,7 @@ TEST_P(BackendRepack, MoeSplitOpsEqualTheFusedForm) {
         down(GetParam(), F, E, X, 6);
     TwoLayouts sg(GetParam(), E, S, 1, 7), su(GetParam(), E, S, 1, 8), sd(GetParam(), S, E, 1, 9);
     backend::MoeWeights m;
-    m.route.router.type = quant::Type::F32;
-    m.route.router.cols = E;
-    m.route.router.rows = X;
-    m.route.router.row_bytes = size_t(E) * 4;
-    m.route.router.slice_bytes = m.route.router.row_bytes * size_t(X);
-    m.route.router.data = reinterpret_cast<const uint8_t*>(router.data());
+    m.route.router = f32_matrix(router, E, X);
     m.route.n_used = 3;
     m.route.weights_scale = 2.5f;
     m.experts = {gate.p, up.p, down.p, 0.0f};

@@ -405,9 +405,9 @@ TEST(CliRun, LlamaCppFlags) {
     EXPECT_EQ(hf.code, 2);
     EXPECT_NE(hf.err.find("downloads nothing"), std::string::npos) << hf.err;
     // The penalties and their window, as flags.
-    EXPECT_EQ(run_glm5(base + " --presence-penalty 0.5 --frequency-penalty 0.5 --repeat-last-n 32")
-                  .code,
-              0);
+    EXPECT_EQ(
+        run_glm5(base + " --presence-penalty 0.5 --frequency-penalty 0.5 --repeat-last-n 32").code,
+        0);
     EXPECT_EQ(run_glm5(base + " --presence-penalty 3").code, 2);
 }
 

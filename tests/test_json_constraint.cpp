@@ -1023,9 +1023,7 @@ TEST(GrammarLimits, OneNumberCapForJsonAndToolCalls) {
 // Tool parameters are checked as a whole without being compiled: invalid schemas are
 // refused, keywords the call grammar does not enforce are not.
 TEST(JsonSchemaCheck, RefusesInvalidSchemasAndAcceptsUnenforcedKeywords) {
-    auto ok = [](const char* s) {
-        EXPECT_NO_THROW(check_json_schema(ojson::parse(s))) << s;
-    };
+    auto ok = [](const char* s) { EXPECT_NO_THROW(check_json_schema(ojson::parse(s))) << s; };
     auto refused = [](const char* s, const char* why) {
         try {
             check_json_schema(ojson::parse(s));
@@ -1046,8 +1044,9 @@ TEST(JsonSchemaCheck, RefusesInvalidSchemasAndAcceptsUnenforcedKeywords) {
     refused(R"({"type":"object","properties":{"a":{"anyOf":[]}}})", "non-empty array");
     refused(R"({"type":"object","required":["a"],"additionalProperties":false})", "no finite");
     refused(R"({"type":"object","properties":{"a":false},"required":["a"]})", "no finite");
-    refused(R"({"type":"object","properties":{"a":{"type":"integer","enum":["x"]}},"required":["a"]})",
-            "no finite");
+    refused(
+        R"({"type":"object","properties":{"a":{"type":"integer","enum":["x"]}},"required":["a"]})",
+        "no finite");
     refused(R"({"type":"array","items":{"$ref":"#"},"minItems":1})", "no finite");
     refused(R"({"type":"object","properties":{"a":{"not":{"type":"bogus"}}}})", "unknown type");
 

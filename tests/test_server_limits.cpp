@@ -43,20 +43,6 @@ std::string error_code(const HttpReply& r) {
     return j["error"]["code"].is_string() ? j["error"]["code"].get<std::string>() : "null";
 }
 
-// Reads what the server sends until it closes (or `seconds` pass).
-std::string read_all(int s, int seconds) {
-    timeval tv{seconds, 0};
-    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    std::string raw;
-    char buf[65536];
-    for (;;) {
-        const ssize_t n = ::recv(s, buf, sizeof(buf), 0);
-        if (n <= 0) break;
-        raw.append(buf, size_t(n));
-    }
-    return raw;
-}
-
 class ServerLimits : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {
@@ -112,7 +98,7 @@ TEST_F(ServerLimits, BadContentLengthIsRefusedFromTheHead) {
         ASSERT_GE(s, 0);
         send_all(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + cl +
                         "\r\n\r\n");
-        const HttpReply r = glm5::test::parse_reply(read_all(s, 30));
+        const HttpReply r = glm5::test::parse_reply(glm5::test::read_until_closed(s, 30));
         ::close(s);
         EXPECT_EQ(r.status, 400) << "Content-Length: " << cl << "\n" << r.raw;
         EXPECT_EQ(error_code(r), "invalid_content_length") << r.body;
@@ -126,7 +112,7 @@ TEST_F(ServerLimits, OverLimitLengthGets413BeforeTheBody) {
     send_all(s,
              "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
              "application/json\r\nContent-Length: 100000000\r\n\r\n{\"messages\":");
-    const HttpReply r = glm5::test::parse_reply(read_all(s, 30));
+    const HttpReply r = glm5::test::parse_reply(glm5::test::read_until_closed(s, 30));
     ::close(s);
     EXPECT_EQ(r.status, 413) << r.raw;
     EXPECT_EQ(error_code(r), "body_too_large");
@@ -147,7 +133,7 @@ TEST_F(ServerLimits, ChunkedBodyIsCutOffAtTheLimit) {
     for (int i = 0; i < 40; ++i) req += size + piece + "\r\n";
     req += "0\r\n\r\n";
     std::thread writer([&] { send_all(s, req); });
-    const HttpReply r = glm5::test::parse_reply(read_all(s, 30));
+    const HttpReply r = glm5::test::parse_reply(glm5::test::read_until_closed(s, 30));
     ::shutdown(s, SHUT_RDWR);
     writer.join();
     ::close(s);
@@ -169,7 +155,7 @@ TEST_F(ServerLimits, TrickledRequestLineGets408) {
     const int s = connect_loopback(port());
     ASSERT_GE(s, 0);
     send_all(s, "POST /v1/chat/comp");
-    const HttpReply r = glm5::test::parse_reply(read_all(s, 30));
+    const HttpReply r = glm5::test::parse_reply(glm5::test::read_until_closed(s, 30));
     ::close(s);
     EXPECT_EQ(r.status, 408) << r.raw;
     EXPECT_EQ(error_code(r), "request_timeout");
@@ -317,8 +303,8 @@ TEST(ServerMemory, ConcurrentHugeRefusedPromptsStayBounded) {
 // reads it) leaves the connection able to take the next request: the body is not
 // taken for one.
 TEST(ServerKeepAlive, RefusedRequestsBodyIsNotTheNextRequest) {
-    ServerProcess s({"-m", kModel, "--port", "0", "-t", "1", "--ctx-size", "256", "--api-key",
-                     "k1"});
+    ServerProcess s(
+        {"-m", kModel, "--port", "0", "-t", "1", "--ctx-size", "256", "--api-key", "k1"});
     ASSERT_GT(s.port(), 0) << s.log();
     const std::string body = chat_body("Hello");
     auto post = [&](const std::string& key, bool close) {
@@ -341,7 +327,7 @@ TEST(ServerKeepAlive, RefusedRequestsBodyIsNotTheNextRequest) {
         raw.append(buf, size_t(n));
     }
     send_all(c, post("k1", true));
-    raw += read_all(c, 30);
+    raw += glm5::test::read_until_closed(c, 30);
     ::close(c);
     EXPECT_EQ(raw.rfind("HTTP/1.1 401", 0), 0u) << raw;
     EXPECT_NE(raw.find("HTTP/1.1 200"), std::string::npos) << raw;

@@ -8,27 +8,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-const char* kind_of(const ojson& v) {
-    switch (v.type()) {
-        case ojson::value_t::null:
-            return "null";
-        case ojson::value_t::boolean:
-            return "a boolean";
-        case ojson::value_t::number_integer:
-        case ojson::value_t::number_unsigned:
-        case ojson::value_t::number_float:
-            return "a number";
-        case ojson::value_t::string:
-            return "a string";
-        case ojson::value_t::array:
-            return "an array";
-        case ojson::value_t::object:
-            return "an object";
-        default:
-            return "something else";
-    }
-}
-
 ApiError invalid(const std::string& message, const std::string& param = "") {
     return ApiError(400, message, param, "invalid_request_error");
 }
@@ -40,7 +19,8 @@ const ojson* field(const ojson& o, const char* name) {
 }
 
 std::string block_type(const ojson& b, const std::string& where) {
-    if (!b.is_object()) throw invalid(where + " must be an object, got " + kind_of(b), "messages");
+    if (!b.is_object())
+        throw invalid(where + " must be an object, got " + json_kind(b), "messages");
     const ojson* t = field(b, "type");
     if (!t || !t->is_string()) throw invalid(where + ".type must be a string", "messages");
     return t->get<std::string>();
@@ -203,7 +183,7 @@ std::string system_text(const ojson& s, const std::string& where) {
 
 ojson tools_of(const ojson& tools) {
     if (!tools.is_array())
-        throw invalid("'tools' must be an array, got " + std::string(kind_of(tools)), "tools");
+        throw invalid("'tools' must be an array, got " + std::string(json_kind(tools)), "tools");
     ojson out = ojson::array();
     for (size_t i = 0; i < tools.size(); ++i) {
         const ojson& t = tools[i];
@@ -239,13 +219,13 @@ ojson to_chat_body(const ojson& body, bool count_tokens) {
     const ojson* m = field(body, "messages");
     if (!m) throw invalid("'messages' is required", "messages");
     if (!m->is_array())
-        throw invalid("'messages' must be an array, got " + std::string(kind_of(*m)), "messages");
+        throw invalid("'messages' must be an array, got " + std::string(json_kind(*m)), "messages");
     if (m->empty()) throw invalid("'messages' must not be empty", "messages");
     for (size_t i = 0; i < m->size(); ++i) {
         const ojson& msg = (*m)[i];
         const std::string where = "messages[" + std::to_string(i) + "]";
         if (!msg.is_object())
-            throw invalid(where + " must be an object, got " + kind_of(msg), "messages");
+            throw invalid(where + " must be an object, got " + json_kind(msg), "messages");
         const ojson* role = field(msg, "role");
         if (!role || !role->is_string())
             throw invalid(where + ".role must be a string", "messages");

@@ -34,6 +34,29 @@ class ApiError : public std::runtime_error {
     int retry_after_ = 0;
 };
 
+// What a JSON value is, for error messages ("an integer", "an object", ...).
+inline const char* json_kind(const nlohmann::ordered_json& v) {
+    switch (v.type()) {
+        case nlohmann::ordered_json::value_t::null:
+            return "null";
+        case nlohmann::ordered_json::value_t::boolean:
+            return "a boolean";
+        case nlohmann::ordered_json::value_t::number_integer:
+        case nlohmann::ordered_json::value_t::number_unsigned:
+            return "an integer";
+        case nlohmann::ordered_json::value_t::number_float:
+            return "a number";
+        case nlohmann::ordered_json::value_t::string:
+            return "a string";
+        case nlohmann::ordered_json::value_t::array:
+            return "an array";
+        case nlohmann::ordered_json::value_t::object:
+            return "an object";
+        default:
+            return "something else";
+    }
+}
+
 // 400 invalid_request_error.
 inline ApiError bad_request(const std::string& message, const std::string& param = "",
                             const std::string& code = "invalid_value") {

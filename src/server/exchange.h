@@ -99,6 +99,10 @@ struct ChoiceState {
     }
 };
 
+// "12 prompt tokens (4 cached) + 8 generated, stop": a reply's line in the log.
+std::string generation_summary(int64_t prompt, int64_t cached, int64_t generated,
+                               const std::string& finish);
+
 // An engine request that ended without a reply: its error for the client.
 inline std::optional<ApiError> failure(const runtime::RequestResult& r) {
     if (r.finish_reason == "error")

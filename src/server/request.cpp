@@ -25,30 +25,8 @@ constexpr int kMaxDepth = 128;  // JSON nesting accepted in a body
 constexpr size_t kMaxStops = 16;
 constexpr int64_t kMaxTopLogprobs = 20;  // as OpenAI's chat API
 
-const char* kind_of(const ojson& v) {
-    switch (v.type()) {
-        case ojson::value_t::null:
-            return "null";
-        case ojson::value_t::boolean:
-            return "a boolean";
-        case ojson::value_t::number_integer:
-        case ojson::value_t::number_unsigned:
-            return "an integer";
-        case ojson::value_t::number_float:
-            return "a number";
-        case ojson::value_t::string:
-            return "a string";
-        case ojson::value_t::array:
-            return "an array";
-        case ojson::value_t::object:
-            return "an object";
-        default:
-            return "something else";
-    }
-}
-
 ApiError type_error(const std::string& name, const char* expected, const ojson& got) {
-    return bad_request("'" + name + "' must be " + expected + ", got " + kind_of(got), name,
+    return bad_request("'" + name + "' must be " + expected + ", got " + json_kind(got), name,
                        "invalid_type");
 }
 
@@ -493,14 +471,14 @@ void check_content(const ojson& c, const std::string& where, bool assistant, boo
     if (c.is_string()) return;
     if (!c.is_array())
         throw bad_request(
-            where + ".content must be a string or an array of content parts, got " + kind_of(c),
+            where + ".content must be a string or an array of content parts, got " + json_kind(c),
             "messages", "invalid_type");
     if (c.empty()) throw bad_request(where + ".content must not be an empty array", "messages");
     for (size_t k = 0; k < c.size(); ++k) {
         const ojson& part = c[k];
         const std::string at = where + ".content[" + std::to_string(k) + "]";
         if (!part.is_object())
-            throw bad_request(at + " must be an object, got " + kind_of(part), "messages",
+            throw bad_request(at + " must be an object, got " + json_kind(part), "messages",
                               "invalid_type");
         const ojson* type = field(part, "type");
         if (!type || !type->is_string())
@@ -538,12 +516,12 @@ void check_messages(const ojson& msgs, bool vision) {
         const ojson& m = msgs[i];
         const std::string where = "messages[" + std::to_string(i) + "]";
         if (!m.is_object())
-            throw bad_request(where + " must be an object, got " + kind_of(m), "messages",
+            throw bad_request(where + " must be an object, got " + json_kind(m), "messages",
                               "invalid_type");
         const ojson* r = field(m, "role");
         if (!r) throw bad_request(where + ".role is required", "messages");
         if (!r->is_string())
-            throw bad_request(where + ".role must be a string, got " + kind_of(*r), "messages",
+            throw bad_request(where + ".role must be a string, got " + json_kind(*r), "messages",
                               "invalid_type");
         const std::string role = r->get<std::string>();
         if (role != "system" && role != "developer" && role != "user" && role != "assistant" &&

@@ -876,6 +876,29 @@ void Server::respond_plain(const httplib::Request& req, httplib::Response& res, 
     send_json(res, 200, j);
 }
 
+std::string generation_summary(int64_t prompt, int64_t cached, int64_t generated,
+                               const std::string& finish) {
+    return std::to_string(prompt) + " prompt tokens (" + std::to_string(cached) + " cached) + " +
+           std::to_string(generated) + " generated, " + finish;
+}
+
+bool Server::stream_turn(httplib::DataSink& sink, Exchange& ex, bool finished,
+                         const std::string& path, const std::string& summary) {
+    if (finished) {
+        if (opt_.log_requests)
+            log_info("glm5 serve: POST %s (stream): %s\n", path.c_str(), summary.c_str());
+        sink.done();
+        return true;
+    }
+    if (!sink.is_writable()) {
+        ex.cancel();
+        if (opt_.log_requests)
+            log_info("glm5 serve: POST %s (stream): client went away, cancelled\n", path.c_str());
+        return false;
+    }
+    return true;
+}
+
 void Server::respond_stream(const httplib::Request& req, httplib::Response& res,
                             const GenRequest& g, std::shared_ptr<Exchange> ex) {
     struct Stream {
@@ -1002,28 +1025,15 @@ void Server::respond_stream(const httplib::Request& req, httplib::Response& res,
                 st->ex->cancel();
                 return false;
             }
+            std::string summary;
             if (st->pending == 0) {
-                if (opt_.log_requests) {
-                    const ojson u = usage_json(st->g, st->cs);
-                    log_info(
-                        "glm5 serve: POST %s (stream): %lld prompt tokens (%lld cached) + %lld "
-                        "generated, %s\n",
-                        st->path.c_str(), (long long)u["prompt_tokens"].get<int64_t>(),
-                        (long long)u["prompt_tokens_details"]["cached_tokens"].get<int64_t>(),
-                        (long long)u["completion_tokens"].get<int64_t>(),
-                        st->cs[0].result.finish_reason.c_str());
-                }
-                sink.done();
-                return true;
+                const ojson u = usage_json(st->g, st->cs);
+                summary = generation_summary(
+                    u["prompt_tokens"].get<int64_t>(),
+                    u["prompt_tokens_details"]["cached_tokens"].get<int64_t>(),
+                    u["completion_tokens"].get<int64_t>(), st->cs[0].result.finish_reason);
             }
-            if (!sink.is_writable()) {
-                st->ex->cancel();
-                if (opt_.log_requests)
-                    log_info("glm5 serve: POST %s (stream): client went away, cancelled\n",
-                             st->path.c_str());
-                return false;
-            }
-            return true;
+            return stream_turn(sink, *st->ex, st->pending == 0, st->path, summary);
         },
         [st](bool) {
             // However the stream ended: nothing keeps generating for it.

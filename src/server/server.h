@@ -41,6 +41,7 @@ namespace httplib {
 class Server;
 struct Request;
 struct Response;
+class DataSink;
 }  // namespace httplib
 
 namespace glm5::server {
@@ -118,6 +119,11 @@ class Server {
                         std::shared_ptr<Exchange> ex, const std::string& model);
     void messages_stream(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
                          std::shared_ptr<Exchange> ex, const std::string& model);
+    // The end of one turn of a stream's content provider, after its bytes were written:
+    // a finished reply is logged (`summary`) and ends the stream; otherwise the client
+    // must still be there (or its requests are cancelled). Returns the provider's result.
+    bool stream_turn(httplib::DataSink& sink, Exchange& ex, bool finished, const std::string& path,
+                     const std::string& summary);
     void count_status(int status);
     void sample_rates();
 

@@ -247,25 +247,12 @@ void Server::messages_stream(const httplib::Request& req, httplib::Response& res
                     return false;
                 }
             }
-            if (st->finished) {
-                if (opt_.log_requests)
-                    log_info(
-                        "glm5 serve: POST %s (stream): %lld prompt tokens (%lld cached) + %lld "
-                        "generated, %s\n",
-                        st->path.c_str(), (long long)st->g.prompts[0].expanded_size(),
-                        (long long)st->c.result.cached_tokens,
-                        (long long)st->c.result.tokens.size(), st->c.result.finish_reason.c_str());
-                sink.done();
-                return true;
-            }
-            if (!sink.is_writable()) {
-                st->ex->cancel();
-                if (opt_.log_requests)
-                    log_info("glm5 serve: POST %s (stream): client went away, cancelled\n",
-                             st->path.c_str());
-                return false;
-            }
-            return true;
+            return stream_turn(
+                sink, *st->ex, st->finished, st->path,
+                st->finished ? generation_summary(
+                                   st->g.prompts[0].expanded_size(), st->c.result.cached_tokens,
+                                   int64_t(st->c.result.tokens.size()), st->c.result.finish_reason)
+                             : std::string());
         },
         [st](bool) {
             // However the stream ended: nothing keeps generating for it.

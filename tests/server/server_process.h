@@ -163,15 +163,10 @@ inline HttpReply parse_reply(const std::string& raw) {
     return r;
 }
 
-// One request on a fresh connection ("Connection: close"); reads until the server
-// closes. `raw_request` is sent as is.
-inline HttpReply http_raw(int port, const std::string& raw_request) {
-    HttpReply r;
-    const int s = connect_loopback(port);
-    if (s < 0) return r;
-    timeval tv{120, 0};
+// What the peer sends until it closes (or `seconds` pass without a byte).
+inline std::string read_until_closed(int s, int seconds) {
+    timeval tv{seconds, 0};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    send_all(s, raw_request);
     std::string raw;
     char buf[65536];
     for (;;) {
@@ -179,6 +174,17 @@ inline HttpReply http_raw(int port, const std::string& raw_request) {
         if (n <= 0) break;
         raw.append(buf, size_t(n));
     }
+    return raw;
+}
+
+// One request on a fresh connection ("Connection: close"); reads until the server
+// closes. `raw_request` is sent as is.
+inline HttpReply http_raw(int port, const std::string& raw_request) {
+    HttpReply r;
+    const int s = connect_loopback(port);
+    if (s < 0) return r;
+    send_all(s, raw_request);
+    const std::string raw = read_until_closed(s, 120);
     ::close(s);
     return parse_reply(raw);
 }
