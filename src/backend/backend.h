@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "quant/types.h"
@@ -160,6 +161,10 @@ struct Counters {
     // sequence its state (decode's traffic; in prefill the rows that queries
     // share are counted once per query).
     uint64_t cache_bytes = 0;
+    // Work handed to a parallel executor (a CPU backend's thread pool), and the
+    // handings that waited until every thread had met.
+    uint64_t parallel_ops = 0;
+    uint64_t rendezvous = 0;
 };
 
 // Tensor parallelism: sums a partial result over the ranks that share a
@@ -265,6 +270,21 @@ class Backend {
         return h;
     }
     virtual void end_step() {}
+    // A step held open for a scope: end() closes it where the forward's work ends; an
+    // exception that leaves the scope closes it too.
+    class Step {
+      public:
+        explicit Step(Backend& be) : be_(&be) { be.begin_step(); }
+        ~Step() { end(); }
+        Step(const Step&) = delete;
+        Step& operator=(const Step&) = delete;
+        void end() {
+            if (be_) std::exchange(be_, nullptr)->end_step();
+        }
+
+      private:
+        Backend* be_;
+    };
 
     // ---- elementwise and norms -----------------------------------------
     // out[t] = table row ids[t] (dequantized), t < n.
@@ -536,6 +556,9 @@ class Backend {
 
 struct BackendOptions {
     int n_threads = 0;  // 0: all cores we may run on
+    // Pin each worker thread to a CPU of its own (--cpu-strict): -1 where the threads
+    // fill the physical cores, 0 never, 1 always.
+    int pin_threads = -1;
     // mla_attention's and indexer_select's products in BF16 on AMX tiles
     // (--attn-bf16): several times faster deep in a context, but the scores
     // lose the last bits of F16/F32 products, so logits differ slightly from

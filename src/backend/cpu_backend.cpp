@@ -35,7 +35,8 @@ void Backend::copy_from(Backend& src, DevPtr<const uint8_t> from, DevPtr<uint8_t
 namespace cpu {
 
 CpuBackend::CpuBackend(const BackendOptions& opt)
-    : pool_(opt.n_threads > 0 ? opt.n_threads : ThreadPool::default_threads()) {
+    : pool_(PoolOptions{opt.n_threads > 0 ? opt.n_threads : ThreadPool::default_threads(),
+                        opt.pin_threads}) {
     per_thread_.resize(size_t(pool_.size()));
     profile_.fault_hook = opt.fault_hook;
     if (opt.attention_bf16 && !amx_bf16::available())

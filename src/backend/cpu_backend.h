@@ -133,6 +133,12 @@ class CpuBackend final : public Backend {
             reinterpret_cast<DeviceMemory*>(const_cast<std::remove_const_t<T>*>(p)), id());
     }
 
+    // A step keeps the workers awake between its ops (a forward's serial host work
+    // between two ops would otherwise send them to sleep and cost a wake-up each op).
+    void begin_step() override { pool_.hold(); }
+    void end_step() override { pool_.release(); }
+    bool threads_pinned() const { return pool_.pinned(); }
+
     // ---- memory ------------------------------------------------------------
     DevPtr<float> scratch(size_t n_floats) override;
     void reset_scratch() override;
@@ -253,12 +259,15 @@ class CpuBackend final : public Backend {
                         int64_t stride, float scale) override;
 
     Counters counters() const override {
-        return Counters{weight_bytes_.load(), matmul_calls_.load(), cache_bytes_.load()};
+        const ThreadPool::Stats p = pool_.stats();
+        return Counters{weight_bytes_.load(), matmul_calls_.load(), cache_bytes_.load(),
+                        p.ops - pool_base_.ops, p.rendezvous - pool_base_.rendezvous};
     }
     void reset_counters() override {
         weight_bytes_ = 0;
         cache_bytes_ = 0;
         matmul_calls_ = 0;
+        pool_base_ = pool_.stats();
     }
 
   private:
@@ -391,6 +400,7 @@ class CpuBackend final : public Backend {
 
     OpProfile profile_;  // first member destroyed last: reports after the pool stops
     ThreadPool pool_;
+    ThreadPool::Stats pool_base_;  // at the last reset_counters()
     static constexpr size_t kMappedCache = size_t(1) << 20;
     std::mutex mapped_mu_;
     std::map<uint8_t*, size_t> mapped_;  // cache mappings and their sizes

@@ -555,7 +555,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     // Scratch: the streams (twice, for hc_expand), the sublayer input/output,
     // the hyper-connection coefficients and work buffers for the widest layer.
     be.reset_scratch();
-    be.begin_step();
+    Backend::Step step(be);
     b.plan = be.plan({tokens, b.pos, out_rows});
     DevPtr<float> X = be.scratch(size_t(T * SE));
     DevPtr<float> Xnext = be.scratch(size_t(T * SE));
@@ -609,7 +609,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
 
     if (!sr.head) {
         be.send_rows(*span.rows_out, X, size_t(T * SE));
-        be.end_step();
+        step.end();
         if (span.commit)
             for (const auto& s : b.segs) s.state->advance(s.n);
         return;
@@ -618,7 +618,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     // ---- LM head on the unweighted stream mean, only for the rows that want logits
     const int64_t R = int64_t(out_rows.size());
     if (R == 0) {
-        be.end_step();
+        step.end();
         if (span.commit)
             for (const auto& s : b.segs) s.state->advance(s.n);
         return;
@@ -630,7 +630,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     be.rms_norm(xo, E, output_norm_, R, E, h.eps, xo, E);
     DevPtr<float> lg = be.scratch(size_t(R * h.n_vocab));
     be.matmul(output_, xo, E, R, lg, h.n_vocab);
-    be.end_step();
+    step.end();
     logits.resize(size_t(R * h.n_vocab));
     be.read(lg, logits.data(), logits.size());
 

@@ -370,7 +370,7 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     for (const Segment& s : fb.segs) s.state->reserve(s.n_past + s.n);
 
     be.reset_scratch();
-    be.begin_step();
+    Backend::Step step(be);
     const Backend::PlanHandles plan = be.plan({fb.tokens, fb.pos, out_rows});
     const DevPtr<float> x = be.scratch(size_t(T * E));
     Buffers b(be, h, T);
@@ -389,7 +389,7 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     }
     if (!sr.head) {
         be.send_rows(*span.rows_out, x, size_t(T * E));
-        be.end_step();
+        step.end();
         if (span.commit)
             for (const Segment& s : fb.segs) s.state->advance(s.n);
         return;
@@ -415,7 +415,7 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
         be.matmul(output_, xo, E, R, lg, h.n_vocab);
     }
     if (hn) mtp_catch_up(fb, hn);
-    be.end_step();
+    step.end();
     if (R > 0) {
         logits.resize(size_t(R * h.n_vocab));
         be.read(lg, logits.data(), logits.size());
@@ -535,7 +535,7 @@ void GlmDsaModel::draft(std::span<DraftRequest> reqs) {
     }
     for (int step = 0; !live.empty(); ++step) {
         be.reset_scratch();
-        be.begin_step();
+        Backend::Step forward(be);
         const int64_t M = int64_t(live.size());
         std::vector<int32_t> tokens, pos;
         std::vector<float> hin;
@@ -557,7 +557,7 @@ void GlmDsaModel::draft(std::span<DraftRequest> reqs) {
         const DevPtr<int32_t> best = be.scratch_ids(size_t(M));
         const DevPtr<double> prob = be.scratch(size_t(2 * M)).as<double>();
         be.draft_pick(lg, M, V, best, prob);
-        be.end_step();
+        forward.end();
         std::vector<int32_t> picks(static_cast<size_t>(M));
         std::vector<double> probs(static_cast<size_t>(M));
         std::vector<float> hrows(size_t(M * E));
