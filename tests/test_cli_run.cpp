@@ -128,6 +128,7 @@ TEST(CliRun, BadInputIsRefusedWithExitCode2) {
         {"run --model " + kTiny + " -p hi --temp abc", "--temp"},
         {"run --model " + kTiny + " -p hi -n -3", "--n-predict"},
         {"run --model " + kTiny + " -p hi --cache-type q9", "--cache-type"},
+        {"run --model " + kTiny + " -p hi --cpu-strict 2", "--cpu-strict"},
         {"run --model " + kTiny, "give one of"},
         {"run --model " + d + "/missing.gguf -p hi", "missing.gguf"},
         {"run --model " + d + "/not.gguf -p hi", "not.gguf"},
@@ -143,6 +144,18 @@ TEST(CliRun, BadInputIsRefusedWithExitCode2) {
         // One clear line, no stack of messages.
         EXPECT_LE(std::count(r.err.begin(), r.err.end(), '\n'), 3) << r.err;
     }
+}
+
+// Pinned workers or free ones: the same work in the same order, so the same logits.
+TEST(CliRun, PinningWorkersChangesNoBit) {
+    const std::string model = data_path("glm-dsa/small-q4_k_m.gguf");
+    const std::string args = "logits --model " + model + " --tokens 1,2,3,4,5,6 --all --threads 2";
+    const CliResult pinned = run_glm5(args + " --cpu-strict 1");
+    const CliResult free = run_glm5(args + " --cpu-strict 0");
+    ASSERT_EQ(pinned.code, 0) << pinned.err;
+    ASSERT_EQ(free.code, 0) << free.err;
+    EXPECT_FALSE(pinned.out.empty());
+    EXPECT_EQ(pinned.out, free.out);
 }
 
 // Weights whose in-memory copies do not fit (available memory forced down):

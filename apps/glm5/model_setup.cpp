@@ -55,6 +55,9 @@ void add_model_flags(Args& a, bool model_required) {
     a.option("model", "FILE", model_required ? "" : "(embedded tiny model)",
              "GGUF model file (first shard of a split model)", "-m");
     a.option("threads", "N", std::to_string(ThreadPool::default_threads()), "CPU threads", "-t");
+    a.option("cpu-strict", "0|1", "auto",
+             "pin each worker thread to a CPU of its own (1), or let the system move them "
+             "(0); auto pins when the threads fill the physical cores, in one process");
     a.option("cache-type", "TYPE", "f16",
              "attention cache type: f16 or f32 (MLA latent and indexer keys)");
     a.flag("spec",
@@ -157,6 +160,11 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     lo.repack_if_fits = true;
     backend::BackendOptions bo;
     bo.n_threads = int(a.get_int("threads", 1, 1024));
+    const std::string& strict = a.get("cpu-strict");
+    if (strict == "0" || strict == "1")
+        bo.pin_threads = strict == "1";
+    else if (strict != "auto")
+        throw UsageError("--cpu-strict must be 0, 1 or auto, got '" + strict + "'");
     bo.attention_bf16 = a.get_flag("attn-bf16");
     if (bo.attention_bf16 && sp.type != runtime::DraftType::Off)
         throw UsageError(

@@ -81,7 +81,11 @@ LoadedModel open_split_model(const Args& a, const std::string& path, model::Load
     dist::agree(comm, err, "opening the model");
     dist::agree_identity(comm, file_identity(*m.file), "model file (size and header)");
 
-    m.backend = backend::make_cpu_backend(bo);
+    // Ranks may share a host: only a pin asked for pins, else every rank would pin its
+    // workers to the same CPUs.
+    backend::BackendOptions rank_bo = bo;
+    if (rank_bo.pin_threads < 0) rank_bo.pin_threads = 0;
+    m.backend = backend::make_cpu_backend(rank_bo);
     model::SplitPlan plan;
     if (tensor) {
         // Every rank holds every layer and its share of the heads and expert
