@@ -164,6 +164,9 @@ int cmd_bench(int argc, char** argv) {
         wait_all(engine.submit_group(std::move(ps)));
     };
 
+    // The executor's handings of work to its threads, of the last prompt and the last
+    // decode measured.
+    double pp_ops = 0, pp_rendezvous = 0, tg_ops = 0, tg_rendezvous = 0;
     // Prompt processing: the logits of the last prompt token, as a reply's
     // first token needs.
     auto run_pp = [&](uint64_t seed) {
@@ -175,8 +178,12 @@ int cmd_bench(int argc, char** argv) {
         p.prompt.insert(p.prompt.end(), toks.begin(), toks.end());
         p.max_tokens = 1;
         p.forced = {0};
+        const backend::Counters c0 = be.counters();
         const runtime::RequestResult r = engine.submit(std::move(p))->wait();
         if (r.finish_reason == "error") throw Error(r.error);
+        const backend::Counters c1 = be.counters();
+        pp_ops = double(c1.parallel_ops - c0.parallel_ops);
+        pp_rendezvous = double(c1.rendezvous - c0.rendezvous);
         return double(n_prompt) / r.prompt_seconds;
     };
     // n_seq sequences decoding a forced random continuation together, one
@@ -211,6 +218,8 @@ int cmd_bench(int argc, char** argv) {
             const backend::Counters c = be.counters();
             bytes_per_token->weights = double(c.weight_bytes) / double(n_gen * n_seq);
             bytes_per_token->cache = double(c.cache_bytes) / double(n_gen * n_seq);
+            tg_ops = double(c.parallel_ops) / double(n_gen);
+            tg_rendezvous = double(c.rendezvous) / double(n_gen);
         }
         last_tg_tokens = double(n_gen * n_seq);
         return tps;
@@ -337,6 +346,25 @@ int cmd_bench(int argc, char** argv) {
                       stats(gbs_plain).median, stats(gbs_plain).median * 1e9 / bytes,
                       100.0 * stats(frac_plain).median);
         out += buf;
+    }
+    if (pp_ops + tg_ops > 0 && !is_split(model)) {
+        // Every handing is a point where a slow thread could hold up the rest; a
+        // rendezvous waits for every thread, an op only for its own work.
+        std::string parts;
+        if (!tg.empty()) {
+            std::snprintf(buf, sizeof(buf), "%.0f per decode step (%.0f of them rendezvous)",
+                          tg_ops, tg_rendezvous);
+            parts += buf;
+        }
+        if (!pp.empty()) {
+            const double chunks = double((n_prompt + ubatch - 1) / ubatch);
+            std::snprintf(buf, sizeof(buf), "%s%.0f per %lld-token prefill chunk (%.0f rendezvous)",
+                          parts.empty() ? "" : ", ", pp_ops / chunks,
+                          (long long)std::min<int64_t>(n_prompt, ubatch), pp_rendezvous / chunks);
+            parts += buf;
+        }
+        out += "\nexecutor: work handed to the " + std::to_string(m.threads) + " threads " + parts +
+               "\n";
     }
     if (!scaling.empty()) {
         std::string each;
