@@ -14,6 +14,7 @@
 #include "gguf/gguf.h"
 #include "model/batch.h"
 #include "model/cache_alloc.h"
+#include "model/moe.h"
 
 namespace glm5::model {
 
@@ -508,13 +509,9 @@ void Glm5NextModel::ffn(const Batch& b, const Layer& L, DevPtr<const float> x, D
     const int64_t T = b.T, E = hp_.n_embd, F = hp_.n_ff;
     if (!L.dense) {
         // The router picks each row's experts (their ids and weights stay on the
-        // backend); the routed experts run with the shared one in the same passes.
-        const backend::MoeWeights& m = L.moe;
-        const DevPtr<int32_t> ids = be.scratch_ids(size_t(T * m.route.n_used));
-        const DevPtr<float> wts = be.scratch(size_t(T * m.route.n_used));
-        be.moe_route(m.route, x, T, ids, wts);
-        be.moe_experts(m.experts, x, T, ids, wts, m.route.n_used, m.shared ? &m.shared : nullptr,
-                       nullptr, out);
+        // backend); the routed experts run with the shared one in the same passes, or
+        // where their weights are (in system RAM beside a device).
+        moe_ffn(be, L.host_experts ? experts_be_ : nullptr, L.moe, x, T, E, out);
         return;
     }
     DevPtr<float> fg = b.w[0];

@@ -78,6 +78,7 @@ class Glm5NextModel final : public Model {
     StateCost state_cost() const override;
     StateCost layer_cost(int64_t il) const override;
     size_t scratch_bytes(int64_t rows, int64_t logit_rows, int64_t depth) const override;
+    void place_experts(const std::vector<bool>& host) override;
     using Model::forward;
     void forward(std::span<const SeqInput> inputs, std::vector<float>& logits,
                  const LayerSpan& span) override;
@@ -124,6 +125,7 @@ class Glm5NextModel final : public Model {
         backend::Weight ffn_gate, ffn_up, ffn_down;
         float dense_clamp = 0.0f;
         backend::MoeWeights moe;
+        bool host_experts = false;  // routed experts on experts_be_ (in system RAM)
     };
     struct NextN : NextNMix {
         Layer block;
@@ -161,6 +163,9 @@ class Glm5NextModel final : public Model {
     bool ff_split_ = false;
     int64_t ff_first_ = 0, ff_local_ = 0;
     HeldLayers held_;  // the layers this process holds (a layer split)
+    // Blocks whose routed experts experts_be_ computes (in system RAM beside a device).
+    std::vector<bool> host_experts_;
+    backend::Backend* experts_be_ = nullptr;
     TensorSource tensors_;
     backend::Weight tok_embd_, output_;
     const float* output_norm_ = nullptr;

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "model/glm5next.h"
+#include "model/moe.h"
 #include "quant/quant.h"
 
 namespace glm5::model {
@@ -196,9 +197,12 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
       dense_attention_(opt.dense_attention),
       file_(f),
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
+      host_experts_(opt.host_experts),
+      experts_be_(opt.experts_backend),
       tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
     full_heads_ = hp_.n_head;
+    check_expert_placement(opt, f.path());
     if (opt.tp_size > 1) {
         // Tensor parallel: every layer's heads (KDA and MLA) shared by the
         // ranks; from here on hp_.n_head holds this rank's count.
@@ -258,6 +262,8 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
     info_.mapped_bytes = tensors_.bytes_mapped();
     info_.repack_skipped = tensors_.repack_skipped();
     info_.skipped_bytes = tensors_.bytes_skipped();
+    for (const Layer& L : layers_) count_experts(info_, L.moe, L.host_experts);
+    if (nextn_) count_experts(info_, nextn_->block.moe, nextn_->block.host_experts);
     describe_layers(info_, held_);
     info_.head_first = hp_.n_head.empty() ? 0 : hp_.n_head[0] * tp_rank_;
     info_.head_end = hp_.n_head.empty() ? 0 : info_.head_first + hp_.n_head[0];
@@ -376,8 +382,12 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
         return;
     }
     backend::MoeWeights& m = L.moe;
-    m = load_moe(ts, p, E, h.n_ff_exp, h.n_expert, h.n_expert_shared, true,
-                 ff_split_ ? TensorSource::Layout::Plain : TensorSource::Layout::Products);
+    // Experts that may live in system RAM stay as stored in the file mapping (no
+    // repacked copy).
+    L.host_experts = size_t(il) < host_experts_.size() && host_experts_[size_t(il)];
+    m = load_moe(
+        ts, p, E, h.n_ff_exp, h.n_expert, h.n_expert_shared, true,
+        ff_split_ || experts_be_ ? TensorSource::Layout::Plain : TensorSource::Layout::Products);
     if (ff_split_) {
         // Each routed expert's strip of hidden units (the SwiGLU clamp is per
         // unit); the shared expert whole, on rank 0 only.
@@ -392,6 +402,10 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
     m.route.weights_scale = h.expert_scale;
     m.experts.clamp = h.clamp_exp[size_t(il)];
     m.shared.clamp = h.clamp_shexp[size_t(il)];
+}
+
+void Glm5NextModel::place_experts(const std::vector<bool>& host) {
+    place_layers(layers_, nextn_ ? &nextn_->block : nullptr, host, experts_be_, info_);
 }
 
 }  // namespace glm5::model

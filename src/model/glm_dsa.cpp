@@ -12,6 +12,7 @@
 #include "gguf/gguf.h"
 #include "model/batch.h"
 #include "model/cache_alloc.h"
+#include "model/moe.h"
 
 namespace glm5::model {
 
@@ -325,13 +326,9 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T, 
         be.matmul(L.ffn_down, b.fg, h.n_ff, T, b.tmp, E);
     } else {
         // The router picks each row's experts (their ids and weights stay on the
-        // backend); the routed experts run with the shared one in the same passes.
-        const MoeWeights& m = L.moe;
-        const DevPtr<int32_t> ids = be.scratch_ids(size_t(T * m.route.n_used));
-        const DevPtr<float> wts = be.scratch(size_t(T * m.route.n_used));
-        be.moe_route(m.route, b.xn, T, ids, wts);
-        be.moe_experts(m.experts, b.xn, T, ids, wts, m.route.n_used, m.shared ? &m.shared : nullptr,
-                       nullptr, b.tmp);
+        // backend); the routed experts run with the shared one in the same passes, or
+        // where their weights are (in system RAM beside a device).
+        moe_ffn(be, L.host_experts ? experts_be_ : nullptr, L.moe, b.xn, T, E, b.tmp);
         if (ff_split_) be.reduce_sum(b.tmp, T * E);  // tensor parallel: every rank's strip
     }
     be.add(x, b.tmp, T * E);

@@ -67,6 +67,7 @@ class GlmDsaModel final : public Model {
     int64_t hidden_width() const override;
     bool can_split_before(int64_t layer) const override;
     bool can_draft() const override { return nextn_ != nullptr; }
+    void place_experts(const std::vector<bool>& host) override;
     void draft(std::span<DraftRequest> reqs) override;
 
     const GlmDsaHParams& hparams() const { return hp_; }
@@ -86,6 +87,7 @@ class GlmDsaModel final : public Model {
         backend::Weight ffn_gate, ffn_up, ffn_down;
         backend::MoeWeights moe;
         bool dense = false;
+        bool host_experts = false;  // routed experts on experts_be_ (in system RAM)
     };
     struct NextN : NextNMix {
         Layer block;
@@ -121,6 +123,9 @@ class GlmDsaModel final : public Model {
     bool ff_split_ = false;
     int64_t ff_first_ = 0, ff_local_ = 0;
     HeldLayers held_;  // the layers this process holds (a layer split)
+    // Blocks whose routed experts experts_be_ computes (in system RAM beside a device).
+    std::vector<bool> host_experts_;
+    backend::Backend* experts_be_ = nullptr;
     TensorSource tensors_;
     backend::Weight tok_embd_, output_;
     const float* output_norm_ = nullptr;

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "model/glm_dsa.h"
+#include "model/moe.h"
 
 namespace glm5::model {
 
@@ -141,6 +142,8 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
       n_head_local_(hp_.n_head / std::max(1, opt.tp_size)),
       head_first_(n_head_local_ * opt.tp_rank),
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
+      host_experts_(opt.host_experts),
+      experts_be_(opt.experts_backend),
       tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
     if (opt.tp_size > 1 && (hp_.n_head % opt.tp_size != 0 || opt.tp_rank < 0 ||
@@ -148,6 +151,7 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
         throw Error(f.path() + ": " + std::to_string(hp_.n_head) +
                     " attention heads cannot be shared by " + std::to_string(opt.tp_size) +
                     " ranks (tensor parallelism needs a head count the rank count divides)");
+    check_expert_placement(opt, f.path());
     if (opt.tp_size > 1 && hp_.n_expert > 0) {
         // The experts are split when each rank's strip of hidden units is
         // whole quant blocks of ffn_down_exps; otherwise they stay whole on
@@ -196,6 +200,8 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
         info_.mapped_bytes = tensors_.bytes_mapped();
     }
     info_.skipped_bytes = tensors_.bytes_skipped();
+    for (const Layer& L : layers_) count_experts(info_, L.moe, L.host_experts);
+    if (nextn_) count_experts(info_, nextn_->block.moe, nextn_->block.host_experts);
     describe_layers(info_, held_);
     info_.head_first = head_first_;
     info_.head_end = head_first_ + n_head_local_;
@@ -229,8 +235,11 @@ void GlmDsaModel::load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_i
         return;
     }
     backend::MoeWeights& m = L.moe;
+    // Experts that may live in system RAM stay as stored in the file mapping (no
+    // repacked copy).
+    L.host_experts = size_t(il) < host_experts_.size() && host_experts_[size_t(il)];
     const auto experts_layout =
-        ff_split_ ? TensorSource::Layout::Plain : TensorSource::Layout::Products;
+        ff_split_ || experts_be_ ? TensorSource::Layout::Plain : TensorSource::Layout::Products;
     m = load_moe(ts, p, E, h.n_ff_exp, h.n_expert, h.n_expert_shared, false, experts_layout);
     if (ff_split_) {
         // Each routed expert split along its hidden units: gate / up by
@@ -246,6 +255,10 @@ void GlmDsaModel::load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_i
     m.route.n_used = int(h.n_expert_used);
     m.route.norm_weights = h.expert_norm;
     m.route.weights_scale = h.expert_scale;
+}
+
+void GlmDsaModel::place_experts(const std::vector<bool>& host) {
+    place_layers(layers_, nextn_ ? &nextn_->block : nullptr, host, experts_be_, info_);
 }
 
 }  // namespace glm5::model

@@ -24,6 +24,10 @@ std::unique_ptr<Model> load_model(const gguf::File& file, backend::Backend& be,
 
 namespace glm5::model {
 
+void Model::place_experts(const std::vector<bool>&) {
+    throw Error(info_.arch + ": routed experts cannot be placed in system RAM in this model");
+}
+
 void Model::draft(std::span<DraftRequest>) {
     throw Error(info_.arch + ": no NextN/MTP draft block is loaded");
 }

@@ -44,6 +44,12 @@ struct ModelInfo {
     // of n_ff_exp; all of them when the experts are whole.
     int64_t ff_first = 0, ff_end = 0, n_ff_exp = 0;
     uint64_t skipped_bytes = 0;  // weights of the layers other processes hold (never read)
+    // Routed experts in system RAM beside a device (LoadOptions::host_experts): the
+    // MoE blocks loaded, how many of them keep their routed experts there, and those
+    // experts' bytes (served from the file mapping, never copied).
+    int64_t moe_blocks = 0;
+    int64_t host_expert_blocks = 0;
+    uint64_t host_expert_bytes = 0;
 };
 
 class StateWriter;
@@ -213,6 +219,13 @@ struct LoadOptions {
     // Check every tensor but hold none (no weight is read): a model to plan
     // with (layer costs), which cannot run.
     bool plan_only = false;
+    // Routed experts in system RAM beside a device: the blocks (by GGUF index: the
+    // trunk, then the NextN block) whose routed experts `experts_backend` computes;
+    // the model's backend runs everything else and holds the activations. With an
+    // experts backend every routed expert is loaded as stored in the file mapping (no
+    // repacked copy), so that Model::place_experts can move it later.
+    std::vector<bool> host_experts = {};
+    backend::Backend* experts_backend = nullptr;
     // Diagnostic: attend to every cached token, ignoring the sparse selection
     // (used to show that the selection really drops tokens).
     bool dense_attention = false;
@@ -264,6 +277,12 @@ class Model {
     virtual bool can_split_before(int64_t layer) const {
         return layer >= 0 && layer < info_.n_layer;
     }
+
+    // Routed experts in system RAM beside a device, chosen once the memory plan is
+    // known: from now on the blocks (GGUF index) flagged in `host` have their routed
+    // experts computed by LoadOptions::experts_backend, the others by the model's
+    // backend (same bits either way). Refused (glm5::Error) without an experts backend.
+    virtual void place_experts(const std::vector<bool>& host);
 
     // Whether draft() works: a NextN/MTP block was loaded (--spec).
     virtual bool can_draft() const { return false; }
