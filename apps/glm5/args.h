@@ -40,6 +40,7 @@ class Args {
     bool parse(int argc, char** argv, int first);
 
     bool is_set(const std::string& name) const;  // given on the command line
+    bool declared(const std::string& name) const { return values_.count(name) > 0; }
     bool get_flag(const std::string& name) const;
     const std::string& get(const std::string& name) const;
     // Every value a valued option was given, in order (--image A --image B).

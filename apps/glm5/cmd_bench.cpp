@@ -129,6 +129,23 @@ int cmd_bench(int argc, char** argv) {
     LoadedModel m = open_model(a);
     model::Model& model = *m.model;
     backend::Backend& be = model.backend();
+    // Both sides' reads when routed experts run beside a device (--device).
+    auto counters = [&] {
+        backend::Counters c = be.counters();
+        if (m.experts_backend) {
+            const backend::Counters x = m.experts_backend->counters();
+            c.weight_bytes += x.weight_bytes;
+            c.matmul_calls += x.matmul_calls;
+            c.cache_bytes += x.cache_bytes;
+            c.parallel_ops += x.parallel_ops;
+            c.rendezvous += x.rendezvous;
+        }
+        return c;
+    };
+    auto reset_counters = [&] {
+        be.reset_counters();
+        if (m.experts_backend) m.experts_backend->reset_counters();
+    };
     const int64_t V = model.info().n_vocab;
     const int64_t n_ctx = depth + std::max<int64_t>(n_prompt, n_gen) + 8;
 
@@ -178,10 +195,10 @@ int cmd_bench(int argc, char** argv) {
         p.prompt.insert(p.prompt.end(), toks.begin(), toks.end());
         p.max_tokens = 1;
         p.forced = {0};
-        const backend::Counters c0 = be.counters();
+        const backend::Counters c0 = counters();
         const runtime::RequestResult r = engine.submit(std::move(p))->wait();
         if (r.finish_reason == "error") throw Error(r.error);
-        const backend::Counters c1 = be.counters();
+        const backend::Counters c1 = counters();
         pp_ops = double(c1.parallel_ops - c0.parallel_ops);
         pp_rendezvous = double(c1.rendezvous - c0.rendezvous);
         return double(n_prompt) / r.prompt_seconds;
@@ -210,12 +227,12 @@ int cmd_bench(int argc, char** argv) {
             ps.push_back(std::move(p));
         }
         split_reset_counters(model);
-        be.reset_counters();
+        reset_counters();
         const auto t0 = std::chrono::steady_clock::now();
         wait_all(engine.submit_group(std::move(ps)));
         const double tps = double(n_gen * n_seq) / seconds_since(t0);
         if (bytes_per_token) {
-            const backend::Counters c = be.counters();
+            const backend::Counters c = counters();
             bytes_per_token->weights = double(c.weight_bytes) / double(n_gen * n_seq);
             bytes_per_token->cache = double(c.cache_bytes) / double(n_gen * n_seq);
             tg_ops = double(c.parallel_ops) / double(n_gen);

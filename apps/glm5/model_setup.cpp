@@ -17,6 +17,7 @@
 #include "core/memory.h"
 #include "core/sha256.h"
 #include "core/thread_pool.h"
+#include "model/moe.h"
 #include "quant/ops.h"
 
 namespace glm5::app {
@@ -112,8 +113,28 @@ void add_model_flags(Args& a, bool model_required) {
     a.ignored("--jinja", false,
               "the GLM-5 chat format is built in (the GGUF's Jinja template is "
               "checked against it at load)");
-    a.ignored("-ngl", true, "this build runs on the CPU");
-    a.ignored("--n-gpu-layers", true, "this build runs on the CPU");
+    a.option("device", "NAME", "none",
+             "what runs the model beside the CPU: none (the CPU alone), or cpu (a second CPU "
+             "backend with its own memory stands in for a GPU, so that a placement of routed "
+             "experts runs, and is checked bit for bit, on any machine)",
+             "-dev");
+    a.option("device-mem", "SIZE", "unlimited",
+             "with --device: the device memory the plan places into (the weights not in system "
+             "RAM, caches, scratch), e.g. 24G");
+    a.flag("cpu-moe",
+           "with --device: keep every block's routed experts in system RAM, computed by the "
+           "CPU (llama.cpp's --cpu-moe)");
+    a.option("n-cpu-moe", "N", "auto",
+             "with --device: keep the routed experts of blocks 0..N-1 in system RAM (dense blocks "
+             "count, as in llama.cpp); auto: the smallest N whose plan fits --device-mem",
+             "-ncmoe");
+    a.option("override-tensor", "PATTERN=CPU,...", "none",
+             "with --device, llama.cpp's form: the tensors whose names PATTERN (a regular "
+             "expression) matches stay in system RAM; whole sets of routed experts only "
+             "(e.g. -ot exps=CPU)",
+             "-ot");
+    a.ignored("-ngl", true, "layers are placed by --device and --n-cpu-moe here");
+    a.ignored("--n-gpu-layers", true, "layers are placed by --device and --n-cpu-moe here");
     for (const char* t : {"-hf", "--hf-repo", "-hfr", "-mu", "--model-url"})
         a.refused(t,
                   "glm5 downloads nothing: fetch the GGUF yourself (for example with "
@@ -136,6 +157,12 @@ backend::CacheType cache_type_from(const Args& a) {
     if (ct == "f32") return backend::CacheType::F32;
     throw UsageError("--cache-type must be f16 or f32, got '" + ct + "'");
 }
+
+namespace {
+// With --device: the routed experts' placement (the flags', or the smallest
+// --n-cpu-moe whose device plan fits), applied to the loaded model and said.
+void place_for_device(const Args& a, LoadedModel& m, const runtime::SpecParams& sp);
+}  // namespace
 
 LoadedModel open_model(const Args& a, const std::string& path_override) {
     const std::string path = path_override.empty() ? a.get("model") : path_override;
@@ -175,12 +202,42 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     const int tp = int(a.get_int("tp", 1, 4096));
     if (parts > 1 && tp > 1)
         throw UsageError("--layer-split and --tp together are not supported yet: use one");
+    const std::string& device = a.get("device");
+    const bool on_device = device != "none";
+    if (on_device && device != "cpu")
+        throw UsageError("--device " + device +
+                         ": this build has no GPU backend; --device cpu runs a CPU stand-in for "
+                         "one (to try a placement of experts), --device none the CPU alone");
+    const int placements = int(a.get_flag("cpu-moe")) +
+                           int(a.is_set("n-cpu-moe") && a.get("n-cpu-moe") != "auto") +
+                           int(a.is_set("override-tensor"));
+    if (placements > 1)
+        throw UsageError(
+            "--cpu-moe, --n-cpu-moe and --override-tensor each place the experts: "
+            "give one");
+    if (on_device && (parts > 1 || tp > 1 || (dist_launch() && launched_ranks() > 1)))
+        throw UsageError("--device does not combine with --layer-split or --tp yet: use one");
+    if (!on_device && a.is_set("device-mem"))
+        throw UsageError("--device-mem sizes a device: give --device too");
+    if (!on_device && placements > 0)
+        log_info(
+            "glm5: --cpu-moe, --n-cpu-moe and --override-tensor place experts beside a device "
+            "(--device); without one everything runs on the CPU already\n");
     if (parts > 1 || tp > 1 || (dist_launch() && launched_ranks() > 1)) {
         m = open_split_model(a, path, lo, bo, parts, tp);
     } else {
         m.file = gguf::File::open(path);
         load_weight_pages(*m.file, {});
-        m.backend = backend::make_cpu_backend(bo);
+        if (on_device) {
+            // The stand-in device never pins (the CPU backend beside it may).
+            backend::BackendOptions dev = bo;
+            dev.pin_threads = 0;
+            m.backend = backend::make_cpu_backend(dev);
+            m.experts_backend = backend::make_cpu_backend(bo);
+            lo.experts_backend = m.experts_backend.get();
+        } else {
+            m.backend = backend::make_cpu_backend(bo);
+        }
         m.model = model::load_model(*m.file, *m.backend, lo);
     }
     m.threads = bo.n_threads;
@@ -194,6 +251,7 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     if (sp.type == runtime::DraftType::Auto)
         sp.type = m.model->can_draft() ? runtime::DraftType::Mtp : runtime::DraftType::Ngram;
     m.spec = sp;
+    if (on_device) place_for_device(a, m, sp);
     lock_in_memory(a);
     std::string blocks = std::to_string(info.n_layer) + " trunk layers";
     if (info.has_nextn)
@@ -290,6 +348,99 @@ int64_t requested_context(const Args& a) {
     return v;
 }
 
+// The context a device reserves when none is named: llama.cpp's default, or less when
+// the GGUF advertises less (the host plan then takes the same).
+int64_t device_context(int64_t trained) {
+    return std::min<int64_t>(trained > 0 ? trained : 4096, 4096);
+}
+
+void place_for_device(const Args& a, LoadedModel& m, const runtime::SpecParams& sp) {
+    const gguf::File& f = *m.file;
+    model::Model& model = *m.model;
+    const model::ModelInfo& info = model.info();
+    // The blocks this model loaded (the trunk, then the NextN block when it drafts),
+    // each with its routed experts' bytes.
+    std::vector<uint64_t> experts = model::expert_bytes_by_block(f);
+    experts.resize(size_t(info.n_layer) + (info.nextn_loaded ? 1 : 0), 0);
+    auto in_ram = [&](const std::vector<bool>& host) {
+        uint64_t s = 0;
+        for (size_t b = 0; b < experts.size() && b < host.size(); ++b)
+            if (host[b]) s += experts[b];
+        return s;
+    };
+    std::vector<bool> host;
+    std::string how;
+    if (a.get_flag("cpu-moe")) {
+        host = model::first_expert_blocks(f, int64_t(experts.size()));
+        how = "--cpu-moe";
+    } else if (a.is_set("n-cpu-moe") && a.get("n-cpu-moe") != "auto") {
+        const int64_t n = a.get_int("n-cpu-moe", 0, int64_t(1) << 20);
+        host = model::first_expert_blocks(f, n);
+        how = "--n-cpu-moe " + std::to_string(n);
+    } else if (a.is_set("override-tensor")) {
+        try {
+            host = model::expert_blocks_from_overrides(f, a.get("override-tensor"));
+        } catch (const Error& e) {
+            throw UsageError(e.what());
+        }
+        how = "--override-tensor " + a.get("override-tensor");
+    }
+
+    // The device holds every weight but those experts, and the caches and scratch of
+    // the context, reserved before any expert is placed.
+    const std::string& mem = a.get("device-mem");
+    const uint64_t cap = mem == "unlimited" ? 0 : parse_size(mem, "device-mem");
+    const int64_t asked = requested_context(a);
+    runtime::PlanRequest pr;
+    pr.n_ctx = asked > 0 ? asked : device_context(info.n_ctx_train);
+    pr.n_slots = a.declared("parallel") ? int(a.get_int("parallel", 1, 1024)) : 1;
+    pr.ubatch = a.declared("ubatch") ? a.get_int("ubatch", 1, int64_t(1) << 20) : 512;
+    pr.draft_max = sp.type != runtime::DraftType::Off ? sp.draft_max : 0;
+    const runtime::MemoryPlan p = runtime::make_plan(model, pr, MemoryAvailable{}, 0, 0);
+    const uint64_t context = p.caches + p.snapshots + p.scratch;
+    // What a device uploads: the file's bytes of every tensor the model uses (the
+    // trunk's blocks, the NextN block when loaded, the rest).
+    uint64_t weights = 0;
+    for (const gguf::TensorInfo& t : f.tensors())
+        if (model::tensor_layer(t.name) < int64_t(experts.size())) weights += t.nbytes;
+    auto device_bytes = [&](const std::vector<bool>& h) { return weights - in_ram(h) + context; };
+    auto fits = [&](const std::vector<bool>& h) { return cap == 0 || device_bytes(h) <= cap; };
+    // The smallest --n-cpu-moe that fits (-1: none, not even every expert in RAM).
+    int64_t smallest = -1;
+    for (int64_t n = 0; n <= int64_t(experts.size()) && smallest < 0; ++n)
+        if (fits(model::first_expert_blocks(f, n))) smallest = n;
+    const std::string what = human_bytes(double(context)) + " of caches and scratch for " +
+                             std::to_string(pr.n_slots) + " x " + std::to_string(pr.n_ctx) +
+                             " tokens";
+    if (smallest < 0)
+        throw ResourceError(
+            "the device's " + mem +
+            " cannot hold this model's weights outside the routed experts (" +
+            human_bytes(double(
+                device_bytes(model::first_expert_blocks(f, int64_t(experts.size()))) - context)) +
+            ") and " + what +
+            ", even with every routed expert in system RAM: give it more memory "
+            "(--device-mem) or a smaller --ctx-size");
+    if (how.empty()) {
+        host = model::first_expert_blocks(f, smallest);
+        how = "--n-cpu-moe " + std::to_string(smallest) + ", the smallest that fits";
+    } else if (!fits(host)) {
+        throw ResourceError("with " + how + " the device needs " +
+                            human_bytes(double(device_bytes(host))) + " (" + what + "), but " +
+                            "--device-mem is " + mem + ": use --n-cpu-moe " +
+                            std::to_string(smallest) + ", the smallest that fits");
+    }
+    model.place_experts(host);
+    log_info(
+        "glm5: device %s (a CPU stand-in): the routed experts of %lld of %lld MoE blocks in "
+        "system RAM (%s, from the file mapping; %s); the device holds %s of weights and %s "
+        "(of %s)\n",
+        a.get("device").c_str(), (long long)info.host_expert_blocks, (long long)info.moe_blocks,
+        human_bytes(double(info.host_expert_bytes)).c_str(), how.c_str(),
+        human_bytes(double(weights - in_ram(host))).c_str(), what.c_str(),
+        cap ? ("its " + mem).c_str() : "unlimited memory");
+}
+
 }  // namespace
 
 ContextChoice plan_context(const Args& a, const model::Model& m, const ContextRequest& r) {
@@ -307,8 +458,12 @@ ContextChoice plan_context(const Args& a, const model::Model& m, const ContextRe
     pr.draft_max = r.draft_max;
     pr.extra = r.extra;
     pr.extra_label = r.extra_label;
-    const int64_t asked = requested_context(a);
-    const std::string named = a.is_set("ctx-size") ? "--ctx-size" : "MAX_CONTEXT";
+    int64_t asked = requested_context(a);
+    std::string named = a.is_set("ctx-size") ? "--ctx-size" : "MAX_CONTEXT";
+    if (asked == 0 && a.declared("device") && a.get("device") != "none") {
+        asked = device_context(trained);
+        named = "what the device reserved";
+    }
     int64_t n = 0;
     std::string why;
     if (asked > 0) {

@@ -19,6 +19,9 @@ namespace glm5::app {
 struct LoadedModel {
     std::unique_ptr<gguf::File> file;
     std::unique_ptr<backend::Backend> backend;
+    // With --device: the CPU backend that computes the routed experts kept in system
+    // RAM (`backend` is then the device's).
+    std::unique_ptr<backend::Backend> experts_backend;
     std::unique_ptr<model::Model> model;
     int threads = 0;  // the CPU backend's threads (--threads)
     // Speculative decoding as the flags ask (type Off without --spec; auto
