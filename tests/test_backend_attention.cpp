@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu_backend.h"
 #include "backend/cpu_kernels.h"
 #include "backend/cpu_memory.h"
 #include "backend/cpu_simd.h"
@@ -420,7 +421,7 @@ TEST(KdaSimd, DeltaPassesHaveTheBitsOfThePlainLoops) {
 TEST(AttentionBackend, QueryOutputIndependentOfBatch) {
     BackendOptions opt;
     opt.n_threads = 2;
-    auto be = make_cpu_backend(opt);
+    auto be = std::make_unique<cpu::CpuBackend>(opt);
     // Alone, a query of 1536 or more rows takes the decode path that splits
     // rows and value columns between the threads (attend_wide); batched,
     // each query is one task.
@@ -434,7 +435,7 @@ TEST(AttentionBackend, QueryOutputIndependentOfBatch) {
         if (j % 5 != 0) picked_long.push_back(j);
     const int64_t nq = int64_t(lens.size()) + 2;
     std::vector<std::vector<float>> qs, outs(static_cast<size_t>(nq));
-    std::vector<Backend::AttentionQuery> batch(static_cast<size_t>(nq));
+    std::vector<cpu::CpuBackend::AttentionQuery> batch(static_cast<size_t>(nq));
     for (int64_t i = 0; i < nq; ++i) {
         qs.push_back(f16_floats(size_t(kHeads * kWidth), 20 + uint32_t(i)));
         outs[size_t(i)].assign(size_t(kHeads * kValue), 0.0f);
@@ -475,7 +476,7 @@ namespace {
 TEST(AttentionBackend, IndexerPicksTheSameAloneAndBatched) {
     BackendOptions opt;
     opt.n_threads = 2;
-    auto be = make_cpu_backend(opt);
+    auto be = std::make_unique<cpu::CpuBackend>(opt);
     constexpr int64_t H = 8, D = 128, K = 64, keys = 3000;
     const Cache c0(keys, D, 61), c1(keys, D, 62);
     auto rows_of = [&](const Cache& c) {
@@ -486,7 +487,7 @@ TEST(AttentionBackend, IndexerPicksTheSameAloneAndBatched) {
     std::vector<std::vector<float>> qs, ws;
     std::vector<std::vector<int32_t>> picks(static_cast<size_t>(nq),
                                             std::vector<int32_t>(static_cast<size_t>(K)));
-    std::vector<Backend::IndexerQuery> batch(static_cast<size_t>(nq));
+    std::vector<cpu::CpuBackend::IndexerQuery> batch(static_cast<size_t>(nq));
     for (int64_t i = 0; i < nq; ++i) {
         qs.push_back(f16_floats(size_t(H * D), 70 + uint32_t(i)));
         ws.push_back(f16_floats(size_t(H), 170 + uint32_t(i)));
@@ -500,7 +501,7 @@ TEST(AttentionBackend, IndexerPicksTheSameAloneAndBatched) {
     be->indexer_select(batch, H, D, K);
     for (int64_t i = 0; i < nq; ++i) {
         std::vector<int32_t> alone(static_cast<size_t>(K));
-        Backend::IndexerQuery a = batch[size_t(i)];
+        cpu::CpuBackend::IndexerQuery a = batch[size_t(i)];
         a.out_rows = dev(alone.data());
         be->indexer_select({&a, 1}, H, D, K);
         EXPECT_EQ(alone, picks[size_t(i)]) << "query " << i;
@@ -521,19 +522,122 @@ TEST(AttentionBackend, IndexerPicksTheSameAloneAndBatched) {
     }
 }
 
+// The step forms decide per row, from the plan's positions, what the model used to
+// decide on the host: a row with no more candidates than the selection keeps sees
+// everything (and the indexer leaves its output alone), the others their selection
+// (pooled: the picked pools' cells and the trailing partial pool). Each row's result
+// is the per-query form's with that decision.
+TEST(AttentionBackend, StepFormsDecideEachRowFromItsPosition) {
+    BackendOptions opt;
+    opt.n_threads = 2;
+    auto be = std::make_unique<cpu::CpuBackend>(opt);
+    constexpr int64_t D = 128, Hi = 4, rows = 64;
+    const Cache c0(rows, kWidth, 91), c1(rows, kWidth, 92), k0(rows, D, 93), k1(rows, D, 94);
+    auto cache = [](const Cache& c) {
+        return CacheRows{dev(reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(c.bits.data()))),
+                         c.width, CacheType::F16};
+    };
+    // Two sequences of three rows each.
+    const std::vector<int32_t> pos = {2, 10, 40, 5, 31, 63};
+    const int64_t T = int64_t(pos.size());
+    const std::vector<Backend::Segment> segs = {{cache(c0), 0, 3}, {cache(c1), 3, 3}};
+    const std::vector<Backend::Segment> keys = {{cache(k0), 0, 3}, {cache(k1), 3, 3}};
+    const std::vector<float> q = f16_floats(size_t(T * kHeads * kWidth), 95);
+    const std::vector<float> iq = f16_floats(size_t(T * Hi * D), 96);
+    const std::vector<float> iw = f16_floats(size_t(T * Hi), 97);
+    const float scale = 0.0625f;
+
+    // Tokens (pool 1), keep 8: rows at positions 2 and 5 see all their cells.
+    constexpr int64_t K = 8;
+    std::vector<int32_t> sel(size_t(T * K), -7);
+    be->indexer_select(dev(iq.data()), dev(iw.data()), dev(pos.data()), keys, 1, Hi, D, K,
+                       dev(sel.data()));
+    std::vector<float> out(size_t(T * kHeads * kValue));
+    be->mla_attention(dev(q.data()), dev(pos.data()), segs,
+                      Backend::Selection{dev(static_cast<const int32_t*>(sel.data())), K, K, 1},
+                      kHeads, kValue, scale, dev(out.data()));
+    for (int64_t t = 0; t < T; ++t) {
+        const int64_t n_vis = pos[size_t(t)] + 1;
+        const Cache& kc = t < 3 ? k0 : k1;
+        std::vector<int32_t> pick(size_t(K), -7);
+        if (n_vis > K) {
+            cpu::CpuBackend::IndexerQuery a{dev(iq.data() + t * Hi * D), dev(iw.data() + t * Hi),
+                                            cache(kc), int32_t(n_vis), dev(pick.data())};
+            be->indexer_select({&a, 1}, Hi, D, K);
+        }
+        EXPECT_TRUE(std::equal(pick.begin(), pick.end(), sel.begin() + t * K)) << "row " << t;
+        cpu::CpuBackend::AttentionQuery a;
+        a.q = dev(q.data() + t * kHeads * kWidth);
+        a.cache = cache(t < 3 ? c0 : c1);
+        if (n_vis > K)
+            a.visible = {0, dev(static_cast<const int32_t*>(pick.data())), int32_t(K)};
+        else
+            a.visible = {int32_t(n_vis), nullptr, 0};
+        std::vector<float> alone(size_t(kHeads * kValue));
+        a.out = dev(alone.data());
+        be->mla_attention({&a, 1}, kHeads, kValue, scale);
+        EXPECT_TRUE(same_bits(alone.data(), out.data() + t * kHeads * kValue, alone.size()))
+            << "row " << t;
+    }
+
+    // Pools of 4, keep 2 (a row past 12 cells selects): the picked pools' cells, then
+    // the trailing partial pool's.
+    constexpr int64_t B = 4, keep = 2, stride = keep * B + B;
+    std::vector<int32_t> picked(size_t(T * keep), -7), cells(size_t(T * stride), -7);
+    for (int64_t t = 0; t < T; ++t) {
+        picked[size_t(t * keep)] = 1;
+        picked[size_t(t * keep + 1)] = int32_t((pos[size_t(t)] + 1) / B - 1);
+    }
+    be->pool_cells(dev(static_cast<const int32_t*>(picked.data())), dev(pos.data()), T, keep, B,
+                   dev(cells.data()), stride);
+    for (int64_t t = 0; t < T; ++t) {
+        const int32_t n_vis = pos[size_t(t)] + 1;
+        std::vector<int32_t> want(size_t(stride), -7);
+        if (n_vis / B > keep) {
+            int64_t n = 0;
+            for (int64_t j = 0; j < keep; ++j)
+                for (int64_t s = 0; s < B; ++s)
+                    want[size_t(n++)] = int32_t(picked[size_t(t * keep + j)] * B + s);
+            for (int32_t c = (n_vis / B) * B; c < n_vis; ++c) want[size_t(n++)] = c;
+        }
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), cells.begin() + t * stride))
+            << "row " << t;
+    }
+    be->mla_attention(
+        dev(q.data()), dev(pos.data()), segs,
+        Backend::Selection{dev(static_cast<const int32_t*>(cells.data())), stride, keep, B}, kHeads,
+        kValue, scale, dev(out.data()));
+    for (int64_t t = 0; t < T; ++t) {
+        const int32_t n_vis = pos[size_t(t)] + 1;
+        cpu::CpuBackend::AttentionQuery a;
+        a.q = dev(q.data() + t * kHeads * kWidth);
+        a.cache = cache(t < 3 ? c0 : c1);
+        if (n_vis / B > keep)
+            a.visible = {0, dev(static_cast<const int32_t*>(cells.data() + t * stride)),
+                         int32_t(keep * B + n_vis % B)};
+        else
+            a.visible = {n_vis, nullptr, 0};
+        std::vector<float> alone(size_t(kHeads * kValue));
+        a.out = dev(alone.data());
+        be->mla_attention({&a, 1}, kHeads, kValue, scale);
+        EXPECT_TRUE(same_bits(alone.data(), out.data() + t * kHeads * kValue, alone.size()))
+            << "pooled row " << t;
+    }
+}
+
 // The decode roofline's cache bytes: each attention query counts the rows it
 // sees, each indexer query the keys it scores.
 TEST(AttentionBackend, CountsTheCacheRowsEachQueryReads) {
     BackendOptions opt;
     opt.n_threads = 2;
-    auto be = make_cpu_backend(opt);
+    auto be = std::make_unique<cpu::CpuBackend>(opt);
     const int64_t rows = 300;
     Cache c(rows, kWidth, 30);
     CacheRows cr{dev(reinterpret_cast<uint8_t*>(c.bits.data())), kWidth, CacheType::F16};
     const std::vector<int32_t> picked = {5, 250, 31};
     const auto q = f16_floats(size_t(kHeads * kWidth), 31);
     std::vector<float> o1(size_t(kHeads * kValue)), o2(o1.size());
-    std::vector<Backend::AttentionQuery> batch(2);
+    std::vector<cpu::CpuBackend::AttentionQuery> batch(2);
     batch[0].q = batch[1].q = dev(q.data());
     batch[0].cache = batch[1].cache = cr;
     batch[0].visible.n_dense = 200;
@@ -550,7 +654,7 @@ TEST(AttentionBackend, CountsTheCacheRowsEachQueryReads) {
     const auto iq = f16_floats(size_t(ih * dim), 33);
     const std::vector<float> w(static_cast<size_t>(ih), 0.5f);
     std::vector<int32_t> top(8);
-    Backend::IndexerQuery x;
+    cpu::CpuBackend::IndexerQuery x;
     x.q = dev(iq.data());
     x.w = dev(w.data());
     x.keys = CacheRows{dev(reinterpret_cast<uint8_t*>(k.bits.data())), dim, CacheType::F16};
@@ -580,7 +684,7 @@ float bf16_round(float x) {
 // A two-thread backend in --attn-bf16 mode; null (after checking that it is
 // refused) where the CPU has neither AMX-BF16 nor AVX-512 BF16 (the vector
 // form of the same kernels).
-std::unique_ptr<Backend> bf16_backend() {
+std::unique_ptr<cpu::CpuBackend> bf16_backend() {
     BackendOptions opt;
     opt.n_threads = 2;
     opt.attention_bf16 = true;
@@ -588,7 +692,7 @@ std::unique_ptr<Backend> bf16_backend() {
         EXPECT_THROW(make_cpu_backend(opt), Error);
         return nullptr;
     }
-    return make_cpu_backend(opt);
+    return std::make_unique<cpu::CpuBackend>(opt);
 }
 
 TEST(AttentionBf16, MatchesTheBf16RoundedReference) {
@@ -612,7 +716,7 @@ TEST(AttentionBf16, MatchesTheBf16RoundedReference) {
         const int64_t n = int64_t(pick.size());
         const auto q = f16_floats(size_t(H * W), 42);
         std::vector<float> out(size_t(H * V), -1.0f);
-        Backend::AttentionQuery a;
+        cpu::CpuBackend::AttentionQuery a;
         a.q = dev(q.data());
         a.cache =
             sh.f16
@@ -691,7 +795,7 @@ TEST(AttentionBf16, QueryOutputIndependentOfBatch) {
         const size_t first_other = 10, last_other = 11;  // queries that read `other`
         std::vector<std::vector<int32_t>> picks(lens.size());
         std::vector<std::vector<float>> qs, outs(lens.size());
-        std::vector<Backend::AttentionQuery> batch(lens.size());
+        std::vector<cpu::CpuBackend::AttentionQuery> batch(lens.size());
         for (size_t i = 0; i < lens.size(); ++i) {
             qs.push_back(f16_floats(size_t(H * kWidth), 60 + uint32_t(i)));
             outs[i].assign(size_t(H * kValue), 0.0f);
@@ -785,7 +889,7 @@ TEST(AttentionBf16, IndexerPicksTheBf16RoundedTopK) {
         const std::vector<int> cache_of = {0, 1, 0, 0};
         std::vector<std::vector<float>> qs, ws;
         std::vector<std::vector<int32_t>> picks(lens.size(), std::vector<int32_t>(size_t(K)));
-        std::vector<Backend::IndexerQuery> batch(lens.size());
+        std::vector<cpu::CpuBackend::IndexerQuery> batch(lens.size());
         for (size_t i = 0; i < lens.size(); ++i) {
             qs.push_back(f16_floats(size_t(H * D), 80 + uint32_t(i)));
             ws.push_back(f16_floats(size_t(H), 90 + uint32_t(i)));
@@ -836,7 +940,7 @@ TEST(AttentionBf16, IndexerPicksTheBf16RoundedTopK) {
                 }
             }
             std::vector<int32_t> alone(static_cast<size_t>(K));
-            Backend::IndexerQuery a = batch[i];
+            cpu::CpuBackend::IndexerQuery a = batch[i];
             a.out_rows = dev(alone.data());
             be->indexer_select({&a, 1}, H, D, K);
             EXPECT_EQ(alone, picks[i]) << "heads " << H << " query " << i;

@@ -119,15 +119,6 @@ struct CacheRows {
     size_t row_bytes() const { return size_t(width) * cache_elem_size(type); }
 };
 
-// Which cached rows one query attends to: either the dense prefix [0, n) or
-// an explicit list of row indices (the indexer's top-k selection, in backend
-// memory: the selection never visits the host).
-struct Visible {
-    int32_t n_dense = 0;         // > 0: rows [0, n_dense)
-    DevPtr<const int32_t> rows;  // otherwise: n_rows listed rows
-    int32_t n_rows = 0;
-};
-
 // A mixture of experts' routing: a sigmoid router with a selection-only bias, the top
 // n_used experts, their weights renormalised and scaled.
 struct MoeRouter {
@@ -350,33 +341,47 @@ class Backend {
     virtual void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride,
                              int64_t n_tok, DevPtr<const int32_t> pos) = 0;
 
-    // Lightning-indexer selection for one query token: score(s) = sum_h w[h] *
-    // relu(q[h] . k[s]) over keys s < n_keys; writes the indices of the top_k
-    // highest scores (ties to the lower index) to out_rows (ascending order).
-    // Queries are rounded to the cache type like the keys.
-    struct IndexerQuery {
-        DevPtr<const float> q;  // [n_heads][dim]
-        DevPtr<const float> w;  // [n_heads]
-        CacheRows keys;         // this query's sequence's key cache
-        int32_t n_keys = 0;
-        DevPtr<int32_t> out_rows;  // top_k entries
-    };
-    virtual void indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
-                                int64_t top_k) = 0;
-
-    // MLA (absorbed, MQA over latent rows) for a batch of queries. For each
-    // query t and head h: s_j = scale * q[t][h] . row_j over its visible rows
-    // (rows are [latent | rope], width = q width), p = softmax(s),
-    // out[t][h] = sum_j p_j * row_j[0..v_width). With an F16 cache the query
-    // and the probabilities are rounded to F16, as llama.cpp's F16 path does.
-    struct AttentionQuery {
-        DevPtr<const float> q;  // [n_heads][width]
+    // A step's rows come in segments, one per sequence: batch rows [first, first + n),
+    // with that sequence's cache for the op's layer. What a row sees follows from its
+    // position in the step's plan alone (causal: n_vis = pos[t] + 1 cells), so the op
+    // list of one shape of step is the same whatever the positions: the ops decide per
+    // row, on the backend, what is dense and what is selected.
+    struct Segment {
         CacheRows cache;
-        Visible visible;
-        DevPtr<float> out;  // [n_heads][v_width]
+        int64_t first = 0, n = 0;
     };
-    virtual void mla_attention(std::span<const AttentionQuery> queries, int64_t n_heads,
-                               int64_t v_width, float scale) = 0;
+    // A sparse selection. A row with more than `keep` candidates (cells, or complete
+    // pools of `pool` cells: n_vis / pool of them) sees the keep * pool + n_vis % pool
+    // cells listed at rows[t * stride ..]; a row with fewer sees all of its n_vis cells.
+    // A null `rows`: every row sees all of them.
+    struct Selection {
+        DevPtr<const int32_t> rows;
+        int64_t stride = 0;
+        int64_t keep = 0;
+        int64_t pool = 1;
+    };
+
+    // Lightning-indexer selection: for each of the segments' rows t with more than top_k
+    // candidates (n_vis / pool: tokens when pool is 1, complete pools otherwise),
+    // score(s) = sum_h w[t][h] * relu(q[t][h] . key_s) over its candidates (rows of its
+    // segment's cache); the indices of the top_k highest scores (ties to the lower index),
+    // ascending, to out[t * top_k ..]. Other rows are left alone. q: [T][n_heads][dim]
+    // (rounded to the cache type like the keys), w: [T][n_heads].
+    virtual void indexer_select(DevPtr<const float> q, DevPtr<const float> w,
+                                DevPtr<const int32_t> pos, std::span<const Segment> keys,
+                                int64_t pool, int64_t n_heads, int64_t dim, int64_t top_k,
+                                DevPtr<int32_t> out) = 0;
+
+    // MLA (absorbed, MQA over latent rows) for the segments' rows. For each row t and
+    // head h: s_j = scale * q[t][h] . row_j over the cache rows `sel` lets t see
+    // (rows are [latent | rope], width = q width), p = softmax(s),
+    // out[t][h] = sum_j p_j * row_j[0..v_width). q: [T][n_heads][width],
+    // out: [T][n_heads][v_width]. With an F16 cache the query and the probabilities are
+    // rounded to F16, as llama.cpp's F16 path does.
+    virtual void mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos,
+                               std::span<const Segment> segs, const Selection& sel,
+                               int64_t n_heads, int64_t v_width, float scale,
+                               DevPtr<float> out) = 0;
 
     // For each of n_rows rows of logits [n_rows][n_vocab]: the greedy pick (ties to the
     // lowest id) and its probability among the ten most likely tokens (the softmax over
@@ -506,17 +511,14 @@ class Backend {
     virtual void pool_compress(const CacheRows& cells, int64_t key_width, int64_t gate_width,
                                int64_t pool_size, const float* ape, const float* norm_w, float eps,
                                const CacheRows& pools, int64_t first_pool, int64_t n_pools) = 0;
-    // The cells a pooled selection lets one query see: its n_sel picked pools
-    // (ascending) expanded to their cells j*B .. j*B+B-1, then the cells of
-    // its trailing partial pool [(n_vis / B) * B, n_vis); `rows` receives
-    // n_sel*B + n_vis % B indices.
-    struct PoolCells {
-        DevPtr<const int32_t> picked;  // n_sel pool indices (indexer_select's output)
-        int32_t n_vis = 0;             // cells visible to the query
-        DevPtr<int32_t> rows;
-    };
-    virtual void pool_cells(std::span<const PoolCells> queries, int64_t n_sel,
-                            int64_t pool_size) = 0;
+    // The cells a pooled selection lets each of n_rows rows see, for the rows past
+    // the dense limit (n_vis / pool_size > n_sel, n_vis = pos[t] + 1): its n_sel picked
+    // pools (picked[t * n_sel ..], ascending: indexer_select's output) expanded to their
+    // cells j*B .. j*B+B-1, then the cells of its trailing partial pool
+    // [(n_vis / B) * B, n_vis), to rows[t * stride ..] (n_sel*B + n_vis % B indices).
+    virtual void pool_cells(DevPtr<const int32_t> picked, DevPtr<const int32_t> pos,
+                            int64_t n_rows, int64_t n_sel, int64_t pool_size,
+                            DevPtr<int32_t> rows, int64_t stride) = 0;
     // ==== end of glm5next ops ===================================================
 
     // ==== vision tower ops (docs/glm5next-format.md section 12.4) ================

@@ -4,6 +4,7 @@
 // --attn-bf16: decode's blocks split across threads, prefill in runs of queries).
 #include "backend/cpu_backend.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -25,6 +26,44 @@ void CpuBackend::cache_store(const CacheRows& c, DevPtr<const float> x_, int64_t
             simd().f32_to_f16(c.width, src, reinterpret_cast<uint16_t*>(dst));
         }
     }
+}
+
+// The step forms: each segment's rows become per-query lists, decided from the plan's
+// positions here rather than by the model on the host.
+void CpuBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
+                                DevPtr<const int32_t> pos_, std::span<const Segment> keys,
+                                int64_t pool, int64_t n_heads, int64_t dim, int64_t top_k,
+                                DevPtr<int32_t> out) {
+    const int32_t* pos = host(pos_);
+    std::vector<IndexerQuery> queries;
+    for (const Segment& s : keys)
+        for (int64_t t = s.first; t < s.first + s.n; ++t) {
+            const int64_t candidates = (int64_t(pos[t]) + 1) / pool;
+            if (candidates <= top_k) continue;
+            queries.push_back({q + t * n_heads * dim, w + t * n_heads, s.cache,
+                               int32_t(candidates), out + t * top_k});
+        }
+    if (!queries.empty()) indexer_select(queries, n_heads, dim, top_k);
+}
+
+void CpuBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos_,
+                               std::span<const Segment> segs, const Selection& sel,
+                               int64_t n_heads, int64_t v_width, float scale, DevPtr<float> out) {
+    const int32_t* pos = host(pos_);
+    int64_t T = 0;
+    for (const Segment& s : segs) T = std::max(T, s.first + s.n);
+    std::vector<AttentionQuery> queries(static_cast<size_t>(T));  // in batch order
+    for (const Segment& s : segs)
+        for (int64_t t = s.first; t < s.first + s.n; ++t) {
+            const int64_t n_vis = int64_t(pos[t]) + 1;
+            Visible v{int32_t(n_vis), nullptr, 0};
+            if (sel.rows && n_vis / sel.pool > sel.keep)
+                v = Visible{0, sel.rows + t * sel.stride,
+                            int32_t(sel.keep * sel.pool + n_vis % sel.pool)};
+            queries[size_t(t)] = {q + t * n_heads * s.cache.width, s.cache, v,
+                                  out + t * n_heads * v_width};
+        }
+    if (!queries.empty()) mla_attention(queries, n_heads, v_width, scale);
 }
 
 void CpuBackend::indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,

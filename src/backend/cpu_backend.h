@@ -205,11 +205,41 @@ class CpuBackend final : public Backend {
     void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
                      DevPtr<const int32_t> pos) override;
 
-    void indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
-                        int64_t top_k) override;
+    void indexer_select(DevPtr<const float> q, DevPtr<const float> w, DevPtr<const int32_t> pos,
+                        std::span<const Segment> keys, int64_t pool, int64_t n_heads, int64_t dim,
+                        int64_t top_k, DevPtr<int32_t> out) override;
+    void mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos,
+                       std::span<const Segment> segs, const Selection& sel, int64_t n_heads,
+                       int64_t v_width, float scale, DevPtr<float> out) override;
 
+    // The same ops over explicit per-query lists (what the step forms above build from
+    // the plan; the kernels' tests drive them directly).
+    //
+    // Which cached rows one query attends to: the dense prefix [0, n_dense) or the
+    // n_rows listed rows.
+    struct Visible {
+        int32_t n_dense = 0;
+        DevPtr<const int32_t> rows;
+        int32_t n_rows = 0;
+    };
+    // One indexer query: its top_k of keys s < n_keys into out_rows.
+    struct IndexerQuery {
+        DevPtr<const float> q;  // [n_heads][dim]
+        DevPtr<const float> w;  // [n_heads]
+        CacheRows keys;         // this query's sequence's key cache
+        int32_t n_keys = 0;
+        DevPtr<int32_t> out_rows;  // top_k entries
+    };
+    void indexer_select(std::span<const IndexerQuery> queries, int64_t n_heads, int64_t dim,
+                        int64_t top_k);
+    struct AttentionQuery {
+        DevPtr<const float> q;  // [n_heads][width]
+        CacheRows cache;
+        Visible visible;
+        DevPtr<float> out;  // [n_heads][v_width]
+    };
     void mla_attention(std::span<const AttentionQuery> queries, int64_t n_heads, int64_t v_width,
-                       float scale) override;
+                       float scale);
 
     // ---- mixture of experts ----------------------------------------------------
     void draft_pick(DevPtr<const float> logits, int64_t n_rows, int64_t n_vocab,
@@ -246,7 +276,9 @@ class CpuBackend final : public Backend {
     void pool_compress(const CacheRows& cells, int64_t key_width, int64_t gate_width,
                        int64_t pool_size, const float* ape, const float* norm_w, float eps,
                        const CacheRows& pools, int64_t first_pool, int64_t n_pools) override;
-    void pool_cells(std::span<const PoolCells> queries, int64_t n_sel, int64_t pool_size) override;
+    void pool_cells(DevPtr<const int32_t> picked, DevPtr<const int32_t> pos, int64_t n_rows,
+                    int64_t n_sel, int64_t pool_size, DevPtr<int32_t> rows,
+                    int64_t stride) override;
     // ==== end of glm5next ops =====================================================
 
     // ==== vision tower ops (cpu_vision.cpp) ========================================

@@ -50,14 +50,19 @@ void CpuBackend::pool_compress(const CacheRows& cells, int64_t Dk, int64_t Gw, i
     });
 }
 
-void CpuBackend::pool_cells(std::span<const PoolCells> queries, int64_t n_sel, int64_t B) {
-    for (const PoolCells& q : queries) {
-        const int32_t* picked = host(q.picked);
-        int32_t* r = host(q.rows);
+void CpuBackend::pool_cells(DevPtr<const int32_t> picked_, DevPtr<const int32_t> pos_,
+                            int64_t n_rows, int64_t n_sel, int64_t B, DevPtr<int32_t> rows,
+                            int64_t stride) {
+    const int32_t* pos = host(pos_);
+    for (int64_t t = 0; t < n_rows; ++t) {
+        const int64_t n_vis = int64_t(pos[t]) + 1;
+        if (n_vis / B <= n_sel) continue;
+        const int32_t* picked = host(picked_ + t * n_sel);
+        int32_t* r = host(rows + t * stride);
         int64_t n = 0;
         for (int64_t j = 0; j < n_sel; ++j)
             for (int64_t s = 0; s < B; ++s) r[n++] = int32_t(picked[j] * B + s);
-        for (int64_t cell = (q.n_vis / B) * B; cell < q.n_vis; ++cell) r[n++] = int32_t(cell);
+        for (int64_t cell = (n_vis / B) * B; cell < n_vis; ++cell) r[n++] = int32_t(cell);
     }
 }
 

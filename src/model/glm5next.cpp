@@ -426,11 +426,9 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, DevPtr<const
         T);
 
     // Which cells each query attends to: all of them while no pool can be
-    // dropped, else the picked pools plus the query's trailing partial pool.
-    std::vector<backend::Visible> visible(static_cast<size_t>(T));
-    for (const auto& s : b.segs)
-        for (int64_t i = 0; i < s.n; ++i)
-            visible[size_t(s.first + i)] = backend::Visible{int32_t(s.n_past + i + 1), nullptr, 0};
+    // dropped, else the picked pools plus the query's trailing partial pool (the
+    // backend decides per row from the plan's positions).
+    Backend::Selection sel;
     if (!L.indexer) {
         mla.project(x);
     } else {
@@ -442,18 +440,13 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, DevPtr<const
         DevPtr<float> iw = b.w[8];       // [T][Hi]
 
         // The indexer's projections go with the attention's: per-cell key and
-        // gate, and the query side only when some query is past the dense
-        // limit.
-        bool any = false;
-        for (const auto& s : b.segs)
-            for (int64_t i = 0; i < s.n; ++i) {
-                const int64_t n_vis = s.n_past + i + 1, P = n_vis / B;
-                any = any || (P > n_sel && !dense_attention_);
-            }
+        // gate, and the query side (every step: the op list does not depend on
+        // positions, whether or not a row is past the dense limit yet).
+        const bool select = !dense_attention_;
         const MlaBlock::MatmulOut from_x[] = {
             {&L.idx_kv, cellrow, CW}, {&L.idx_gate, cellrow + Di, CW}, {&L.idx_proj, iw, Hi}};
         const MlaBlock::MatmulOut from_qr[] = {{&L.idx_q_b, iq, Hi * Di}};
-        mla.project(x, std::span(from_x, any ? 3 : 2), std::span(from_qr, any ? 1 : 0));
+        mla.project(x, std::span(from_x, select ? 3 : 2), std::span(from_qr, select ? 1 : 0));
 
         // Cache each cell's key and gate; then the keys of the pools this
         // batch completes.
@@ -468,31 +461,25 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, DevPtr<const
         // Queries past the dense limit score the complete pools; the picks
         // become cell rows on the backend (the picked pools ascending, then
         // the query's trailing partial pool).
-        if (any) {
-            std::vector<Backend::IndexerQuery> queries;
-            std::vector<Backend::PoolCells> cells;
+        if (select) {
             const int64_t per_query = n_sel * B + B;
             const DevPtr<int32_t> picked = be.scratch_ids(size_t(T * n_sel));
             const DevPtr<int32_t> rows = be.scratch_ids(size_t(T * per_query));
             be.scale(iw, 1.0f / std::sqrt(float(Di * Hi)), T * Hi);
-            for (const auto& s : b.segs)
-                for (int64_t i = 0; i < s.n; ++i) {
-                    const int64_t t = s.first + i, n_vis = s.n_past + i + 1, P = n_vis / B;
-                    if (P <= n_sel || dense_attention_) continue;
-                    queries.push_back({iq + t * Hi * Di, iw + t * Hi, s.state->pools(il),
-                                       int32_t(P), picked + t * n_sel});
-                    cells.push_back({picked + t * n_sel, int32_t(n_vis), rows + t * per_query});
-                    visible[size_t(t)] =
-                        backend::Visible{0, rows + t * per_query, int32_t(n_sel * B + n_vis % B)};
-                }
-            be.indexer_select(queries, Hi, Di, n_sel);
-            be.pool_cells(cells, n_sel, B);
+            std::vector<Backend::Segment> pools;
+            for (const auto& s : b.segs) pools.push_back({s.state->pools(il), s.first, s.n});
+            be.indexer_select(iq, iw, b.plan.pos, pools, B, Hi, Di, n_sel, picked);
+            be.pool_cells(picked, b.plan.pos, T, n_sel, B, rows, per_query);
+            sel = {rows, per_query, n_sel, B};
             if (selection_hook_) {  // a diagnostic: the picks read back to the host
                 std::vector<int32_t> picks(static_cast<size_t>(n_sel));
-                for (const Backend::PoolCells& c : cells) {
-                    be.read(c.picked, picks.data(), picks.size());
-                    selection_hook_(il, c.n_vis - 1, picks);
-                }
+                for (const auto& s : b.segs)
+                    for (int64_t i = 0; i < s.n; ++i) {
+                        const int64_t t = s.first + i, n_vis = s.n_past + i + 1;
+                        if (n_vis / B <= n_sel) continue;
+                        be.read(picked + t * n_sel, picks.data(), picks.size());
+                        selection_hook_(il, n_vis - 1, picks);
+                    }
             }
         }
     }
@@ -500,7 +487,7 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, DevPtr<const
     // Attention in latent space over the visible cache rows (width R, no rope).
     std::vector<MlaSeq> seqs;
     for (const auto& s : b.segs) seqs.push_back({&s.state->latent(il), s.first, s.n});
-    mla.attend(b.plan.pos, seqs, visible, out);
+    mla.attend(b.plan.pos, seqs, sel, out);
 }
 
 // Dense SwiGLU (clamped with the shared-expert limit) or the MoE (spec 6.7, 6.8).

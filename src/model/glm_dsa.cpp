@@ -240,7 +240,8 @@ struct GlmDsaModel::Buffers {
     DevPtr<float> xn, tmp, iq, ik, iw, fg, fu;
     MlaBuffers mla;
     DevPtr<int32_t> sel;  // the indexer's selection, reused by shared layers
-    std::vector<backend::Visible> visible;
+    // What the attention sees: dense until a full layer's indexer has selected.
+    backend::Backend::Selection selection;
     Buffers(backend::Backend& be, const GlmDsaHParams& h, int64_t T) {
         const int64_t E = h.n_embd, H = h.n_head, W = h.kv_lora + h.n_rot;
         const int64_t F = std::max(h.n_ff, h.n_ff_exp);
@@ -258,13 +259,12 @@ struct GlmDsaModel::Buffers {
         fg = be.scratch(size_t(T * F));
         fu = be.scratch(size_t(T * F));
         sel = be.scratch_ids(size_t(T * h.idx_top_k));
-        visible.resize(size_t(T));
     }
 };
 
 // One decoder block over the rows of x: attention norm, q/kv projections,
 // the lightning indexer (full layers), absorbed MLA, then the dense or MoE FFN.
-void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T, const int32_t* pos,
+void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T,
                         DevPtr<const int32_t> dpos, std::span<const BlockSegment> segs) {
     backend::Backend& be = *backend_;
     const GlmDsaHParams& h = hp_;
@@ -291,28 +291,20 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T, 
             be.cache_store(*s.keys, b.ik + s.first * Di, Di, s.n, dpos + s.first);
         be.scale(b.iw, 1.0f / std::sqrt(float(Di * Hi)), T * Hi);
 
-        // While a query sees no more than top_k tokens it keeps them all.
-        std::vector<backend::Backend::IndexerQuery> queries;
-        for (const BlockSegment& s : segs) {
-            for (int64_t i = 0; i < s.n; ++i) {
-                const int64_t t = s.first + i;
-                const int32_t n_vis = pos[t] + 1;
-                if (n_vis <= h.idx_top_k || dense_attention_) {
-                    b.visible[size_t(t)] = backend::Visible{n_vis, nullptr, 0};
-                    continue;
-                }
-                const DevPtr<int32_t> rows = b.sel + t * h.idx_top_k;
-                queries.push_back({b.iq + t * Hi * Di, b.iw + t * Hi, *s.keys, n_vis, rows});
-                b.visible[size_t(t)] = backend::Visible{0, rows, int32_t(h.idx_top_k)};
-            }
+        // While a row sees no more than top_k tokens it keeps them all: the backend
+        // decides per row from the plan's positions.
+        if (!dense_attention_) {
+            std::vector<Backend::Segment> keys;
+            for (const BlockSegment& s : segs) keys.push_back({*s.keys, s.first, s.n});
+            be.indexer_select(b.iq, b.iw, dpos, keys, 1, Hi, Di, h.idx_top_k, b.sel);
+            b.selection = {b.sel, h.idx_top_k, h.idx_top_k, 1};
         }
-        if (!queries.empty()) be.indexer_select(queries, Hi, Di, h.idx_top_k);
     }
 
     // ---- MLA, absorbed: queries in latent space against [c | k_rope] rows
     std::vector<MlaSeq> seqs;
     for (const BlockSegment& s : segs) seqs.push_back({s.latent, s.first, s.n});
-    mla.attend(dpos, seqs, b.visible, b.tmp);
+    mla.attend(dpos, seqs, b.selection, b.tmp);
     be.reduce_sum(b.tmp, T * E);  // tensor parallel: every rank's heads
     be.add(x, b.tmp, T * E);
 
@@ -382,7 +374,7 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
             const Segment& s = fb.segs[i];
             segs[i] = {&s.state->latent(il), &s.state->keys(il), s.first, s.n};
         }
-        block(layers_[size_t(il)], b, x, T, fb.pos.data(), plan.pos, segs);
+        block(layers_[size_t(il)], b, x, T, plan.pos, segs);
     }
     if (!sr.head) {
         be.send_rows(*span.rows_out, x, size_t(T * E));
@@ -495,10 +487,8 @@ DevPtr<float> GlmDsaModel::mtp_block(std::span<const int32_t> tokens, std::span<
     be.rms_norm(hh, E, nx.hnorm, M, E, h.eps, cat + E, 2 * E);
     const DevPtr<float> x = be.scratch(size_t(M * E));
     be.matmul(nx.eh_proj, cat, 2 * E, M, x, E);
-    Buffers b(be, h, M);
-    for (int64_t t = 0; t < M; ++t)
-        b.visible[size_t(t)] = backend::Visible{pos[size_t(t)] + 1, nullptr, 0};
-    block(nx.block, b, x, M, pos.data(), plan.pos, segs);
+    Buffers b(be, h, M);  // no indexer: the block attends densely
+    block(nx.block, b, x, M, plan.pos, segs);
     be.rms_norm(x, E, nx.shared_head_norm, M, E, h.eps, x, E);
     return x;
 }

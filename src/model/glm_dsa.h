@@ -104,9 +104,9 @@ class GlmDsaModel final : public Model {
     };
 
     void load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_indexer);
-    // pos: every row's position, on the host (which rows a query sees) and in the
-    // step's plan (dpos: the ops read it there).
-    void block(const Layer& L, Buffers& b, backend::DevPtr<float> x, int64_t T, const int32_t* pos,
+    // dpos: every row's position, in the step's plan (the ops read it there, and
+    // decide from it what each row sees).
+    void block(const Layer& L, Buffers& b, backend::DevPtr<float> x, int64_t T,
                backend::DevPtr<const int32_t> dpos, std::span<const BlockSegment> segs);
     void mtp_catch_up(const FlatBatch<DsaState>& fb, backend::DevPtr<const float> hn);
     backend::DevPtr<float> mtp_block(std::span<const int32_t> tokens, std::span<const int32_t> pos,

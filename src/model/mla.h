@@ -2,8 +2,8 @@
 // (glm-dsa with RoPE on part of each head, glm5next NoPE): the query and kv
 // LoRA projections with their norms, the k_b absorption, attention over the
 // cached latent rows, v_b and the output projection. Which rows each query
-// sees is the architecture's business (its indexer): it hands in one Visible
-// per query.
+// sees is the architecture's business (its indexer): it hands in the selection
+// its indexer wrote, which the backend applies per row from the step's positions.
 #pragma once
 
 #include <cstdint>
@@ -74,13 +74,13 @@ class MlaBlock {
     void project(backend::DevPtr<const float> xn, std::span<const MatmulOut> from_x = {},
                  std::span<const MatmulOut> from_qr = {}) const;
 
-    // The rest, once each query's visible rows are known: the latent norm and
-    // k_rope's position, the rows into each sequence's cache at `pos` (the step's
-    // plan), the
-    // absorbed queries, attention, and the heads' outputs projected to out
-    // [T][n_embd] (under tensor parallelism this rank's part of the sum).
+    // The rest, once the indexer has selected: the latent norm and k_rope's
+    // position, the rows into each sequence's cache at `pos` (the step's plan), the
+    // absorbed queries, attention over what `sel` lets each row see, and the heads'
+    // outputs projected to out [T][n_embd] (under tensor parallelism this rank's
+    // part of the sum).
     void attend(backend::DevPtr<const int32_t> pos, std::span<const MlaSeq> seqs,
-                std::span<const backend::Visible> visible, backend::DevPtr<float> out) const;
+                const backend::Backend::Selection& sel, backend::DevPtr<float> out) const;
 
   private:
     backend::Backend& be_;
