@@ -379,9 +379,8 @@ class Backend {
     // out: [T][n_heads][v_width]. With an F16 cache the query and the probabilities are
     // rounded to F16, as llama.cpp's F16 path does.
     virtual void mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos,
-                               std::span<const Segment> segs, const Selection& sel,
-                               int64_t n_heads, int64_t v_width, float scale,
-                               DevPtr<float> out) = 0;
+                               std::span<const Segment> segs, const Selection& sel, int64_t n_heads,
+                               int64_t v_width, float scale, DevPtr<float> out) = 0;
 
     // For each of n_rows rows of logits [n_rows][n_vocab]: the greedy pick (ties to the
     // lowest id) and its probability among the ten most likely tokens (the softmax over
@@ -516,9 +515,9 @@ class Backend {
     // pools (picked[t * n_sel ..], ascending: indexer_select's output) expanded to their
     // cells j*B .. j*B+B-1, then the cells of its trailing partial pool
     // [(n_vis / B) * B, n_vis), to rows[t * stride ..] (n_sel*B + n_vis % B indices).
-    virtual void pool_cells(DevPtr<const int32_t> picked, DevPtr<const int32_t> pos,
-                            int64_t n_rows, int64_t n_sel, int64_t pool_size,
-                            DevPtr<int32_t> rows, int64_t stride) = 0;
+    virtual void pool_cells(DevPtr<const int32_t> picked, DevPtr<const int32_t> pos, int64_t n_rows,
+                            int64_t n_sel, int64_t pool_size, DevPtr<int32_t> rows,
+                            int64_t stride) = 0;
     // ==== end of glm5next ops ===================================================
 
     // ==== vision tower ops (docs/glm5next-format.md section 12.4) ================

@@ -40,15 +40,15 @@ void CpuBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
         for (int64_t t = s.first; t < s.first + s.n; ++t) {
             const int64_t candidates = (int64_t(pos[t]) + 1) / pool;
             if (candidates <= top_k) continue;
-            queries.push_back({q + t * n_heads * dim, w + t * n_heads, s.cache,
-                               int32_t(candidates), out + t * top_k});
+            queries.push_back({q + t * n_heads * dim, w + t * n_heads, s.cache, int32_t(candidates),
+                               out + t * top_k});
         }
     if (!queries.empty()) indexer_select(queries, n_heads, dim, top_k);
 }
 
 void CpuBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos_,
-                               std::span<const Segment> segs, const Selection& sel,
-                               int64_t n_heads, int64_t v_width, float scale, DevPtr<float> out) {
+                               std::span<const Segment> segs, const Selection& sel, int64_t n_heads,
+                               int64_t v_width, float scale, DevPtr<float> out) {
     const int32_t* pos = host(pos_);
     int64_t T = 0;
     for (const Segment& s : segs) T = std::max(T, s.first + s.n);
