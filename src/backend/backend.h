@@ -227,6 +227,25 @@ class Backend {
     void write(DevPtr<T> dst, const T* host_src, size_t n) {
         write_bytes(dst.template as<uint8_t>(), host_src, n * sizeof(T));
     }
+    // ---- weights -----------------------------------------------------------
+    // Each matrix the products read is registered once, at load, and the products take
+    // the Weight registration returns. The CPU backend returns the view as it is or, with
+    // `copy`, its matrices repacked into the interleaved layout of its GEMM, in memory it
+    // owns until it is destroyed; a device backend would copy each into its memory. The
+    // bits do not depend on which. `name` names the matrix in errors.
+    virtual Weight register_weight(const Weight& w, bool copy, const std::string& name) {
+        (void)copy;
+        (void)name;
+        return w;
+    }
+    // The bytes register_weight(copy = true) allocates for such a matrix (0: it keeps the
+    // view): what the loader plans with before it asks.
+    virtual size_t weight_copy_bytes(quant::Type t, int64_t cols, int64_t rows,
+                                     int64_t slices) const {
+        (void)t, (void)cols, (void)rows, (void)slices;
+        return 0;
+    }
+
     // `why` names the copy ("snapshot", "restore", "grow") for the profile
     // and BackendOptions::fault_hook.
     virtual void copy_cache(DevPtr<uint8_t> dst, DevPtr<const uint8_t> src, size_t bytes,

@@ -108,7 +108,7 @@ class OpTimer {
 class CpuBackend final : public Backend {
   public:
     explicit CpuBackend(const BackendOptions& opt);
-    ~CpuBackend() override = default;
+    ~CpuBackend() override;
 
     std::string name() const override { return "cpu"; }
     int n_threads() const { return pool_.size(); }
@@ -138,6 +138,14 @@ class CpuBackend final : public Backend {
     void begin_step() override { pool_.hold(); }
     void end_step() override { pool_.release(); }
     bool threads_pinned() const { return pool_.pinned(); }
+
+    // ---- weights -----------------------------------------------------------------
+    // With `copy`, the matrices its interleaved GEMM reads (quant/repack.h: Q4_K, Q6_K,
+    // Q5_0, Q8_0 with AVX-512 VNNI) repacked on the pool's threads into read-only
+    // anonymous memory; anything else keeps its view.
+    Weight register_weight(const Weight& w, bool copy, const std::string& name) override;
+    size_t weight_copy_bytes(quant::Type t, int64_t cols, int64_t rows,
+                             int64_t slices) const override;
 
     // ---- memory ------------------------------------------------------------
     DevPtr<float> scratch(size_t n_floats) override;
@@ -435,7 +443,8 @@ class CpuBackend final : public Backend {
     ThreadPool::Stats pool_base_;  // at the last reset_counters()
     static constexpr size_t kMappedCache = size_t(1) << 20;
     std::mutex mapped_mu_;
-    std::map<uint8_t*, size_t> mapped_;  // cache mappings and their sizes
+    std::map<uint8_t*, size_t> mapped_;                    // cache mappings and their sizes
+    std::vector<std::pair<void*, size_t>> weight_copies_;  // registered repacks
     std::vector<PerThread> per_thread_;
     std::vector<Block> blocks_;
     size_t cur_ = 0;

@@ -199,7 +199,7 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
       host_experts_(opt.host_experts),
       experts_be_(opt.experts_backend),
-      tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_) {
+      tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_, &be) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
     full_heads_ = hp_.n_head;
     check_expert_placement(opt, f.path());

@@ -144,7 +144,7 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
       host_experts_(opt.host_experts),
       experts_be_(opt.experts_backend),
-      tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_) {
+      tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_, &be) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
     if (opt.tp_size > 1 && (hp_.n_head % opt.tp_size != 0 || opt.tp_rank < 0 ||
                             opt.tp_rank >= opt.tp_size || !opt.layers.whole()))

@@ -208,9 +208,9 @@ struct LoadOptions {
     // --no-mmap: copy the weights into anonymous memory instead of serving
     // them from the read-only file mapping (the default).
     bool in_memory = false;
-    // --repack: the matrices the CPU has an interleaved GEMM for (Q4_K, Q6_K,
-    // Q5_0, Q8_0 with AVX-512 VNNI) are repacked into memory at load; results
-    // are bit-identical, only faster.
+    // --repack: the backend may keep its own copy of each matrix it registers
+    // (Backend::register_weight: the CPU backend repacks Q4_K, Q6_K, Q5_0 and Q8_0
+    // for its AVX-512 VNNI GEMM); results are bit-identical, only faster.
     bool repack = false;
     // With repack: when the copies would not fit in available memory, serve
     // the weights from the file as they are (ModelInfo::repack_skipped says

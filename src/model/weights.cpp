@@ -12,7 +12,6 @@
 #include "core/memory.h"
 #include "gguf/gguf.h"
 #include "quant/quant.h"
-#include "quant/repack.h"
 
 namespace glm5::model {
 
@@ -72,17 +71,20 @@ void describe_layers(ModelInfo& info, const HeldLayers& h) {
 }
 
 TensorSource::TensorSource(const gguf::File& f, bool in_memory, bool repack, bool repack_if_fits,
-                           HeldLayers held)
+                           HeldLayers held, backend::Backend* be)
     : file_(f),
       held_(held),
       whole_(held.n_layer == 0 || held.whole()),
       in_memory_(in_memory),
-      repack_(repack) {
+      repack_(repack && be),
+      be_(be) {
     if (!in_memory_ && !repack_) return;
     uint64_t total = 0;
-    for (const auto& t : f.tensors())
-        if (holds(t.name) && (in_memory_ || quant::repack_supported(t.type, t.ne[0])))
-            total += t.nbytes;
+    for (const auto& t : f.tensors()) {
+        if (!holds(t.name)) continue;
+        const size_t copy = repack_ ? be_->weight_copy_bytes(t.type, t.ne[0], t.ne[1], t.ne[2]) : 0;
+        total += copy ? copy : in_memory_ ? t.nbytes : 0;
+    }
     const uint64_t avail = available_memory().bytes;
     // Reading the file fills the page cache too, but the kernel can drop
     // that; the copies themselves must fit.
@@ -169,18 +171,18 @@ backend::Weight TensorSource::matrix(const std::string& name, std::initializer_l
         return w;
     }
     bytes_used_ += t.nbytes;
-    if (repack_ && layout == Layout::Products && quant::repack_supported(w.type, w.cols) &&
-        w.rows >= quant::repack_rows(w.type)) {
-        const size_t packed = quant::repacked_bytes(w.type, w.cols, w.rows);
-        w.data = own(packed * size_t(w.slices), name, [&](uint8_t* p) {
-            if (!repack_pool_)
-                repack_pool_ = std::make_unique<ThreadPool>(ThreadPool::default_threads());
-            quant::repack_slices(w.type, t.data, p, w.cols, w.rows, w.slices, *repack_pool_);
-        });
-        w.slice_bytes = packed;
-        w.repacked = true;
-        bytes_repacked_ += t.nbytes;
-        return w;
+    if (layout == Layout::Products && be_) {
+        // The backend's copy in its own layout, made from the mapping; else the view.
+        const size_t copy = repack_ ? be_->weight_copy_bytes(w.type, w.cols, w.rows, w.slices) : 0;
+        if (copy) {
+            w.data = t.data;
+            w = be_->register_weight(w, true, name);
+            bytes_repacked_ += t.nbytes;
+            bytes_copied_ += (copy + 4095) / 4096 * 4096;
+            return w;
+        }
+        w.data = place(t);
+        return be_->register_weight(w, false, name);
     }
     w.data = place(t);
     return w;

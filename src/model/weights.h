@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "core/thread_pool.h"
 #include "model/model.h"
 
 namespace glm5::gguf {
@@ -49,15 +48,17 @@ class TensorSource {
     // in_memory: copy every tensor handed out into anonymous memory (the
     // explicit --no-mmap mode) instead of serving it from the file mapping.
     // Refuses (ResourceError, with the numbers) when the copies cannot fit.
-    // repack: matrices the CPU has an interleaved GEMM for (quant/repack.h)
-    // are repacked into anonymous memory unless asked for as Layout::Plain;
-    // refused like in_memory when they cannot fit, unless repack_if_fits,
-    // which then repacks nothing and says why in repack_skipped().
+    // be: the backend the products run on; every Layout::Products matrix is
+    // registered with it (Backend::register_weight), and with `repack` the
+    // backend may keep a copy in its own layout (the CPU backend's interleaved
+    // GEMM); copies are refused like in_memory when they cannot fit, unless
+    // repack_if_fits, which then asks for none and says why in repack_skipped().
     // held: the tensors this process reads (a layer split); the others are
     // checked like any (presence, shape, type) but never read, copied or
     // repacked: their matrices point into the mapping and vectors are null.
     explicit TensorSource(const gguf::File& f, bool in_memory = false, bool repack = false,
-                          bool repack_if_fits = false, HeldLayers held = {});
+                          bool repack_if_fits = false, HeldLayers held = {},
+                          backend::Backend* be = nullptr);
     ~TensorSource();
     TensorSource(const TensorSource&) = delete;
     TensorSource& operator=(const TensorSource&) = delete;
@@ -112,9 +113,7 @@ class TensorSource {
     bool repack_ = false;
     std::string repack_skipped_;
     std::vector<std::pair<void*, size_t>> copies_;  // anonymous mappings we own
-    // Repacking runs on every core (one thread did about 0.4 GB/s); made on
-    // the first matrix repacked, its threads blocked idle once loading ends.
-    std::unique_ptr<ThreadPool> repack_pool_;
+    backend::Backend* be_ = nullptr;
 };
 
 // Views of part of a matrix or stack (tensor parallelism), in the file's row
