@@ -246,6 +246,18 @@ class Backend {
         return 0;
     }
 
+    // A read queued behind the ops issued so far: host_dst holds the values once sync()
+    // has returned, and is not touched by the caller before (a device overlaps the copy
+    // with the host's next work). The CPU backend's memory is the host's: it copies at once.
+    virtual void read_async(DevPtr<const uint8_t> src, void* host_dst, size_t bytes) {
+        read_bytes(src, host_dst, bytes);
+    }
+    virtual void sync() {}
+    template <class T>
+    void read_later(DevPtr<T> src, std::remove_const_t<T>* host_dst, size_t n) {
+        read_async(src.template as<const uint8_t>(), host_dst, n * sizeof(T));
+    }
+
     // `why` names the copy ("snapshot", "restore", "grow") for the profile
     // and BackendOptions::fault_hook.
     virtual void copy_cache(DevPtr<uint8_t> dst, DevPtr<const uint8_t> src, size_t bytes,

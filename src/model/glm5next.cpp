@@ -615,11 +615,12 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     DevPtr<float> lg = be.scratch(size_t(R * h.n_vocab));
     be.matmul(output_, xo, E, R, lg, h.n_vocab);
     step.end();
+    // The logits come back behind the step while the states advance.
     logits.resize(size_t(R * h.n_vocab));
-    be.read(lg, logits.data(), logits.size());
-
+    be.read_later(lg, logits.data(), logits.size());
     if (span.commit)
         for (const auto& s : b.segs) s.state->advance(s.n);
+    be.sync();
 }
 
 }  // namespace glm5::model

@@ -405,12 +405,14 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     }
     if (hn) mtp_catch_up(fb, hn);
     step.end();
+    // The logits come back behind the step while the states advance.
     if (R > 0) {
         logits.resize(size_t(R * h.n_vocab));
-        be.read(lg, logits.data(), logits.size());
+        be.read_later(lg, logits.data(), logits.size());
     }
     if (span.commit)
         for (const Segment& s : fb.segs) s.state->advance(s.n);
+    be.sync();
 }
 
 // Keeps the NextN block's cache in step with the trunk: the block's row at
@@ -548,9 +550,10 @@ void GlmDsaModel::draft(std::span<DraftRequest> reqs) {
         std::vector<int32_t> picks(static_cast<size_t>(M));
         std::vector<double> probs(static_cast<size_t>(M));
         std::vector<float> hrows(size_t(M * E));
-        be.read(best, picks.data(), picks.size());
-        be.read(prob, probs.data(), probs.size());
-        be.read(hm, hrows.data(), hrows.size());
+        be.read_later(best, picks.data(), picks.size());
+        be.read_later(prob, probs.data(), probs.size());
+        be.read_later(hm, hrows.data(), hrows.size());
+        be.sync();
         std::vector<Chain> next;
         for (int64_t i = 0; i < M; ++i) {
             Chain& c = live[size_t(i)];
