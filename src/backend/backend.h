@@ -537,10 +537,12 @@ class Backend {
     //   a_s = softmax over slots s of (gate[jB+s][i] + ape[s*gate_width + i])
     //   out_j = RMSNorm(sum_s a_s * key[jB+s]; norm_w)
     // (a width-1 gate gives one weight per slot for every channel), stored as
-    // row j of `pools` for j in [first_pool, first_pool + n_pools).
+    // row j of `pools` for the pools that n_rows new cells at positions pos[0 ..]
+    // (one sequence's, in order: the step's plan) complete.
     virtual void pool_compress(const CacheRows& cells, int64_t key_width, int64_t gate_width,
                                int64_t pool_size, const float* ape, const float* norm_w, float eps,
-                               const CacheRows& pools, int64_t first_pool, int64_t n_pools) = 0;
+                               const CacheRows& pools, DevPtr<const int32_t> pos,
+                               int64_t n_rows) = 0;
     // The cells a pooled selection lets each of n_rows rows see, for the rows past
     // the dense limit (n_vis / pool_size > n_sel, n_vis = pos[t] + 1): its n_sel picked
     // pools (picked[t * n_sel ..], ascending: indexer_select's output) expanded to their

@@ -283,7 +283,7 @@ class CpuBackend final : public Backend {
                    DevPtr<float> out) override;
     void pool_compress(const CacheRows& cells, int64_t key_width, int64_t gate_width,
                        int64_t pool_size, const float* ape, const float* norm_w, float eps,
-                       const CacheRows& pools, int64_t first_pool, int64_t n_pools) override;
+                       const CacheRows& pools, DevPtr<const int32_t> pos, int64_t n_rows) override;
     void pool_cells(DevPtr<const int32_t> picked, DevPtr<const int32_t> pos, int64_t n_rows,
                     int64_t n_sel, int64_t pool_size, DevPtr<int32_t> rows,
                     int64_t stride) override;

@@ -8,7 +8,10 @@ namespace glm5::backend::cpu {
 
 void CpuBackend::pool_compress(const CacheRows& cells, int64_t Dk, int64_t Gw, int64_t B,
                                const float* ape, const float* norm_w, float eps,
-                               const CacheRows& pools, int64_t first, int64_t n_pools) {
+                               const CacheRows& pools, DevPtr<const int32_t> pos_, int64_t n_rows) {
+    if (n_rows <= 0) return;
+    const int32_t* pos = host(pos_);
+    const int64_t first = pos[0] / B, n_pools = (int64_t(pos[n_rows - 1]) + 1) / B - first;
     if (n_pools <= 0) return;
     pool_.parallel_for(n_pools, 1, [&](int64_t b, int64_t e, int) {
         std::vector<float> rows(static_cast<size_t>(B * cells.width));

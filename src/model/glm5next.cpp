@@ -453,9 +453,8 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, DevPtr<const
         for (const auto& s : b.segs) {
             be.cache_store(s.state->cells(il), cellrow + s.first * CW, CW, s.n,
                            b.plan.pos + s.first);
-            const int64_t p0 = s.n_past / B, p1 = (s.n_past + s.n) / B;
             be.pool_compress(s.state->cells(il), Di, Gw, B, L.idx_ape, L.idx_norm, h.eps,
-                             s.state->pools(il), p0, p1 - p0);
+                             s.state->pools(il), b.plan.pos + s.first, s.n);
         }
 
         // Queries past the dense limit score the complete pools; the picks
