@@ -54,6 +54,13 @@ while read -r hit; do
     fail=1
 done < <(grep -rnE '\.handle\(\)|from_handle|#include "backend/cpu_' "$root/src" "$root/apps" \
     --include='*.h' --include='*.cpp' | grep -v "^$root/src/backend/" | sed "s|^$root/||")
+# Repacking is the CPU backend's business (Backend::register_weight): the model
+# layer hands every matrix to its backend and knows no layout of its own.
+while read -r hit; do
+    echo "FAIL: $hit: weight layouts belong to the backend (register_weight)"
+    fail=1
+done < <(grep -rnE '#include "quant/repack|quant::repack' "$root/src/model" \
+    --include='*.h' --include='*.cpp' | sed "s|^$root/||")
 [[ $rows -gt 0 ]] || { echo "FAIL: no folder rows found in $doc"; exit 1; }
 [[ $fail == 0 ]] && echo "ok: $rows layers include only what docs/architecture.md allows"
 exit $fail
