@@ -19,7 +19,7 @@ using namespace glm5::test;
 namespace {
 
 const std::string kDsa = data_path("glm-dsa/tiny.gguf");    // 6 layers, 2 dense, NextN
-const std::string kNext = data_path("glm5next/tiny.gguf");  // 8 layers, all MoE
+const std::string kNext = data_path("glm5next/tiny.gguf");  // 8 layers, the first dense
 
 // The model on `device`, its experts (those `host` flags) on a CPU backend beside it.
 struct Hybrid {
