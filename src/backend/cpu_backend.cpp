@@ -401,10 +401,6 @@ OpProfile::~OpProfile() {
                      (unsigned long long)v.second, 1e6 * v.first / double(v.second));
 }
 
-CpuBackend::~CpuBackend() {
-    for (auto& [p, n] : weight_copies_) ::munmap(p, n);
-}
-
 size_t CpuBackend::weight_copy_bytes(quant::Type t, int64_t cols, int64_t rows,
                                      int64_t slices) const {
     if (!quant::repack_supported(t, cols) || rows < quant::repack_rows(t)) return 0;
@@ -414,26 +410,20 @@ size_t CpuBackend::weight_copy_bytes(quant::Type t, int64_t cols, int64_t rows,
 Weight CpuBackend::register_weight(const Weight& w, bool copy, const std::string& name) {
     const size_t bytes = weight_copy_bytes(w.type, w.cols, w.rows, w.slices);
     if (!copy || bytes == 0 || w.repacked) return w;
-    const size_t n = (bytes + 4095) / 4096 * 4096;
-    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        throw ResourceError("cannot allocate " + std::to_string(n) + " bytes to repack " + name);
-    ::madvise(p, n, MADV_HUGEPAGE);  // fewer TLB misses on big matrices, where available
     // Every core repacks (one thread did about 0.4 GB/s); a plain stride between slices
     // (a stack whose slices are cut views is not one matrix) is read slice by slice.
-    const size_t packed = quant::repacked_bytes(w.type, w.cols, w.rows);
-    if (w.slice_bytes == w.row_bytes * size_t(w.rows)) {
-        quant::repack_slices(w.type, w.data, p, w.cols, w.rows, w.slices, pool_);
-    } else {
+    const size_t packed = bytes / size_t(w.slices);
+    weight_copies_.emplace_back(bytes, "repacking " + name, [&](uint8_t* p) {
+        if (w.slice_bytes == w.row_bytes * size_t(w.rows)) {
+            quant::repack_slices(w.type, w.data, p, w.cols, w.rows, w.slices, pool_);
+            return;
+        }
         for (int64_t s = 0; s < w.slices; ++s)
-            quant::repack_slices(w.type, w.data + size_t(s) * w.slice_bytes,
-                                 static_cast<uint8_t*>(p) + size_t(s) * packed, w.cols, w.rows, 1,
-                                 pool_);
-    }
-    ::mprotect(p, n, PROT_READ);
-    weight_copies_.emplace_back(p, n);
+            quant::repack_slices(w.type, w.data + size_t(s) * w.slice_bytes, p + size_t(s) * packed,
+                                 w.cols, w.rows, 1, pool_);
+    });
     Weight r = w;
-    r.data = static_cast<const uint8_t*>(p);
+    r.data = weight_copies_.back().data();
     r.slice_bytes = packed;
     r.repacked = true;
     return r;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include "backend/cpu_simd.h"
 #include "core/error.h"
 #include "core/fp16.h"
+#include "core/mmap_file.h"
 #include "core/thread_pool.h"
 #include "quant/quant.h"
 #include "quant/repack.h"
@@ -108,7 +110,7 @@ class OpTimer {
 class CpuBackend final : public Backend {
   public:
     explicit CpuBackend(const BackendOptions& opt);
-    ~CpuBackend() override;
+    ~CpuBackend() override = default;
 
     std::string name() const override { return "cpu"; }
     int n_threads() const { return pool_.size(); }
@@ -443,8 +445,8 @@ class CpuBackend final : public Backend {
     ThreadPool::Stats pool_base_;  // at the last reset_counters()
     static constexpr size_t kMappedCache = size_t(1) << 20;
     std::mutex mapped_mu_;
-    std::map<uint8_t*, size_t> mapped_;                    // cache mappings and their sizes
-    std::vector<std::pair<void*, size_t>> weight_copies_;  // registered repacks
+    std::map<uint8_t*, size_t> mapped_;      // cache mappings and their sizes
+    std::deque<SealedPages> weight_copies_;  // registered repacks
     std::vector<PerThread> per_thread_;
     std::vector<Block> blocks_;
     size_t cur_ = 0;

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/format.h"
 
 namespace glm5 {
 
@@ -61,5 +62,29 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
 void MappedFile::prefetch() const {
     if (data_) ::madvise(const_cast<uint8_t*>(data_), size_, MADV_WILLNEED);
 }
+
+SealedPages::SealedPages(size_t bytes, const std::string& what,
+                         const std::function<void(uint8_t*)>& fill)
+    : size_(rounded(bytes)) {
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        throw ResourceError("cannot allocate " + human_bytes(double(size_)) + " for " + what);
+    data_ = static_cast<uint8_t*>(p);
+    ::madvise(p, size_, MADV_HUGEPAGE);  // fewer TLB misses on big matrices, where available
+    try {
+        fill(data_);
+    } catch (...) {
+        ::munmap(p, size_);
+        throw;
+    }
+    ::mprotect(p, size_, PROT_READ);
+}
+
+SealedPages::~SealedPages() {
+    if (data_) ::munmap(data_, size_);
+}
+
+SealedPages::SealedPages(SealedPages&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
 
 }  // namespace glm5

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace glm5 {
@@ -29,6 +30,29 @@ class MappedFile {
   private:
     std::string path_;
     const uint8_t* data_ = nullptr;
+    size_t size_ = 0;
+};
+
+// Anonymous memory in whole pages (transparent huge pages asked for), filled once by
+// `fill` and read-only from then on, unmapped when destroyed: a copy of weights that
+// the process owns (--no-mmap, a backend's repacked layout).
+class SealedPages {
+  public:
+    // Throws ResourceError naming `what` when the memory cannot be had.
+    SealedPages(size_t bytes, const std::string& what, const std::function<void(uint8_t*)>& fill);
+    ~SealedPages();
+    SealedPages(const SealedPages&) = delete;
+    SealedPages& operator=(const SealedPages&) = delete;
+    SealedPages(SealedPages&& o) noexcept;
+    SealedPages& operator=(SealedPages&&) = delete;
+
+    const uint8_t* data() const { return data_; }
+    size_t size() const { return size_; }  // whole pages
+    // The bytes `bytes` of content take in whole pages.
+    static size_t rounded(size_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+
+  private:
+    uint8_t* data_ = nullptr;
     size_t size_ = 0;
 };
 

@@ -1,7 +1,5 @@
 #include "model/weights.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -101,22 +99,13 @@ TensorSource::TensorSource(const gguf::File& f, bool in_memory, bool repack, boo
                         " is available; run without it to serve the weights from the file");
 }
 
-TensorSource::~TensorSource() {
-    for (auto& [p, n] : copies_) ::munmap(p, n);
-}
+TensorSource::~TensorSource() = default;
 
 const uint8_t* TensorSource::own(size_t bytes, const std::string& what,
                                  const std::function<void(uint8_t*)>& fill) {
-    const size_t n = (bytes + 4095) / 4096 * 4096;
-    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        throw ResourceError("cannot allocate " + human_bytes(double(n)) + " for tensor " + what);
-    ::madvise(p, n, MADV_HUGEPAGE);  // fewer TLB misses on big matrices, where available
-    fill(static_cast<uint8_t*>(p));
-    ::mprotect(p, n, PROT_READ);
-    copies_.emplace_back(p, n);
-    bytes_copied_ += n;
-    return static_cast<const uint8_t*>(p);
+    copies_.emplace_back(bytes, "tensor " + what, fill);
+    bytes_copied_ += copies_.back().size();
+    return copies_.back().data();
 }
 
 const uint8_t* TensorSource::place(const gguf::TensorInfo& t) {
@@ -178,7 +167,7 @@ backend::Weight TensorSource::matrix(const std::string& name, std::initializer_l
             w.data = t.data;
             w = be_->register_weight(w, true, name);
             bytes_repacked_ += t.nbytes;
-            bytes_copied_ += (copy + 4095) / 4096 * 4096;
+            bytes_copied_ += SealedPages::rounded(copy);
             return w;
         }
         w.data = place(t);

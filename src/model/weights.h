@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/mmap_file.h"
 #include "model/model.h"
 
 namespace glm5::gguf {
@@ -112,7 +113,7 @@ class TensorSource {
     bool in_memory_ = false;
     bool repack_ = false;
     std::string repack_skipped_;
-    std::vector<std::pair<void*, size_t>> copies_;  // anonymous mappings we own
+    std::deque<SealedPages> copies_;  // --no-mmap's copies
     backend::Backend* be_ = nullptr;
 };
 
