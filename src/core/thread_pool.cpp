@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
-#include <map>
 #include <set>
 #include <string>
 
@@ -61,51 +60,57 @@ int read_int(const std::string& path) {
     return f ? v : -1;
 }
 
-}  // namespace
+// The CPUs of the affinity mask, one of each physical core first (by package and core
+// id; a CPU whose core is unknown counts as a core of its own), then their siblings;
+// `physical` is how many come first.
+struct Cpus {
+    std::vector<int> ordered;
+    int physical = 0;
+};
 
-std::vector<int> ThreadPool::affinity_cpus() {
+Cpus affinity() {
     cpu_set_t set;
     CPU_ZERO(&set);
     std::vector<int> cpus;
     if (sched_getaffinity(0, sizeof(set), &set) == 0)
         for (int c = 0; c < CPU_SETSIZE; ++c)
             if (CPU_ISSET(c, &set)) cpus.push_back(c);
-    // One CPU of each physical core first (by package and core id), then the siblings.
     std::set<std::pair<int, int>> cores;
-    std::vector<int> first, rest;
+    Cpus out;
+    std::vector<int> rest;
     for (int c : cpus) {
         const std::string t = "/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/";
         const std::pair<int, int> core{read_int(t + "physical_package_id"),
                                        read_int(t + "core_id")};
         if (core.second < 0 || cores.insert(core).second)
-            first.push_back(c);
+            out.ordered.push_back(c);
         else
             rest.push_back(c);
     }
-    first.insert(first.end(), rest.begin(), rest.end());
-    return first;
+    out.physical = int(out.ordered.size());
+    out.ordered.insert(out.ordered.end(), rest.begin(), rest.end());
+    return out;
+}
+
+int physical_or_all(const Cpus& c) {
+    return c.physical > 0 ? c.physical : std::max(1, int(std::thread::hardware_concurrency()));
+}
+
+}  // namespace
+
+std::vector<int> ThreadPool::affinity_cpus() {
+    return affinity().ordered;
 }
 
 int ThreadPool::default_threads() {
-    const std::vector<int> cpus = affinity_cpus();
-    if (cpus.empty()) return std::max(1, int(std::thread::hardware_concurrency()));
-    std::set<std::pair<int, int>> cores;
-    int unknown = 0;
-    for (int c : cpus) {
-        const std::string t = "/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/";
-        const int core = read_int(t + "core_id");
-        if (core < 0)
-            ++unknown;
-        else
-            cores.insert({read_int(t + "physical_package_id"), core});
-    }
-    return std::max(1, int(cores.size()) + unknown);
+    return physical_or_all(affinity());
 }
 
 ThreadPool::ThreadPool(const PoolOptions& opt) : n_threads_(std::max(1, opt.n_threads)) {
-    const std::vector<int> cpus = affinity_cpus();
+    const Cpus c = affinity();
+    const std::vector<int>& cpus = c.ordered;
     pinned_ = n_threads_ > 1 && !cpus.empty() &&
-              (opt.pin == 1 || (opt.pin == -1 && n_threads_ >= default_threads()));
+              (opt.pin == 1 || (opt.pin == -1 && n_threads_ >= physical_or_all(c)));
     threads_.reserve(size_t(n_threads_ - 1));
     for (int i = 1; i < n_threads_; ++i) {
         threads_.emplace_back([this, i] { worker(i); });
