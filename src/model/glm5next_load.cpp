@@ -197,7 +197,6 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
       dense_attention_(opt.dense_attention),
       file_(f),
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
-      host_experts_(opt.host_experts),
       experts_be_(opt.experts_backend),
       tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_, &be) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
@@ -262,8 +261,7 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
     info_.mapped_bytes = tensors_.bytes_mapped();
     info_.repack_skipped = tensors_.repack_skipped();
     info_.skipped_bytes = tensors_.bytes_skipped();
-    for (const Layer& L : layers_) count_experts(info_, L.moe, L.host_experts);
-    if (nextn_) count_experts(info_, nextn_->block.moe, nextn_->block.host_experts);
+    place_experts(opt.host_experts);
     describe_layers(info_, held_);
     info_.head_first = hp_.n_head.empty() ? 0 : hp_.n_head[0] * tp_rank_;
     info_.head_end = hp_.n_head.empty() ? 0 : info_.head_first + hp_.n_head[0];
@@ -384,7 +382,6 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
     backend::MoeWeights& m = L.moe;
     // Experts that may live in system RAM stay as stored in the file mapping (no
     // repacked copy).
-    L.host_experts = size_t(il) < host_experts_.size() && host_experts_[size_t(il)];
     m = load_moe(
         ts, p, E, h.n_ff_exp, h.n_expert, h.n_expert_shared, true,
         ff_split_ || experts_be_ ? TensorSource::Layout::Plain : TensorSource::Layout::Products);

@@ -123,8 +123,8 @@ class GlmDsaModel final : public Model {
     bool ff_split_ = false;
     int64_t ff_first_ = 0, ff_local_ = 0;
     HeldLayers held_;  // the layers this process holds (a layer split)
-    // Blocks whose routed experts experts_be_ computes (in system RAM beside a device).
-    std::vector<bool> host_experts_;
+    // Computes the routed experts of the layers flagged host_experts (in system RAM
+    // beside a device); with one, every routed expert is loaded as stored.
     backend::Backend* experts_be_ = nullptr;
     TensorSource tensors_;
     backend::Weight tok_embd_, output_;

@@ -142,7 +142,6 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
       n_head_local_(hp_.n_head / std::max(1, opt.tp_size)),
       head_first_(n_head_local_ * opt.tp_rank),
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
-      host_experts_(opt.host_experts),
       experts_be_(opt.experts_backend),
       tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_, &be) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
@@ -200,8 +199,7 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
         info_.mapped_bytes = tensors_.bytes_mapped();
     }
     info_.skipped_bytes = tensors_.bytes_skipped();
-    for (const Layer& L : layers_) count_experts(info_, L.moe, L.host_experts);
-    if (nextn_) count_experts(info_, nextn_->block.moe, nextn_->block.host_experts);
+    place_experts(opt.host_experts);
     describe_layers(info_, held_);
     info_.head_first = head_first_;
     info_.head_end = head_first_ + n_head_local_;
@@ -237,7 +235,6 @@ void GlmDsaModel::load_layer(TensorSource& ts, int64_t il, Layer& L, bool with_i
     backend::MoeWeights& m = L.moe;
     // Experts that may live in system RAM stay as stored in the file mapping (no
     // repacked copy).
-    L.host_experts = size_t(il) < host_experts_.size() && host_experts_[size_t(il)];
     const auto experts_layout =
         ff_split_ || experts_be_ ? TensorSource::Layout::Plain : TensorSource::Layout::Products;
     m = load_moe(ts, p, E, h.n_ff_exp, h.n_expert, h.n_expert_shared, false, experts_layout);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <regex>
-#include <string_view>
 
 #include "core/error.h"
 #include "gguf/gguf.h"
@@ -100,11 +99,13 @@ std::vector<bool> expert_blocks_from_overrides(const gguf::File& f, const std::s
     return host;
 }
 
+void check_experts_backend(const std::vector<bool>& host, const backend::Backend* experts_backend,
+                           const std::string& what) {
+    if (!experts_backend && std::find(host.begin(), host.end(), true) != host.end())
+        throw Error(what + ": routed experts placed in system RAM, but no backend computes them");
+}
+
 void check_expert_placement(const LoadOptions& opt, const std::string& path) {
-    const bool moved =
-        std::find(opt.host_experts.begin(), opt.host_experts.end(), true) != opt.host_experts.end();
-    if (moved && !opt.experts_backend)
-        throw Error(path + ": routed experts placed in system RAM, but no backend computes them");
     if (opt.experts_backend && (opt.tp_size > 1 || !opt.layers.whole()))
         throw Error(path +
                     ": routed experts in system RAM do not combine with a layer split or "

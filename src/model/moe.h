@@ -30,22 +30,22 @@ std::vector<bool> first_expert_blocks(const gguf::File& f, int64_t n);
 // tensors and nothing else; anything else is refused (glm5::Error, with the reason).
 std::vector<bool> expert_blocks_from_overrides(const gguf::File& f, const std::string& list);
 
-// Refuses (glm5::Error naming the file) a placement the load cannot honour: experts
-// moved without a backend to compute them, or an experts backend with a layer split
-// or tensor parallelism.
+// Refuses (glm5::Error naming the file) an experts backend beside a layer split or
+// tensor parallelism, which do not combine with it yet.
 void check_expert_placement(const LoadOptions& opt, const std::string& path);
+// Refuses (glm5::Error naming `what`) experts moved without a backend to compute them.
+void check_experts_backend(const std::vector<bool>& host, const backend::Backend* experts_backend,
+                           const std::string& what);
 // Adds a loaded MoE block to info's moe_blocks / host_expert_* counts.
 void count_experts(ModelInfo& info, const backend::MoeWeights& m, bool host);
 
 // Model::place_experts for an architecture's layers (and its NextN block, when loaded,
 // at block index layers.size()): sets each MoE layer's host_experts and recounts info.
+// The load places LoadOptions::host_experts the same way.
 template <class Layer>
 void place_layers(std::vector<Layer>& layers, Layer* nextn, const std::vector<bool>& host,
                   const backend::Backend* experts_backend, ModelInfo& info) {
-    LoadOptions o;
-    o.host_experts = host;
-    o.experts_backend = const_cast<backend::Backend*>(experts_backend);
-    check_expert_placement(o, info.name);
+    check_experts_backend(host, experts_backend, info.name);
     auto on_host = [&](size_t b) { return b < host.size() && host[b]; };
     info.moe_blocks = info.host_expert_blocks = 0;
     info.host_expert_bytes = 0;
