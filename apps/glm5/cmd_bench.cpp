@@ -132,14 +132,7 @@ int cmd_bench(int argc, char** argv) {
     // Both sides' reads when routed experts run beside a device (--device).
     auto counters = [&] {
         backend::Counters c = be.counters();
-        if (m.experts_backend) {
-            const backend::Counters x = m.experts_backend->counters();
-            c.weight_bytes += x.weight_bytes;
-            c.matmul_calls += x.matmul_calls;
-            c.cache_bytes += x.cache_bytes;
-            c.parallel_ops += x.parallel_ops;
-            c.rendezvous += x.rendezvous;
-        }
+        if (m.experts_backend) c += m.experts_backend->counters();
         return c;
     };
     auto reset_counters = [&] {

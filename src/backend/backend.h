@@ -156,6 +156,15 @@ struct Counters {
     // handings that waited until every thread had met.
     uint64_t parallel_ops = 0;
     uint64_t rendezvous = 0;
+    // Two backends' reads together (a device and the CPU beside it).
+    Counters& operator+=(const Counters& o) {
+        weight_bytes += o.weight_bytes;
+        matmul_calls += o.matmul_calls;
+        cache_bytes += o.cache_bytes;
+        parallel_ops += o.parallel_ops;
+        rendezvous += o.rendezvous;
+        return *this;
+    }
 };
 
 // Tensor parallelism: sums a partial result over the ranks that share a
