@@ -403,31 +403,35 @@ void place_for_device(const Args& a, LoadedModel& m, const runtime::SpecParams& 
     uint64_t weights = 0;
     for (const gguf::TensorInfo& t : f.tensors())
         if (model::tensor_layer(t.name) < int64_t(experts.size())) weights += t.nbytes;
-    auto device_bytes = [&](const std::vector<bool>& h) { return weights - in_ram(h) + context; };
-    auto fits = [&](const std::vector<bool>& h) { return cap == 0 || device_bytes(h) <= cap; };
+    auto device_bytes = [&](uint64_t in_ram_bytes) { return weights - in_ram_bytes + context; };
+    auto fits = [&](uint64_t in_ram_bytes) {
+        return cap == 0 || device_bytes(in_ram_bytes) <= cap;
+    };
     // The smallest --n-cpu-moe that fits (-1: none, not even every expert in RAM).
     int64_t smallest = -1;
-    for (int64_t n = 0; n <= int64_t(experts.size()) && smallest < 0; ++n)
-        if (fits(model::first_expert_blocks(f, n))) smallest = n;
+    uint64_t first_n = 0;  // the experts of blocks 0 .. n-1, which --n-cpu-moe n keeps in RAM
+    for (size_t n = 0; smallest < 0 && n <= experts.size(); ++n) {
+        if (fits(first_n))
+            smallest = int64_t(n);
+        else if (n < experts.size())
+            first_n += experts[n];
+    }
     const std::string what = human_bytes(double(context)) + " of caches and scratch for " +
                              std::to_string(pr.n_slots) + " x " + std::to_string(pr.n_ctx) +
                              " tokens";
     if (smallest < 0)
-        throw ResourceError(
-            "the device's " + mem +
-            " cannot hold this model's weights outside the routed experts (" +
-            human_bytes(double(
-                device_bytes(model::first_expert_blocks(f, int64_t(experts.size()))) - context)) +
-            ") and " + what +
-            ", even with every routed expert in system RAM: give it more memory "
-            "(--device-mem) or a smaller --ctx-size");
+        throw ResourceError("the device's " + mem +
+                            " cannot hold this model's weights outside the routed experts (" +
+                            human_bytes(double(device_bytes(first_n) - context)) + ") and " + what +
+                            ", even with every routed expert in system RAM: give it more memory "
+                            "(--device-mem) or a smaller --ctx-size");
     if (how.empty()) {
         host = model::first_expert_blocks(f, smallest);
         how = "--n-cpu-moe " + std::to_string(smallest) + ", the smallest that fits";
-    } else if (!fits(host)) {
+    } else if (!fits(in_ram(host))) {
         throw ResourceError("with " + how + " the device needs " +
-                            human_bytes(double(device_bytes(host))) + " (" + what + "), but " +
-                            "--device-mem is " + mem + ": use --n-cpu-moe " +
+                            human_bytes(double(device_bytes(in_ram(host)))) + " (" + what +
+                            "), but " + "--device-mem is " + mem + ": use --n-cpu-moe " +
                             std::to_string(smallest) + ", the smallest that fits");
     }
     model.place_experts(host);
