@@ -399,6 +399,13 @@ class Backend {
         int64_t stride = 0;
         int64_t keep = 0;
         int64_t pool = 1;
+        // The rule every op of a step applies to a row that sees n_vis cells: whether
+        // it has more candidates than are kept, and then how many cells it sees.
+        static bool selects(int64_t n_vis, int64_t pool, int64_t keep) {
+            return n_vis / pool > keep;
+        }
+        bool selects(int64_t n_vis) const { return rows && selects(n_vis, pool, keep); }
+        int64_t n_selected(int64_t n_vis) const { return keep * pool + n_vis % pool; }
     };
 
     // Lightning-indexer selection: for each of the segments' rows t with more than top_k

@@ -38,10 +38,10 @@ void CpuBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
     std::vector<IndexerQuery> queries;
     for (const Segment& s : keys)
         for (int64_t t = s.first; t < s.first + s.n; ++t) {
-            const int64_t candidates = (int64_t(pos[t]) + 1) / pool;
-            if (candidates <= top_k) continue;
-            queries.push_back({q + t * n_heads * dim, w + t * n_heads, s.cache, int32_t(candidates),
-                               out + t * top_k});
+            const int64_t n_vis = int64_t(pos[t]) + 1;
+            if (!Selection::selects(n_vis, pool, top_k)) continue;
+            queries.push_back({q + t * n_heads * dim, w + t * n_heads, s.cache,
+                               int32_t(n_vis / pool), out + t * top_k});
         }
     if (!queries.empty()) indexer_select(queries, n_heads, dim, top_k);
 }
@@ -57,9 +57,8 @@ void CpuBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos_
         for (int64_t t = s.first; t < s.first + s.n; ++t) {
             const int64_t n_vis = int64_t(pos[t]) + 1;
             Visible v{int32_t(n_vis), nullptr, 0};
-            if (sel.rows && n_vis / sel.pool > sel.keep)
-                v = Visible{0, sel.rows + t * sel.stride,
-                            int32_t(sel.keep * sel.pool + n_vis % sel.pool)};
+            if (sel.selects(n_vis))
+                v = Visible{0, sel.rows + t * sel.stride, int32_t(sel.n_selected(n_vis))};
             queries[size_t(t)] = {q + t * n_heads * s.cache.width, s.cache, v,
                                   out + t * n_heads * v_width};
         }

@@ -59,7 +59,7 @@ void CpuBackend::pool_cells(DevPtr<const int32_t> picked_, DevPtr<const int32_t>
     const int32_t* pos = host(pos_);
     for (int64_t t = 0; t < n_rows; ++t) {
         const int64_t n_vis = int64_t(pos[t]) + 1;
-        if (n_vis / B <= n_sel) continue;
+        if (!Selection::selects(n_vis, B, n_sel)) continue;
         const int32_t* picked = host(picked_ + t * n_sel);
         int32_t* r = host(rows + t * stride);
         int64_t n = 0;

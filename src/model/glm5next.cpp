@@ -475,7 +475,7 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, DevPtr<const
                 for (const auto& s : b.segs)
                     for (int64_t i = 0; i < s.n; ++i) {
                         const int64_t t = s.first + i, n_vis = s.n_past + i + 1;
-                        if (n_vis / B <= n_sel) continue;
+                        if (!sel.selects(n_vis)) continue;
                         be.read(picked + t * n_sel, picks.data(), picks.size());
                         selection_hook_(il, n_vis - 1, picks);
                     }
