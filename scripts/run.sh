@@ -6,7 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGLM5_BUILD_TESTS=OFF -DGLM5_BUILD_BENCH=OFF >/dev/null
+# The CUDA backend only where a GPU is visible (and nvcc is there to build it).
+cuda=OFF
+if [[ -e /dev/nvidiactl ]] && command -v nvcc >/dev/null; then cuda=ON; fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGLM5_BUILD_TESTS=OFF -DGLM5_BUILD_BENCH=OFF \
+  -DGLM5_CUDA=$cuda >/dev/null
 cmake --build build -j"$(nproc)" --target glm5
 # The main job: template, tokenizer, prefill, sparse attention, MoE, sampling.
 # (tests/cli/english_reply.sh checks that this reply is English.)

@@ -83,7 +83,7 @@ run_set() {
 status=0
 if [[ $what == asan || $what == all ]]; then
   start=$SECONDS
-  cmake -S . -B build-asan "${build_type[@]}" -DGLM5_SANITIZE=ON -DGLM5_BUILD_BENCH=OFF \
+  cmake -S . -B build-asan "${build_type[@]}" -DGLM5_SANITIZE=ON -DGLM5_BUILD_BENCH=OFF -DGLM5_CUDA=OFF \
     -DGLM5_TESTS_WITHOUT_APP=ON > /dev/null
   cmake --build build-asan -j"$jobs" --target "${asan_tests[@]%%:*}"
   built=$SECONDS
@@ -95,7 +95,7 @@ fi
 if [[ $what == tsan || $what == all ]]; then
   start=$SECONDS
   hdir=$(httplib_header_dir)
-  cmake -S . -B build-tsan "${build_type[@]}" -DGLM5_TSAN=ON -DGLM5_BUILD_BENCH=OFF \
+  cmake -S . -B build-tsan "${build_type[@]}" -DGLM5_TSAN=ON -DGLM5_BUILD_BENCH=OFF -DGLM5_CUDA=OFF \
     -DGLM5_HTTPLIB_DIR="$PWD/$hdir" > /dev/null
   cmake --build build-tsan -j"$jobs" --target "${tsan_tests[@]%%:*}"
   built=$SECONDS

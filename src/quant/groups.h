@@ -16,13 +16,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/hd.h"
 #include "quant/types.h"
-
-#if defined(__CUDACC__)
-#define GLM5_HD __host__ __device__ __forceinline__
-#else
-#define GLM5_HD inline
-#endif
 
 namespace glm5::quant::groups {
 

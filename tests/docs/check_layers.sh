@@ -33,7 +33,7 @@ closure() {
 for name in "${!direct[@]}"; do
     rows=$((rows + 1))
     allowed=$(closure "$name")
-    for f in $(find "$root/src/$name" -name '*.h' -o -name '*.cpp' | sort); do
+    for f in $(find "$root/src/$name" -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort); do
         while read -r inc; do
             dep=${inc%%/*}
             [[ $layers == *" $dep "* ]] || continue  # a system or third-party header

@@ -1,0 +1,225 @@
+// The device: discovery, memory, uploads and the i-quant tables. Every CUDA call is
+// checked; a failure becomes a glm5::Error naming the call and the runtime's reason
+// (an out-of-memory a glm5::ResourceError with the numbers).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_internal.cuh"
+#include "core/format.h"
+#include "quant/iq_tables.h"
+
+namespace glm5::backend::cuda {
+
+void check(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return;
+    throw Error(std::string("cuda: ") + what + ": " + cudaGetErrorName(e) + " (" +
+                cudaGetErrorString(e) + ")");
+}
+
+void check_blas(cublasStatus_t s, const char* what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    throw Error(std::string("cublas: ") + what + ": " + cublasGetStatusName(s) + " (" +
+                cublasGetStatusString(s) + ")");
+}
+
+std::string built_architectures() {
+    return GLM5_CUDA_ARCHS;
+}
+
+std::vector<DeviceInfo> list_devices(std::string* why) {
+    std::vector<DeviceInfo> out;
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        if (why) {
+            *why = std::string(cudaGetErrorString(e)) + " (" + cudaGetErrorName(e) + ")";
+            if (e == cudaErrorInsufficientDriver)
+                *why += ": no NVIDIA driver is loaded, or it is older than CUDA " +
+                        std::to_string(CUDART_VERSION / 1000) + " needs";
+        }
+        return out;
+    }
+    for (int i = 0; i < n; ++i) {
+        cudaDeviceProp p{};
+        if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+        DeviceInfo d;
+        d.ordinal = i;
+        d.name = p.name;
+        d.cc_major = p.major;
+        d.cc_minor = p.minor;
+        d.total_bytes = p.totalGlobalMem;
+        size_t free = 0, total = 0;
+        if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess)
+            d.free_bytes = free;
+        out.push_back(d);
+    }
+    if (out.empty() && why) *why = "no CUDA device is visible";
+    return out;
+}
+
+namespace {
+
+// The tables in one device allocation, laid out in the order of Tables' fields.
+template <class T, size_t N>
+size_t place(uint8_t* base, size_t at, const T (&host)[N], const T** dst,
+             std::vector<uint8_t>& staging) {
+    at = (at + 63) / 64 * 64;
+    std::memcpy(staging.data() + at, host, sizeof(host));
+    *dst = reinterpret_cast<const T*>(base + at);
+    return at + sizeof(host);
+}
+
+}  // namespace
+
+Device::Device(int ordinal) : impl_(std::make_unique<Impl>()) {
+    std::string why;
+    const std::vector<DeviceInfo> all = list_devices(&why);
+    if (all.empty()) throw Error("no CUDA device: " + why);
+    if (ordinal < 0 || ordinal >= int(all.size()))
+        throw Error("CUDA device " + std::to_string(ordinal) +
+                    " does not exist: " + std::to_string(all.size()) +
+                    " visible (cuda:0 .. cuda:" + std::to_string(all.size() - 1) + ")");
+    impl_->info = all[size_t(ordinal)];
+    check(cudaSetDevice(ordinal), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_blas(cublasCreate(&impl_->blas), "cublasCreate");
+    check_blas(cublasSetStream(impl_->blas, impl_->stream), "cublasSetStream");
+
+    using namespace quant::iq;
+    const size_t bytes = 64 * 8 + sizeof(iq2xxs_grid) + sizeof(iq2xs_grid) + sizeof(iq2s_grid) +
+                         sizeof(iq3xxs_grid) + sizeof(iq3s_grid) + sizeof(iq1s_grid) +
+                         sizeof(ksigns_iq2xs) + sizeof(kvalues_iq4nl);
+    auto* base = static_cast<uint8_t*>(alloc(bytes, "the i-quant tables"));
+    impl_->table_memory = base;
+    std::vector<uint8_t> staging(bytes);
+    quant::groups::Tables& t = impl_->tables;
+    size_t at = 0;
+    at = place(base, at, iq2xxs_grid, &t.iq2xxs, staging);
+    at = place(base, at, iq2xs_grid, &t.iq2xs, staging);
+    at = place(base, at, iq2s_grid, &t.iq2s, staging);
+    at = place(base, at, iq3xxs_grid, &t.iq3xxs, staging);
+    at = place(base, at, iq3s_grid, &t.iq3s, staging);
+    at = place(base, at, iq1s_grid, &t.iq1s, staging);
+    at = place(base, at, ksigns_iq2xs, &t.ksigns, staging);
+    at = place(base, at, kvalues_iq4nl, &t.kvalues, staging);
+    upload(base, staging.data(), at);
+    synchronize();
+}
+
+Device::~Device() {
+    if (!impl_) return;
+    // Teardown reports nothing: a device that failed has said so already.
+    cudaStreamSynchronize(impl_->stream);
+    for (auto& s : impl_->scratch) cudaFree(s.p);
+    if (impl_->table_memory) cudaFree(impl_->table_memory);
+    if (impl_->blas) cublasDestroy(impl_->blas);
+    if (impl_->stream) cudaStreamDestroy(impl_->stream);
+}
+
+const DeviceInfo& Device::info() const {
+    return impl_->info;
+}
+
+uint64_t Device::free_bytes() const {
+    size_t free = 0, total = 0;
+    check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return free;
+}
+
+void* Device::alloc(size_t bytes, const std::string& what) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();  // not sticky: clear it
+        size_t free = 0, total = 0;
+        cudaMemGetInfo(&free, &total);
+        throw ResourceError("GPU " + std::to_string(impl_->info.ordinal) + " (" + impl_->info.name +
+                            "): " + what + " needs " + human_bytes(double(bytes)) + ", " +
+                            human_bytes(double(free)) + " of " + human_bytes(double(total)) +
+                            " is free");
+    }
+    check(e, ("cudaMalloc for " + what).c_str());
+    return p;
+}
+
+void Device::free(void* p) {
+    if (p) check(cudaFree(p), "cudaFree");
+}
+
+void Device::upload(void* dst, const void* host_src, size_t bytes) {
+    if (bytes == 0) return;
+    check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
+}
+
+void Device::download(void* host_dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream), "download");
+}
+
+void Device::copy(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream), "copy");
+}
+
+void Device::synchronize() {
+    check(cudaStreamSynchronize(impl_->stream), "a queued op");
+}
+
+Matrix Device::upload_matrix(const Weight& w, const std::string& name) {
+    if (w.repacked)
+        throw Error(name + ": a repacked view cannot be uploaded (the GPU reads GGUF blocks)");
+    if (!quant::groups::has_groups(w.type) || w.cols % 32 != 0)
+        throw Error(name + ": " + quant::name(w.type) + " with " + std::to_string(w.cols) +
+                    " columns has no GPU product");
+    Matrix m;
+    m.type = w.type;
+    m.cols = w.cols;
+    m.rows = w.rows;
+    m.slices = w.slices;
+    m.row_bytes = w.row_bytes;
+    m.slice_bytes = w.row_bytes * size_t(w.rows);
+    auto* d = static_cast<uint8_t*>(alloc(m.slice_bytes * size_t(w.slices), name));
+    // Slices of a view may lie apart (slice_bytes > rows * row_bytes): packed here.
+    for (int64_t s = 0; s < w.slices; ++s)
+        upload(d + size_t(s) * m.slice_bytes, w.row(0, s), m.slice_bytes);
+    synchronize();  // the host view may be unmapped after this returns
+    m.data = d;
+    return m;
+}
+
+void Device::free_matrix(Matrix& m) {
+    free(const_cast<uint8_t*>(m.data));
+    m.data = nullptr;
+}
+
+void* Device::Impl::scratch_bytes(int slot, size_t bytes) {
+    if (scratch.size() <= size_t(slot)) scratch.resize(size_t(slot) + 1);
+    Scratch& s = scratch[size_t(slot)];
+    if (s.cap < bytes) {
+        // The old buffer may still be read by queued work.
+        check(cudaStreamSynchronize(stream), "a queued op");
+        if (s.p) check(cudaFree(s.p), "cudaFree");
+        s.p = nullptr;
+        s.cap = 0;
+        const cudaError_t e = cudaMalloc(&s.p, bytes);
+        if (e == cudaErrorMemoryAllocation) {
+            cudaGetLastError();
+            throw ResourceError("GPU " + std::to_string(info.ordinal) +
+                                ": the products' scratch needs " + human_bytes(double(bytes)) +
+                                " more");
+        }
+        check(e, "cudaMalloc (scratch)");
+        s.cap = bytes;
+    }
+    return s.p;
+}
+
+uint64_t Device::weight_bytes_read() const {
+    return impl_->weight_bytes;
+}
+
+void Device::reset_counters() {
+    impl_->weight_bytes = 0;
+}
+
+}  // namespace glm5::backend::cuda

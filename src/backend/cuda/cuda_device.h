@@ -1,0 +1,108 @@
+// An NVIDIA GPU as the engine uses it: found and opened with the reason when it
+// cannot be, its memory counted and allocated with the numbers when it does not fit,
+// weight matrices uploaded once in their GGUF formats, and the matrix products of
+// every weight format (quant/groups.h decodes them). Host C++ only here: the CUDA
+// runtime stays inside the .cu files, so the apps and the tests include this header
+// from plain C++.
+//
+// Products, y[t][0..rows) = W[slice] . x[t] for t < n_tok:
+// - the vector form (1-32 tokens: decode, verification, batched decode): a warp per
+//   weight row; each lane decodes its groups once for eight tokens at a time and
+//   keeps a chain of FMAs per token; the lanes meet in a fixed butterfly. A token's
+//   result is quant::groups::row_dot's, bit for bit, whatever the token count.
+// - the tiled form (more tokens: prefill): the weight rows decoded to F16 tiles and
+//   the tokens rounded to F16, multiplied by cuBLAS on tensor cores with F32
+//   accumulation (llama.cpp's cuBLAS path rounds the same way).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace glm5::backend::cuda {
+
+struct DeviceInfo {
+    int ordinal = 0;
+    std::string name;
+    int cc_major = 0, cc_minor = 0;
+    uint64_t total_bytes = 0;
+    uint64_t free_bytes = 0;  // when listed
+};
+
+// The devices this process can use. Empty, with the CUDA runtime's reason in `why`
+// (no driver, no device, a device this build has no code for), when there are none.
+std::vector<DeviceInfo> list_devices(std::string* why);
+
+// The GPU architectures this build carries code for ("80 89 90").
+std::string built_architectures();
+
+// A matrix, or a stack of slices, in device memory in its storage format: row r of
+// slice s at data + s * slice_bytes + r * row_bytes.
+struct Matrix {
+    quant::Type type = quant::Type::F32;
+    int64_t cols = 0, rows = 0, slices = 1;
+    size_t row_bytes = 0, slice_bytes = 0;
+    const uint8_t* data = nullptr;  // device memory
+};
+
+class Device {
+  public:
+    // Opens device `ordinal` (cudaSetDevice, a stream, cuBLAS, the i-quant tables);
+    // throws glm5::Error naming the device and the reason.
+    explicit Device(int ordinal);
+    ~Device();
+    Device(const Device&) = delete;
+    Device& operator=(const Device&) = delete;
+
+    const DeviceInfo& info() const;
+    // Free and total device memory now.
+    uint64_t free_bytes() const;
+
+    // ---- memory ------------------------------------------------------------
+    // Device memory of `bytes`; what does not fit throws glm5::ResourceError with the
+    // bytes asked, the bytes free and `what` it was for.
+    void* alloc(size_t bytes, const std::string& what);
+    void free(void* p);
+    // Copies queued on the device's stream, in order with its ops.
+    void upload(void* dst, const void* host_src, size_t bytes);
+    void download(void* host_dst, const void* src, size_t bytes);
+    // Device memory to device memory, queued likewise.
+    void copy(void* dst, const void* src, size_t bytes);
+    // Waits for everything queued; a failed op surfaces here as glm5::Error.
+    void synchronize();
+
+    // ---- weights -----------------------------------------------------------
+    // One copy of w's payload, in its format (each slice's rows packed, the slice
+    // stride kept). Refuses a repacked view or a type without groups, naming `name`.
+    Matrix upload_matrix(const Weight& w, const std::string& name);
+    void free_matrix(Matrix& m);
+
+    // ---- products ----------------------------------------------------------
+    // y[t * y_stride + r] = W[slice] row r . x[t * x_stride ..] for r < rows, t < n_tok
+    // (device memory). Up to 32 tokens the vector form, beyond it the tiled form.
+    void matmul(const Matrix& w, int64_t slice, const float* x, int64_t x_stride, int64_t n_tok,
+                float* y, int64_t y_stride);
+    // The forms by name, for the tests: the vector form takes any token count.
+    void matmul_vector(const Matrix& w, int64_t slice, const float* x, int64_t x_stride,
+                       int64_t n_tok, float* y, int64_t y_stride);
+    void matmul_tiled(const Matrix& w, int64_t slice, const float* x, int64_t x_stride,
+                      int64_t n_tok, float* y, int64_t y_stride);
+
+    // Bytes of weights the products have read since the last reset.
+    uint64_t weight_bytes_read() const;
+    void reset_counters();
+
+    struct Impl;
+
+  private:
+    std::unique_ptr<Impl> impl_;
+};
+
+// The largest token count the vector form takes in matmul().
+constexpr int64_t kVectorTokens = 32;
+
+}  // namespace glm5::backend::cuda

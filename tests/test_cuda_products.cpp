@@ -1,0 +1,195 @@
+// The GPU's matrix products (label `gpu`: scripts/device-check.sh runs these on a GPU
+// machine; a machine without a device fails them, it does not skip them). Every weight
+// format of a GLM GGUF:
+// - the vector form gives quant::groups::row_dot's bits for every token, whatever the
+//   token count (1, 5, 32 and 40 tokens, the last rows of a block, slice 1 of 2);
+// - both forms against the CPU backend's products, the error normalised by the
+//   output's RMS (the CPU rounds activations to the format's Q8 partner, the tiled
+//   form to F16);
+// - a matrix that does not fit is refused with the numbers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_device.h"
+#include "core/error.h"
+#include "quant/groups.h"
+#include "quant_test_util.h"
+
+namespace glm5 {
+namespace {
+
+using quant::Type;
+namespace cuda = backend::cuda;
+namespace groups = quant::groups;
+
+const Type kWeightTypes[] = {
+    Type::F32,    Type::F16,   Type::BF16,    Type::Q8_0,  Type::Q5_0,  Type::IQ4_NL,
+    Type::Q2_K,   Type::Q3_K,  Type::Q4_K,    Type::Q5_K,  Type::Q6_K,  Type::IQ2_XXS,
+    Type::IQ2_XS, Type::IQ2_S, Type::IQ3_XXS, Type::IQ3_S, Type::IQ1_S, Type::IQ1_M,
+    Type::IQ4_XS, Type::Q4_0,  Type::Q4_1,    Type::Q5_1,
+};
+
+cuda::Device& device() {
+    static std::unique_ptr<cuda::Device> dev;
+    if (!dev) {
+        std::string why;
+        if (cuda::list_devices(&why).empty())
+            throw Error("a gpu test found no CUDA device (" + why + "): run it on a GPU machine");
+        dev = std::make_unique<cuda::Device>(0);
+    }
+    return *dev;
+}
+
+// Device memory freed with the test.
+struct DeviceFloats {
+    explicit DeviceFloats(size_t n) : n(n) {
+        p = static_cast<float*>(device().alloc(n * sizeof(float), "test rows"));
+    }
+    ~DeviceFloats() { device().free(p); }
+    std::vector<float> read() {
+        std::vector<float> h(n);
+        device().download(h.data(), p, n * sizeof(float));
+        device().synchronize();
+        return h;
+    }
+    float* p;
+    size_t n;
+};
+
+struct Problem {
+    int64_t cols = 32 * 40, rows = 67, slices = 2;
+    std::vector<uint8_t> bytes;  // slices * rows rows
+    backend::Weight view;
+};
+
+Problem make_problem(Type t) {
+    Problem pr;
+    const int64_t n_rows = pr.rows * pr.slices;
+    const std::vector<float> w = test::varied_floats(size_t(n_rows * pr.cols), 21);
+    const std::vector<float> imatrix(size_t(pr.cols), 1.f);
+    pr.bytes = test::quantize(t, w, n_rows, imatrix.data());
+    pr.view.type = t;
+    pr.view.cols = pr.cols;
+    pr.view.rows = pr.rows;
+    pr.view.slices = pr.slices;
+    pr.view.row_bytes = quant::row_size(t, pr.cols);
+    pr.view.slice_bytes = pr.view.row_bytes * size_t(pr.rows);
+    pr.view.data = pr.bytes.data();
+    return pr;
+}
+
+class CudaProducts : public ::testing::TestWithParam<Type> {};
+
+TEST_P(CudaProducts, VectorFormIsRowDotBitForBitAtEveryTokenCount) {
+    const Type t = GetParam();
+    Problem pr = make_problem(t);
+    cuda::Device& dev = device();
+    cuda::Matrix m = dev.upload_matrix(pr.view, "test weight");
+    const int64_t x_stride = pr.cols + 32, y_stride = pr.rows + 3;
+    const groups::Tables tab = groups::host_tables();
+    for (int64_t n_tok : {1, 5, 32, 40}) {
+        const std::vector<float> x = test::normal_floats(size_t(n_tok * x_stride), 9);
+        DeviceFloats dx(x.size()), dy(size_t(n_tok * y_stride));
+        dev.upload(dx.p, x.data(), x.size() * sizeof(float));
+        dev.matmul_vector(m, 1, dx.p, x_stride, n_tok, dy.p, y_stride);
+        const std::vector<float> y = dy.read();
+        int bad = 0;
+        for (int64_t tok = 0; tok < n_tok && bad < 5; ++tok)
+            for (int64_t r = 0; r < pr.rows && bad < 5; ++r) {
+                float want = 0;
+                ASSERT_TRUE(groups::row_dot(t, pr.view.row(r, 1), pr.cols,
+                                            x.data() + tok * x_stride, tab, &want));
+                const float got = y[size_t(tok * y_stride + r)];
+                if (std::memcmp(&want, &got, 4) != 0) {
+                    ADD_FAILURE() << n_tok << " tokens, token " << tok << ", row " << r << ": "
+                                  << got << ", row_dot " << want;
+                    ++bad;
+                }
+            }
+    }
+    dev.free_matrix(m);
+}
+
+// The CPU backend's product of the same rows, and the largest difference over the RMS
+// of its outputs.
+double normalised_error(Type t, const Problem& pr, const std::vector<float>& x, int64_t n_tok,
+                        const std::vector<float>& got) {
+    auto cpu = backend::make_cpu_backend({});
+    backend::Weight w0 = pr.view;
+    w0.slices = 1;
+    const auto dx = cpu->scratch(x.size());
+    const auto dy = cpu->scratch(size_t(n_tok * pr.rows));
+    cpu->write(dx, x.data(), x.size());
+    cpu->matmul(w0, dx, pr.cols, n_tok, dy, pr.rows);
+    std::vector<float> want(size_t(n_tok * pr.rows));
+    cpu->read(dy, want.data(), want.size());
+    double sq = 0, worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        sq += double(want[i]) * want[i];
+        worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
+    }
+    return worst / std::sqrt(sq / double(want.size()));
+}
+
+TEST_P(CudaProducts, BothFormsAgreeWithTheCpuBackend) {
+    const Type t = GetParam();
+    Problem pr = make_problem(t);
+    cuda::Device& dev = device();
+    cuda::Matrix m = dev.upload_matrix(pr.view, "test weight");
+    for (int64_t n_tok : {3, 32, 100}) {
+        const std::vector<float> x = test::normal_floats(size_t(n_tok * pr.cols), 4);
+        DeviceFloats dx(x.size()), dv(size_t(n_tok * pr.rows)), dt(size_t(n_tok * pr.rows));
+        dev.upload(dx.p, x.data(), x.size() * sizeof(float));
+        dev.matmul_vector(m, 0, dx.p, pr.cols, n_tok, dv.p, pr.rows);
+        dev.matmul_tiled(m, 0, dx.p, pr.cols, n_tok, dt.p, pr.rows);
+        // The CPU rounds the tokens to 8 bits per value (F32/F16/BF16 weights: to
+        // their own format); one or two percent of the RMS covers that with margin,
+        // a decoding mistake is of the RMS's order.
+        EXPECT_LT(normalised_error(t, pr, x, n_tok, dv.read()), 0.02)
+            << "vector form, " << n_tok << " tokens";
+        EXPECT_LT(normalised_error(t, pr, x, n_tok, dt.read()), 0.02)
+            << "tiled form, " << n_tok << " tokens";
+    }
+    dev.free_matrix(m);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllWeightFormats, CudaProducts, ::testing::ValuesIn(kWeightTypes),
+                         [](const auto& info) { return std::string(quant::name(info.param)); });
+
+TEST(CudaDevice, MemoryThatDoesNotFitIsRefusedWithTheNumbers) {
+    cuda::Device& dev = device();
+    const uint64_t too_much = dev.info().total_bytes * 2;
+    try {
+        dev.alloc(size_t(too_much), "an impossible cache");
+        FAIL() << "allocated twice the device's memory";
+    } catch (const ResourceError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("an impossible cache"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("free"), std::string::npos) << msg;
+    }
+    // The device still works after the refusal.
+    DeviceFloats ok(16);
+    EXPECT_EQ(ok.read().size(), 16u);
+}
+
+TEST(CudaDevice, RepackedOrUnknownWeightsAreRefused) {
+    cuda::Device& dev = device();  // outside the EXPECT_THROWs: no device is a failure
+    backend::Weight w;
+    w.type = Type::Q8_K;
+    w.cols = 256;
+    w.rows = 1;
+    std::vector<uint8_t> bytes(quant::row_size(Type::Q8_K, 256));
+    w.data = bytes.data();
+    w.row_bytes = w.slice_bytes = bytes.size();
+    EXPECT_THROW(dev.upload_matrix(w, "q8k"), Error);
+    w.type = Type::Q4_K;
+    w.repacked = true;
+    EXPECT_THROW(dev.upload_matrix(w, "repacked"), Error);
+}
+
+}  // namespace
+}  // namespace glm5
