@@ -398,7 +398,8 @@ TEST(CliMemory, InspectPrintsThePlan) {
 }
 
 // llama.cpp's command lines: its spellings are the same flags here (same output), its
-// flags that mean nothing here say so once and go on, -hf is refused with the reason,
+// flags that mean nothing here say so once and go on (-ngl 99 without a GPU that runs
+// the forward: that the CPU runs it), -hf is refused with the reason,
 // --mlock locks the model in memory, and --reasoning-budget bounds the reasoning.
 TEST(CliRun, LlamaCppFlags) {
     const std::string base = "run --model " + kTiny + " -p \"Hello\" -n 8";
@@ -409,7 +410,7 @@ TEST(CliRun, LlamaCppFlags) {
     ASSERT_EQ(theirs.code, 0) << theirs.err;
     EXPECT_EQ(theirs.out, ours.out);
     for (const char* f : {"-fa means nothing here", "--jinja means nothing here",
-                          "-cnv means nothing here", "-ngl means nothing here"}) {
+                          "-cnv means nothing here", "-ngl 99: ", "the CPU runs the model"}) {
         const size_t at = theirs.err.find(f);
         EXPECT_NE(at, std::string::npos) << f << "\n" << theirs.err;
         EXPECT_EQ(theirs.err.find(f, at + 1), std::string::npos) << f << " said twice";

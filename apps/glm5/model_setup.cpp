@@ -1,5 +1,6 @@
 #include "model_setup.h"
 
+#include "gpu_setup.h"
 #include "split_setup.h"
 
 #include <sys/mman.h>
@@ -114,9 +115,11 @@ void add_model_flags(Args& a, bool model_required) {
               "the GLM-5 chat format is built in (the GGUF's Jinja template is "
               "checked against it at load)");
     a.option("device", "NAME", "none",
-             "what runs the model beside the CPU: none (the CPU alone), or cpu (a second CPU "
-             "backend with its own memory stands in for a GPU, so that a placement of routed "
-             "experts runs, and is checked bit for bit, on any machine)",
+             "what runs the model beside the CPU: none (the CPU alone), cuda or cuda:N (an "
+             "NVIDIA GPU: refused, with the reason, where none is usable; in this build the GPU "
+             "runs matrix products only, so the model's forward is refused there too), or cpu "
+             "(a second CPU backend with its own memory stands in for a GPU, so that a "
+             "placement of routed experts runs, and is checked bit for bit, on any machine)",
              "-dev");
     a.option("device-mem", "SIZE", "unlimited",
              "with --device: the device memory the plan places into (the weights not in system "
@@ -133,8 +136,12 @@ void add_model_flags(Args& a, bool model_required) {
              "expression) matches stay in system RAM; whole sets of routed experts only "
              "(e.g. -ot exps=CPU)",
              "-ot");
-    a.ignored("-ngl", true, "layers are placed by --device and --n-cpu-moe here");
-    a.ignored("--n-gpu-layers", true, "layers are placed by --device and --n-cpu-moe here");
+    a.option("n-gpu-layers", "N", "0",
+             "llama.cpp's offload, as its users type it: 0 runs on the CPU; -1, all, or the "
+             "layer count or more ask for the whole model on the GPU (without a GPU that runs "
+             "the forward: a warning, and the CPU runs it); a count in between is refused: "
+             "the partial offload here is --n-cpu-moe",
+             "-ngl");
     for (const char* t : {"-hf", "--hf-repo", "-hfr", "-mu", "--model-url"})
         a.refused(t,
                   "glm5 downloads nothing: fetch the GGUF yourself (for example with "
@@ -204,10 +211,21 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
         throw UsageError("--layer-split and --tp together are not supported yet: use one");
     const std::string& device = a.get("device");
     const bool on_device = device != "none";
-    if (on_device && device != "cpu")
-        throw UsageError("--device " + device +
-                         ": this build has no GPU backend; --device cpu runs a CPU stand-in for "
-                         "one (to try a placement of experts), --device none the CPU alone");
+    if (on_device && device != "cpu") {
+        const std::optional<int> gpu = cuda_ordinal(device);
+        if (!gpu)
+            throw UsageError("--device " + device +
+                             ": the devices are none (the CPU alone), cuda or cuda:N (a GPU) "
+                             "and cpu (a CPU stand-in for a device)");
+        if (parts > 1 || tp > 1)
+            throw UsageError("--device cuda does not combine with --layer-split or --tp yet");
+        refuse_cuda_device(*gpu);
+    }
+    if (a.get("n-gpu-layers") != "0") {
+        const auto file = gguf::File::open(path);
+        const std::string arch = file->get_string("general.architecture");
+        apply_gpu_layers(a.get("n-gpu-layers"), int64_t(file->get_uint(arch + ".block_count")));
+    }
     const int placements = int(a.get_flag("cpu-moe")) +
                            int(a.is_set("n-cpu-moe") && a.get("n-cpu-moe") != "auto") +
                            int(a.is_set("override-tensor"));

@@ -1,0 +1,81 @@
+// The GPU's command line where it runs without a GPU (the suite's machines): --device
+// cuda[:N] and llama.cpp's -ngl. On a machine where a GPU is usable the same commands
+// take the other branch, which these tests assert too (no test here is skipped).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "util_cli.h"
+#include "util_model.h"
+
+using namespace glm5::test;
+
+namespace {
+
+const std::string kTiny = data_path("glm-dsa/tiny.gguf");
+
+// The NVIDIA driver's control node: without it no process here can reach a GPU.
+bool driver_present() {
+    return std::filesystem::exists("/dev/nvidiactl");
+}
+
+TEST(CliGpu, DeviceCudaWithoutAUsableGpuExitsTwoWithTheReason) {
+    for (const char* dev : {"cuda", "cuda:1"}) {
+        const CliResult r = run_glm5("run --model " + kTiny + " --tokens 1,2 -n 2 --device " + dev);
+        EXPECT_TRUE(r.out.empty()) << r.out;
+        if (!driver_present()) {
+            EXPECT_EQ(r.code, 2) << r.err;
+            // The reason (this build, the driver) and the remedy.
+            EXPECT_TRUE(r.err.find("no CUDA backend") != std::string::npos ||
+                        r.err.find("no usable CUDA device") != std::string::npos)
+                << r.err;
+            EXPECT_NE(r.err.find("--device none runs the model on the CPU"), std::string::npos)
+                << r.err;
+        } else {
+            // A GPU machine: refused all the same (the forward is not on CUDA yet), naming
+            // the GPU it found or why it cannot use it.
+            EXPECT_NE(r.code, 0) << r.err;
+            EXPECT_NE(r.err.find(std::string("--device ") + (dev[4] ? dev : "cuda:0")),
+                      std::string::npos)
+                << r.err;
+        }
+    }
+}
+
+TEST(CliGpu, MalformedDevicesAreUsageErrors) {
+    for (const char* dev : {"cuda:x", "cuda:", "gpu", "cuda:-1"}) {
+        const CliResult r = run_glm5("run --model " + kTiny + " --tokens 1 -n 1 --device " + dev);
+        EXPECT_EQ(r.code, 2) << dev << "\n" << r.err;
+        EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
+    }
+}
+
+TEST(CliGpu, PartialLayerOffloadIsRefusedNamingNCpuMoe) {
+    // The tiny model has 7 blocks in its block_count.
+    const CliResult r = run_glm5("run --model " + kTiny + " --tokens 1,2 -n 2 -ngl 1");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("--n-cpu-moe"), std::string::npos) << r.err;
+    EXPECT_NE(run_glm5("run --model " + kTiny + " --tokens 1 -n 1 -ngl -2").code, 0);
+    EXPECT_NE(run_glm5("run --model " + kTiny + " --tokens 1 -n 1 -ngl lots").code, 0);
+}
+
+// -ngl 99 / -1 / all: the whole model asked for the GPU. Without a GPU that runs the
+// forward: a warning, and the CPU's tokens, the same as without the flag.
+TEST(CliGpu, WholeModelOffloadWithoutAGpuWarnsAndRunsOnTheCpu) {
+    const std::string args = "run --model " + kTiny + " --tokens 1,2,3 -n 6 --temp 0";
+    const CliResult plain = run_glm5(args);
+    ASSERT_EQ(plain.code, 0) << plain.err;
+    for (const char* n : {"99", "-1", "all", "--n-gpu-layers=7"}) {
+        const std::string flag = n[0] == '-' && n[1] == '-' ? n : std::string("-ngl ") + n;
+        const CliResult r = run_glm5(args + " " + flag);
+        ASSERT_EQ(r.code, 0) << flag << "\n" << r.err;
+        EXPECT_EQ(r.out, plain.out) << flag;
+        EXPECT_NE(r.err.find("the CPU runs the model"), std::string::npos) << flag << "\n" << r.err;
+    }
+    // 0, the default, says nothing.
+    const CliResult zero = run_glm5(args + " -ngl 0");
+    EXPECT_EQ(zero.out, plain.out);
+    EXPECT_EQ(zero.err.find("-ngl"), std::string::npos) << zero.err;
+}
+
+}  // namespace
