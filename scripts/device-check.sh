@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The GPU check: one command on the lent GPU machine (CUDA toolkit, CMake and ninja; no
+# Debian packages, no network), prepared here, where the build has its packages.
+#
+#   bash scripts/device-check.sh prepare   # here: build, bundle, hide the large fixtures
+#   (device tool) run  command: bash scripts/device-check.sh   carry: [".device"]
+#   bash scripts/device-check.sh restore   # here, always after the call: the index back
+#
+# prepare builds build/ with the CUDA backend (GLM5_CUDA=ON: sm_80, sm_89, sm_90), copies
+# the glm5 binary, the GPU tests and the shared libraries they need that the GPU machine
+# lacks (libpng, libjpeg, Open MPI; not glibc, libstdc++ or CUDA's) into .device/, and
+# keeps the tree that travels under its 64 MiB: tests/data (76 MB, which the GPU tests do
+# not read) is untracked and ignored until `restore` puts the index back.
+#
+# On the GPU machine (no argument) it runs, each step timed and its output under $OUT
+# when set: nvidia-smi; the `gpu` tests (what `ctest -L gpu` runs: every test_cuda_*
+# binary); compute-sanitizer's memcheck over a short filter of them; the products'
+# bandwidth against a device-to-device copy (bench/gpu_products); glm5 --device cuda's
+# answer on this machine. It exits non-zero when a step fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+bundle=.device
+exclude=.git/info/exclude
+
+prepare() {
+    set -e
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGLM5_BUILD_TESTS=ON -DGLM5_CUDA=ON >/dev/null
+    local gpu_tests
+    gpu_tests=$(cd tests && ls test_cuda_*.cpp | sed 's/\.cpp$//')
+    cmake --build build -j"$(nproc)" --target glm5 gpu_products $gpu_tests
+    rm -rf "$bundle"
+    mkdir -p "$bundle/bin" "$bundle/lib"
+    cp build/glm5 build/bench/gpu_products "$bundle/bin/"
+    for t in $gpu_tests; do cp "build/tests/$t" "$bundle/bin/"; done
+    # Every library the binaries load, less the C and C++ runtimes (newer on the GPU
+    # machine's image) and CUDA's own (its toolkit is there).
+    for b in "$bundle"/bin/*; do ldd "$b" || exit 1; done | awk '/=> \// {print $3}' | sort -u |
+        grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/libcu|/libnv' |
+        while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
+    mkdir -p "$(dirname "$exclude")"
+    touch "$exclude"
+    grep -qxF /tests/data/ "$exclude" || echo /tests/data/ >>"$exclude"  # ($bundle: .gitignore)
+    git rm -r -q --cached tests/data
+    echo "prepared: $(du -sh "$bundle" | cut -f1) in $bundle; tests/data untracked for the call."
+    echo "now: device run, command 'bash scripts/device-check.sh', carry [\"$bundle\"];"
+    echo "then, whatever happened: bash scripts/device-check.sh restore"
+}
+
+restore() {
+    git reset -q -- tests/data
+    [[ -f $exclude ]] && sed -i '\|^/tests/data/$|d' "$exclude"
+    git status --short tests/data | head -3
+    echo "restored: tests/data is tracked again"
+}
+
+case ${1:-check} in
+prepare) prepare; exit ;;
+restore) restore; exit ;;
+check) ;;
+*) echo "usage: $0 [prepare|restore]" >&2; exit 2 ;;
+esac
+
+# ---- on the GPU machine ---------------------------------------------------------------
+out=${OUT:-/tmp/device-check}
+mkdir -p "$out"
+cuda_lib=$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")/../lib64
+export LD_LIBRARY_PATH="$PWD/$bundle/lib:$cuda_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+failed=()
+step() {  # step NAME COMMAND...: runs it, its output to $out/NAME.log and the tail here
+    local name=$1 t0=$SECONDS rc
+    shift
+    echo "== $name: $*"
+    "$@" >"$out/$name.log" 2>&1
+    rc=$?
+    tail -n "${TAIL:-15}" "$out/$name.log"
+    echo "== $name: exit $rc, $((SECONDS - t0)) s"
+    ((rc == 0)) || failed+=("$name")
+}
+
+[[ -x $bundle/bin/glm5 ]] || { echo "no $bundle/bin/glm5: run 'prepare' here first and carry $bundle"; exit 2; }
+step gpu nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm --format=csv
+for t in "$bundle"/bin/test_cuda_*; do
+    step "$(basename "$t")" "$t" --gtest_brief=1
+done
+if command -v compute-sanitizer >/dev/null; then
+    TAIL=8 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
+        "$bundle/bin/test_cuda_products" --gtest_brief=1 \
+        --gtest_filter='*Q4_K:*IQ2_XXS:*Q6_K:*BF16:CudaDevice.*'
+else
+    echo "== memcheck: compute-sanitizer is not on the PATH"
+fi
+TAIL=40 step bench "$bundle/bin/gpu_products"
+# What a user typing --device cuda gets here (refused until the forward runs on CUDA).
+TAIL=3 step cli-device bash -c '"$0" run --device cuda --tokens 1,2 -n 2; echo "(glm5 exit $?)"' \
+    "$bundle/bin/glm5"
+echo
+if ((${#failed[@]})); then
+    echo "device check: FAILED: ${failed[*]} (logs in $out)"
+    exit 1
+fi
+echo "device check: all steps passed (logs in $out)"
