@@ -12,6 +12,7 @@
 # environment:
 #   GLM5         glm5 binary (default: build/glm5 of this checkout)
 #   LLAMA_BENCH  llama-bench binary; unset: glm5's figures only, no ratio
+#   LLAMA_FLAGS  extra llama-bench flags (e.g. "-ngl 99" for its CUDA build)
 #   THREADS      threads for both engines (default: all cores)
 #   ROUNDS       alternations (default 3); REPS repetitions per run (default 3)
 #   GLM5_FLAGS   extra glm5 flags (default "--no-mmap --repack": weights in
@@ -30,6 +31,7 @@ rounds=${ROUNDS:-3}
 reps=${REPS:-3}
 glm5_flags=${GLM5_FLAGS:---no-mmap --repack}
 llama=${LLAMA_BENCH:-}
+llama_flags=${LLAMA_FLAGS:-}  # e.g. "-ngl 99" for a CUDA build of llama.cpp
 depths=${DEPTHS:-0}
 types=${TYPES:-q4_k_m iq2_xxs}
 n_prompt=${PROMPT:-512}
@@ -65,8 +67,9 @@ run_glm5() {
 # avg_ts per test.
 run_llama() {
     local model=$1 name=$2 depth=$3
+    # shellcheck disable=SC2086  # llama_flags is a list of flags
     "$llama" -m "$model" -t "$threads" -p "$n_prompt" -n "$n_gen" -d "$depth" -r "$reps" \
-        -o csv 2>/dev/null |
+        $llama_flags -o csv 2>/dev/null |
         awk -v m="$name" -F, '
             { gsub(/"/, "") }
             NR == 1 { for (i = 1; i <= NF; ++i) col[$i] = i; next }

@@ -4,6 +4,7 @@
 #
 #   bash scripts/device-check.sh prepare   # here: build, bundle, hide the large fixtures
 #   (device tool) run  command: bash scripts/device-check.sh   carry: [".device"]
+#   (device tool) run  command: bash scripts/device-check.sh compare   (while warm: below)
 #   bash scripts/device-check.sh restore   # here, always after the call: the index back
 #
 # prepare builds build/ with the CUDA backend (GLM5_CUDA=ON: sm_80, sm_89, sm_90), copies
@@ -17,6 +18,12 @@
 # binary); compute-sanitizer's memcheck over a short filter of them; the products'
 # bandwidth against a device-to-device copy (bench/gpu_products); glm5 --device cuda's
 # answer on this machine. It exits non-zero when a step fails.
+#
+# `compare` (a second call on the warm machine: about 5 minutes on a bare one) builds
+# llama.cpp's CUDA llama-bench (sm_90) from the source `prepare` packed when LLAMA_SRC
+# named the ngxson fork's checkout (commit 3f545becc), makes the bench model, and runs
+# bench/compare.sh: glm5 bench beside llama-bench -ngl 99 on the same file. Outputs
+# kept in /tmp (the build, the model) are not made again.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +47,16 @@ prepare() {
         while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
     mkdir -p "$(dirname "$exclude")"
     touch "$exclude"
+    if [[ -n ${LLAMA_SRC:-} ]]; then
+        # The sources a CUDA llama-bench needs, without the other backends (6 MB).
+        local skip=()
+        for d in build models docs media examples tests gguf-py .devops benches conversion \
+            skills pocs scripts ggml/src/ggml-{vulkan,sycl,cann,metal,opencl,hexagon,musa} \
+            ggml/src/ggml-{openvino,webgpu,zdnn,zendnn,virtgpu,et,hip}; do
+            skip+=(--exclude="./$d")
+        done
+        tar -C "$LLAMA_SRC" -cJf "$bundle/llama-src.tar.xz" "${skip[@]}" .
+    fi
     grep -qxF /tests/data/ "$exclude" || echo /tests/data/ >>"$exclude"  # ($bundle: .gitignore)
     git rm -r -q --cached tests/data
     echo "prepared: $(du -sh "$bundle" | cut -f1) in $bundle; tests/data untracked for the call."
@@ -54,11 +71,12 @@ restore() {
     echo "restored: tests/data is tracked again"
 }
 
-case ${1:-check} in
+stage=${1:-check}
+case $stage in
 prepare) prepare; exit ;;
 restore) restore; exit ;;
-check) ;;
-*) echo "usage: $0 [prepare|restore]" >&2; exit 2 ;;
+check | compare) ;;
+*) echo "usage: $0 [prepare|restore|compare]" >&2; exit 2 ;;
 esac
 
 # ---- on the GPU machine ---------------------------------------------------------------
@@ -79,6 +97,34 @@ step() {  # step NAME COMMAND...: runs it, its output to $out/NAME.log and the t
 }
 
 [[ -x $bundle/bin/glm5 ]] || { echo "no $bundle/bin/glm5: run 'prepare' here first and carry $bundle"; exit 2; }
+
+if [[ $stage == compare ]]; then
+    llama=/tmp/llama-cuda/bin/llama-bench
+    if [[ ! -x $llama ]]; then
+        [[ -f $bundle/llama-src.tar.xz ]] ||
+            { echo "no $bundle/llama-src.tar.xz: prepare with LLAMA_SRC=<llama.cpp checkout>"; exit 2; }
+        build_llama() (
+            set -e
+            rm -rf /tmp/llama-src && mkdir -p /tmp/llama-src
+            tar -C /tmp/llama-src -xJf "$bundle/llama-src.tar.xz"
+            # No AMX (its path aborts on glm-dsa); the layers run on the GPU anyway.
+            cmake -S /tmp/llama-src -B /tmp/llama-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
+                -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DGGML_AVX2=ON \
+                -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+                -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+                -DLLAMA_BUILD_APP=OFF
+            cmake --build /tmp/llama-cuda -j"$(nproc)" --target llama-bench
+        )
+        TAIL=5 step llama-build build_llama
+    fi
+    TAIL=3 step models env TYPES=q4_k_m bash bench/make_bench_models.sh /tmp/bench-models \
+        "$bundle/bin/glm5"
+    TAIL=12 step compare env GLM5="$PWD/$bundle/bin/glm5" LLAMA_BENCH=$llama \
+        LLAMA_FLAGS="-ngl 99" TYPES=q4_k_m ROUNDS=2 THREADS="$(nproc)" \
+        bash bench/compare.sh /tmp/bench-models
+    ((${#failed[@]} == 0)) || { echo "compare: FAILED: ${failed[*]} (logs in $out)"; exit 1; }
+    exit 0
+fi
 step gpu nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm --format=csv
 for t in "$bundle"/bin/test_cuda_*; do
     step "$(basename "$t")" "$t" --gtest_brief=1
