@@ -298,9 +298,17 @@ class Backend {
         h.tokens = d;
         h.pos = d + int64_t(a.tokens.size());
         h.out_rows = d + int64_t(a.tokens.size() + a.pos.size());
+        planned(a, h);
         return h;
     }
     virtual void end_step() {}
+    // The plan just written, as the host had it: a device backend keeps the positions to
+    // size its launches (how many cache rows a row of the step can see) without reading
+    // them back; the ops still read the values through the handles.
+    virtual void planned(const PlanArrays& a, const PlanHandles& h) {
+        (void)a;
+        (void)h;
+    }
     // A step held open for a scope: end() closes it where the forward's work ends; an
     // exception that leaves the scope closes it too.
     class Step {
