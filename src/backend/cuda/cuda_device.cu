@@ -214,6 +214,14 @@ void* Device::Impl::scratch_bytes(int slot, size_t bytes) {
     return s.p;
 }
 
+void* Device::stream() const {
+    return impl_->stream;
+}
+
+const quant::groups::Tables& Device::tables() const {
+    return impl_->tables;
+}
+
 uint64_t Device::weight_bytes_read() const {
     return impl_->weight_bytes;
 }

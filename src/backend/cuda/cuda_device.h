@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "quant/groups.h"
 
 namespace glm5::backend::cuda {
 
@@ -91,6 +92,22 @@ class Device {
                        int64_t n_tok, float* y, int64_t y_stride);
     void matmul_tiled(const Matrix& w, int64_t slice, const float* x, int64_t x_stride,
                       int64_t n_tok, float* y, int64_t y_stride);
+
+    // Per-slice products, slices s < w.slices: y[t * y_tok + s * y_slice + r] =
+    // W[s] row r . x[t * x_tok + s * x_slice ..] (the vector form up to 32 tokens).
+    void matmul_slices(const Matrix& w, const float* x, int64_t x_tok, int64_t x_slice,
+                       int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice);
+    // Products whose slice each row names (a mixture's experts): for p < n,
+    // y[p * y_stride + r] = W[ids[p]] row r . x[(p / x_every) * x_stride ..], ids in
+    // device memory. The vector form's bits, one row at a time.
+    void matmul_indexed(const Matrix& w, const int32_t* ids, int64_t n, int64_t x_every,
+                        const float* x, int64_t x_stride, float* y, int64_t y_stride);
+
+    // The stream the products and copies are queued on (a cudaStream_t), for the
+    // backend's own kernels.
+    void* stream() const;
+    // The i-quant tables in device memory.
+    const quant::groups::Tables& tables() const;
 
     // Bytes of weights the products have read since the last reset.
     uint64_t weight_bytes_read() const;

@@ -19,14 +19,19 @@ constexpr int kTokenChunk = 8;  // tokens a lane keeps sums for at once
 // A warp per weight row: lane l decodes groups l, l + 32, ... and keeps one chain of
 // FMAs per token of its chunk (blockIdx.y), then the lanes' sums meet in the butterfly
 // of quant::groups::row_dot.
+// Slice blockIdx.z of a stack: its weights at w + z * slice_bytes, its tokens and outputs
+// x_slice and y_slice further on.
 __global__ void __launch_bounds__(kWarps * 32)
-    vector_kernel(quant::Type type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t rows,
-                  const float* x, int64_t x_stride, int64_t n_tok, float* y, int64_t y_stride,
-                  groups::Tables tab) {
+    vector_kernel(quant::Type type, const uint8_t* w, size_t row_bytes, size_t slice_bytes,
+                  int64_t cols, int64_t rows, const float* x, int64_t x_stride, int64_t x_slice,
+                  int64_t n_tok, float* y, int64_t y_stride, int64_t y_slice, groups::Tables tab) {
     const int lane = int(threadIdx.x) & 31;
     const int64_t r = int64_t(blockIdx.x) * kWarps + int64_t(threadIdx.x >> 5);
     const int64_t t0 = int64_t(blockIdx.y) * kTokenChunk;
     if (r >= rows) return;  // the whole warp: r is the same for its lanes
+    w += size_t(blockIdx.z) * slice_bytes;
+    x += int64_t(blockIdx.z) * x_slice;
+    y += int64_t(blockIdx.z) * y_slice;
     const uint8_t* row = w + size_t(r) * row_bytes;
     float acc[kTokenChunk];
 #pragma unroll
@@ -48,6 +53,29 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int k = 0; k < kTokenChunk; ++k)
             if (t0 + k < n_tok) y[(t0 + k) * y_stride + r] = acc[k];
     }
+}
+
+// One row of output per (weight row, pair p): the slice is ids[p], the input row
+// p / x_every. The vector kernel's lanes and butterfly for a single token.
+__global__ void __launch_bounds__(kWarps * 32)
+    indexed_kernel(quant::Type type, const uint8_t* w, size_t row_bytes, size_t slice_bytes,
+                   int64_t cols, int64_t rows, const int32_t* ids, int64_t x_every, const float* x,
+                   int64_t x_stride, float* y, int64_t y_stride, groups::Tables tab) {
+    const int lane = int(threadIdx.x) & 31;
+    // Pairs on x (many in a prefill), weight rows on y (at most 65535 blocks of them).
+    const int64_t r = int64_t(blockIdx.y) * kWarps + int64_t(threadIdx.x >> 5);
+    const int64_t p = blockIdx.x;
+    if (r >= rows) return;
+    const uint8_t* row = w + size_t(ids[p]) * slice_bytes + size_t(r) * row_bytes;
+    const float* xp = x + (p / x_every) * x_stride;
+    float acc = 0.f;
+    float v[groups::kGroup];
+    for (int64_t g = lane; g < cols / groups::kGroup; g += 32) {
+        groups::decode_group(type, row, g, tab, v);
+        acc = groups::group_dot(v, xp + groups::kGroup * g, acc);
+    }
+    for (int off = 16; off >= 1; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) y[p * y_stride + r] = acc;
 }
 
 // Rows [r0, r0 + n_rows) of a matrix decoded to F16, packed [n_rows][cols]: a thread
@@ -93,10 +121,37 @@ void Device::matmul_vector(const Matrix& w, int64_t slice, const float* x, int64
     if (n_tok <= 0 || w.rows <= 0) return;
     const dim3 grid(blocks_for(w.rows, kWarps), blocks_for(n_tok, kTokenChunk));
     vector_kernel<<<grid, kWarps * 32, 0, impl_->stream>>>(
-        w.type, w.data + size_t(slice) * w.slice_bytes, w.row_bytes, w.cols, w.rows, x, x_stride,
-        n_tok, y, y_stride, impl_->tables);
+        w.type, w.data + size_t(slice) * w.slice_bytes, w.row_bytes, w.slice_bytes, w.cols, w.rows,
+        x, x_stride, 0, n_tok, y, y_stride, 0, impl_->tables);
     check(cudaGetLastError(), "the vector product's launch");
     impl_->weight_bytes += uint64_t(w.slice_bytes) * grid.y;
+}
+
+void Device::matmul_slices(const Matrix& w, const float* x, int64_t x_tok, int64_t x_slice,
+                           int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice) {
+    if (n_tok <= 0 || w.rows <= 0 || w.slices <= 0) return;
+    if (n_tok > kVectorTokens) {
+        for (int64_t s = 0; s < w.slices; ++s)
+            matmul_tiled(w, s, x + s * x_slice, x_tok, n_tok, y + s * y_slice, y_tok);
+        return;
+    }
+    const dim3 grid(blocks_for(w.rows, kWarps), blocks_for(n_tok, kTokenChunk), unsigned(w.slices));
+    vector_kernel<<<grid, kWarps * 32, 0, impl_->stream>>>(
+        w.type, w.data, w.row_bytes, w.slice_bytes, w.cols, w.rows, x, x_tok, x_slice, n_tok, y,
+        y_tok, y_slice, impl_->tables);
+    check(cudaGetLastError(), "the sliced product's launch");
+    impl_->weight_bytes += uint64_t(w.slice_bytes) * uint64_t(w.slices) * grid.y;
+}
+
+void Device::matmul_indexed(const Matrix& w, const int32_t* ids, int64_t n, int64_t x_every,
+                            const float* x, int64_t x_stride, float* y, int64_t y_stride) {
+    if (n <= 0 || w.rows <= 0) return;
+    const dim3 grid(unsigned(n), blocks_for(w.rows, kWarps));
+    indexed_kernel<<<grid, kWarps * 32, 0, impl_->stream>>>(
+        w.type, w.data, w.row_bytes, w.slice_bytes, w.cols, w.rows, ids, x_every, x, x_stride, y,
+        y_stride, impl_->tables);
+    check(cudaGetLastError(), "the indexed product's launch");
+    impl_->weight_bytes += uint64_t(w.slice_bytes) * uint64_t(n);
 }
 
 void Device::matmul_tiled(const Matrix& w, int64_t slice, const float* x, int64_t x_stride,

@@ -1,0 +1,303 @@
+// Attention on the GPU: the lightning indexer's scores and top k, absorbed MLA over the
+// rows a query sees (dense, or only the selected ones), and the drafter's pick. Which
+// rows a query sees is decided per row from the step's positions, as on the CPU; the
+// host reads the positions from the plan's copy to size the launches.
+//
+// One block per (query, head) for attention: scores of the visible rows, a softmax
+// (maximum, then the sum in double, in a fixed tree), then each output column a sum over
+// the rows in order. One block per query for the top k: backend/device_math.h's radix
+// select (integer counts, so the same answer whatever the threads' timing), then the
+// rows taken in ascending order.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_backend_impl.cuh"
+#include "backend/device_math.h"
+
+namespace glm5::backend::cuda {
+
+namespace {
+
+__device__ float load_value(const uint8_t* row, int64_t i, bool f16) {
+    return f16 ? __half2float(reinterpret_cast<const __half*>(row)[i])
+               : reinterpret_cast<const float*>(row)[i];
+}
+
+__device__ float f16_round(float v) {
+    return __half2float(__float2half_rn(v));
+}
+
+struct IndexerRow {
+    const uint8_t* keys;  // the segment's key cache
+    int64_t t;            // the batch row
+    int64_t n_keys;       // candidates (n_vis / pool)
+};
+
+// Block (key chunk, query): one thread per key, every head's dot and the relu-weighted
+// sum in head order.
+__global__ void indexer_scores_kernel(const IndexerRow* rows, const float* q, const float* w,
+                                      int64_t n_heads, int64_t dim, size_t row_bytes, bool f16,
+                                      float* scores, int64_t ld) {
+    const IndexerRow r = rows[blockIdx.y];
+    const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (j >= r.n_keys) return;
+    const uint8_t* key = r.keys + size_t(j) * row_bytes;
+    const float* qt = q + r.t * n_heads * dim;
+    const float* wt = w + r.t * n_heads;
+    float s = 0.f;
+    for (int64_t h = 0; h < n_heads; ++h) {
+        float d = 0.f;
+        for (int64_t i = 0; i < dim; ++i) d = fmaf(qt[h * dim + i], load_value(key, i, f16), d);
+        s += __fmul_rn(fmaxf(d, 0.f), wt[h]);
+    }
+    scores[int64_t(blockIdx.y) * ld + j] = s;
+}
+
+// One block per query: the top_k rows by score (ties to the lower row), ascending.
+__global__ void top_k_kernel(const IndexerRow* rows, const float* scores, int64_t ld, int64_t top_k,
+                             int32_t* out) {
+    __shared__ int hist[256];
+    __shared__ uint32_t prefix_sh;
+    __shared__ int64_t remaining_sh;
+    const IndexerRow r = rows[blockIdx.x];
+    const float* sc = scores + int64_t(blockIdx.x) * ld;
+    const int64_t n = r.n_keys;
+    if (threadIdx.x == 0) {
+        prefix_sh = 0;
+        remaining_sh = top_k;
+    }
+    uint32_t mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        const uint32_t prefix = prefix_sh;
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+            const uint32_t k = device::order_key(sc[j]);
+            if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int b = 255;
+            int64_t rem = remaining_sh;
+            while (hist[b] < rem) rem -= hist[b--];
+            remaining_sh = rem;
+            prefix_sh = prefix | uint32_t(b) << shift;
+        }
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
+    const uint32_t kth = prefix_sh;
+    const int64_t equal = remaining_sh;
+    int32_t* o = out + r.t * top_k;
+    int64_t m = 0, equal_before = 0;
+    for (int64_t j = 0; j < n; ++j) {
+        const uint32_t k = device::order_key(sc[j]);
+        if (device::takes(k, kth, equal_before, equal)) o[m++] = int32_t(j);
+        equal_before += k == kth;
+    }
+}
+
+struct AttentionRow {
+    const uint8_t* cache;  // the segment's latent rows
+    const int32_t* rows;   // the selection's rows, or null: rows 0 .. n-1
+    int64_t n;             // rows seen
+};
+
+// Block (query t, head h).
+__global__ void mla_kernel(const AttentionRow* rows, const float* q, int64_t n_heads, int64_t width,
+                           int64_t v_width, size_t row_bytes, bool f16, float scale, float* scores,
+                           int64_t ld, float* out) {
+    extern __shared__ float qs[];  // the query, rounded to F16 with an F16 cache
+    __shared__ double sh[kThreads];
+    __shared__ float red[kThreads];
+    const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+    const AttentionRow a = rows[t];
+    const float* qh = q + (t * n_heads + h) * width;
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
+        qs[i] = f16 ? f16_round(qh[i]) : qh[i];
+    __syncthreads();
+    float* sc = scores + int64_t(blockIdx.x) * ld;
+    auto row_of = [&](int64_t j) { return a.cache + size_t(a.rows ? a.rows[j] : j) * row_bytes; };
+    float mx = -3.402823466e38f;
+    for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x) {
+        const uint8_t* r = row_of(j);
+        float d = 0.f;
+        for (int64_t i = 0; i < width; ++i) d = fmaf(qs[i], load_value(r, i, f16), d);
+        sc[j] = __fmul_rn(d, scale);
+        mx = fmaxf(mx, sc[j]);
+    }
+    red[threadIdx.x] = mx;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+        __syncthreads();
+    }
+    mx = red[0];
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x) {
+        const float e = expf(sc[j] - mx);
+        sc[j] = e;
+        sum += double(e);
+    }
+    sh[threadIdx.x] = sum;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float inv = float(1.0 / sh[0]);
+    for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x)
+        sc[j] = f16 ? f16_round(__fmul_rn(sc[j], inv)) : __fmul_rn(sc[j], inv);
+    __syncthreads();
+    float* o = out + (t * n_heads + h) * v_width;
+    for (int64_t c = threadIdx.x; c < v_width; c += blockDim.x) {
+        float acc = 0.f;
+        for (int64_t j = 0; j < a.n; ++j) acc += __fmul_rn(sc[j], load_value(row_of(j), c, f16));
+        o[c] = acc;
+    }
+}
+
+constexpr int kPick = 10;
+
+// One block per row of logits: each thread's ten best (value descending, lower id first
+// among equal values), then thread 0 merges them.
+__global__ void draft_pick_kernel(const float* logits, int64_t n_vocab, int32_t* best,
+                                  double* prob) {
+    __shared__ float val[kThreads * kPick];
+    __shared__ int32_t idx[kThreads * kPick];
+    const float* l = logits + int64_t(blockIdx.x) * n_vocab;
+    float v[kPick];
+    int32_t id[kPick];
+    for (int k = 0; k < kPick; ++k) v[k] = -INFINITY, id[k] = INT32_MAX;
+    auto better = [](float a, int32_t ia, float b, int32_t ib) {
+        return a > b || (a == b && ia < ib);
+    };
+    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) {
+        float x = l[i];
+        int32_t xi = int32_t(i);
+        for (int k = 0; k < kPick; ++k)
+            if (better(x, xi, v[k], id[k])) {
+                const float tv = v[k];
+                const int32_t ti = id[k];
+                v[k] = x, id[k] = xi;
+                x = tv, xi = ti;
+            }
+    }
+    for (int k = 0; k < kPick; ++k) {
+        val[threadIdx.x * kPick + k] = v[k];
+        idx[threadIdx.x * kPick + k] = id[k];
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    float top[kPick];
+    int32_t top_id[kPick];
+    for (int k = 0; k < kPick; ++k) top[k] = -INFINITY, top_id[k] = INT32_MAX;
+    for (int i = 0; i < int(blockDim.x) * kPick; ++i) {
+        float x = val[i];
+        int32_t xi = idx[i];
+        for (int k = 0; k < kPick; ++k)
+            if (better(x, xi, top[k], top_id[k])) {
+                const float tv = top[k];
+                const int32_t ti = top_id[k];
+                top[k] = x, top_id[k] = xi;
+                x = tv, xi = ti;
+            }
+    }
+    double z = 0.0;
+    const int n = n_vocab < kPick ? int(n_vocab) : kPick;
+    for (int k = 0; k < n; ++k) z += exp(double(top[k]) - double(top[0]));
+    best[blockIdx.x] = top_id[0];
+    prob[blockIdx.x] = 1.0 / z;
+}
+
+}  // namespace
+
+void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
+                                 DevPtr<const int32_t> pos, std::span<const Segment> keys,
+                                 int64_t pool, int64_t n_heads, int64_t dim, int64_t top_k,
+                                 DevPtr<int32_t> out) {
+    int64_t T = 0;
+    for (const Segment& s : keys) T = std::max(T, s.first + s.n);
+    op("indexer_select", T);
+    if (T == 0) return;
+    const int32_t* p = host_positions(pos, T);
+    std::vector<IndexerRow> rows;
+    int64_t most = 0;
+    size_t row_bytes = 0;
+    bool f16 = false;
+    for (const Segment& s : keys) {
+        if (s.cache.type == CacheType::BF16)
+            throw Error("indexer_select: BF16 keys are the CPU's --attn-bf16");
+        row_bytes = s.cache.row_bytes();
+        f16 = s.cache.type == CacheType::F16;
+        for (int64_t t = s.first; t < s.first + s.n; ++t) {
+            const int64_t n_vis = int64_t(p[t]) + 1;
+            if (!Selection::selects(n_vis, pool, top_k)) continue;
+            rows.push_back({dev(s.cache.data), t, n_vis / pool});
+            most = std::max(most, n_vis / pool);
+            cache_bytes_ += uint64_t(n_vis / pool) * row_bytes;
+        }
+    }
+    if (rows.empty()) return;
+    const IndexerRow* d_rows = stage(rows);
+    auto* scores = static_cast<float*>(scratch_bytes(rows.size() * size_t(most) * sizeof(float)));
+    const dim3 grid(grid_for(most, 128), unsigned(rows.size()));
+    indexer_scores_kernel<<<grid, 128, 0, stream()>>>(d_rows, dev(q), dev(w), n_heads, dim,
+                                                      row_bytes, f16, scores, most);
+    launched("the indexer's scores");
+    top_k_kernel<<<unsigned(rows.size()), kThreads, 0, stream()>>>(d_rows, scores, most, top_k,
+                                                                   dev(out));
+    launched("the indexer's top k");
+}
+
+void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos,
+                                std::span<const Segment> segs, const Selection& sel,
+                                int64_t n_heads, int64_t v_width, float scale, DevPtr<float> out) {
+    int64_t T = 0;
+    for (const Segment& s : segs) T = std::max(T, s.first + s.n);
+    op("mla_attention", T);
+    if (T == 0) return;
+    const int32_t* p = host_positions(pos, T);
+    std::vector<AttentionRow> rows(size_t(T), AttentionRow{nullptr, nullptr, 0});
+    int64_t most = 1, width = 0;
+    size_t row_bytes = 0;
+    bool f16 = false;
+    const int32_t* sel_rows = dev(sel.rows);
+    for (const Segment& s : segs) {
+        if (s.cache.type == CacheType::BF16)
+            throw Error("mla_attention: BF16 caches are the CPU's --attn-bf16");
+        width = s.cache.width;
+        row_bytes = s.cache.row_bytes();
+        f16 = s.cache.type == CacheType::F16;
+        for (int64_t t = s.first; t < s.first + s.n; ++t) {
+            const int64_t n_vis = int64_t(p[t]) + 1;
+            AttentionRow a{dev(s.cache.data), nullptr, n_vis};
+            if (sel.selects(n_vis)) {
+                a.rows = sel_rows + t * sel.stride;
+                a.n = sel.n_selected(n_vis);
+            }
+            rows[size_t(t)] = a;
+            most = std::max(most, a.n);
+            cache_bytes_ += uint64_t(a.n) * row_bytes;
+        }
+    }
+    const AttentionRow* d_rows = stage(rows);
+    auto* scores =
+        static_cast<float*>(scratch_bytes(size_t(T * n_heads) * size_t(most) * sizeof(float)));
+    mla_kernel<<<unsigned(T * n_heads), kThreads, size_t(width) * sizeof(float), stream()>>>(
+        d_rows, dev(q), n_heads, width, v_width, row_bytes, f16, scale, scores, most, dev(out));
+    launched("mla_attention");
+}
+
+void CudaBackend::draft_pick(DevPtr<const float> logits, int64_t n_rows, int64_t n_vocab,
+                             DevPtr<int32_t> best, DevPtr<double> prob) {
+    op("draft_pick", n_rows);
+    if (n_rows <= 0) return;
+    draft_pick_kernel<<<unsigned(n_rows), kThreads, 0, stream()>>>(dev(logits), n_vocab, dev(best),
+                                                                   dev(prob));
+    launched("draft_pick");
+}
+
+}  // namespace glm5::backend::cuda

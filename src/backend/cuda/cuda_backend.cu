@@ -1,0 +1,552 @@
+// The CUDA backend: memory, weights, and the elementwise ops, norms, RoPE and products.
+// Each output is written by one thread, or by one block whose sums meet in a fixed tree,
+// so a row's values do not depend on the rows beside it. Products and sums that the
+// CPU's kernels round apart are rounded apart here too (__fmul_rn: never fused).
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_backend_impl.cuh"
+#include "core/format.h"
+
+namespace glm5::backend::cuda {
+
+namespace {
+
+// A block's sum of one double per thread, in a fixed tree (blockDim.x a power of two,
+// at most kThreads).
+__device__ double block_sum(double v, double* sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    const double r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+__global__ void embed_kernel(quant::Type type, const uint8_t* table, size_t row_bytes, int64_t cols,
+                             const int32_t* ids, int64_t n, float* out, quant::groups::Tables tab) {
+    const int64_t per_row = cols / quant::groups::kGroup;
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n * per_row) return;
+    const int64_t t = i / per_row, g = i % per_row;
+    quant::groups::decode_group(type, table + size_t(ids[t]) * row_bytes, g, tab,
+                                out + t * cols + g * quant::groups::kGroup);
+}
+
+__global__ void rms_norm_kernel(const float* x, int64_t xs, const float* w, int64_t dim, float eps,
+                                float* y, int64_t ys) {
+    __shared__ double sh[kThreads];
+    const float* xr = x + int64_t(blockIdx.x) * xs;
+    float* yr = y + int64_t(blockIdx.x) * ys;
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) acc += double(__fmul_rn(xr[i], xr[i]));
+    const double sum = block_sum(acc, sh);
+    const float mean = float(sum / double(dim));
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+        yr[i] = w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
+}
+
+__global__ void layer_norm_kernel(const float* x, const float* w, const float* b, int64_t dim,
+                                  float eps, float* y) {
+    __shared__ double sh[kThreads];
+    const float* xr = x + int64_t(blockIdx.x) * dim;
+    float* yr = y + int64_t(blockIdx.x) * dim;
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) acc += double(xr[i]);
+    const float mean = float(block_sum(acc, sh) / double(dim));
+    double acc2 = 0.0;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] - mean;
+        acc2 += double(__fmul_rn(v, v));
+    }
+    const float var = float(block_sum(acc2, sh) / double(dim));
+    const float scale = 1.0f / sqrtf(var + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = __fmul_rn(xr[i] - mean, scale);
+        if (w) v = __fmul_rn(v, w[i]);
+        if (b) v += b[i];
+        yr[i] = v;
+    }
+}
+
+// One thread per (token, head, pair i); the angle by repeated multiplication, as the
+// CPU forms it.
+__global__ void rope_kernel(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
+                            int64_t head_stride, int64_t n_rot, const int32_t* pos,
+                            float theta_scale) {
+    const int64_t pairs = n_rot / 2;
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_tok * n_heads * pairs) return;
+    const int64_t t = i / (n_heads * pairs), h = (i / pairs) % n_heads, k = i % pairs;
+    float theta = float(pos[t]);
+    for (int64_t j = 0; j < k; ++j) theta = __fmul_rn(theta, theta_scale);
+    const float c = cosf(theta), s = sinf(theta);
+    float* p = x + t * tok_stride + h * head_stride + 2 * k;
+    const float x0 = p[0], x1 = p[1];
+    p[0] = __fmul_rn(x0, c) - __fmul_rn(x1, s);
+    p[1] = __fmul_rn(x0, s) + __fmul_rn(x1, c);
+}
+
+// One block per vector, in shared memory.
+__global__ void hadamard_kernel(float* x, int64_t dim) {
+    extern __shared__ float v[];
+    float* row = x + int64_t(blockIdx.x) * dim;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) v[i] = row[i];
+    __syncthreads();
+    for (int64_t len = 1; len < dim; len <<= 1) {
+        for (int64_t k = threadIdx.x; k < dim / 2; k += blockDim.x) {
+            const int64_t i = (k / len) * 2 * len + k % len;
+            const float a = v[i], b = v[i + len];
+            v[i] = a + b;
+            v[i + len] = a - b;
+        }
+        __syncthreads();
+    }
+    const float s = 1.0f / sqrtf(float(dim));
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) row[i] = __fmul_rn(v[i], s);
+}
+
+__global__ void copy_rows_kernel(const float* src, int64_t ss, const int32_t* rows, int64_t n_rows,
+                                 int64_t n_cols, float* dst, int64_t ds) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_rows * n_cols) return;
+    const int64_t r = i / n_cols, c = i % n_cols;
+    dst[r * ds + c] = src[int64_t(rows ? rows[r] : r) * ss + c];
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += x[i];
+}
+
+__global__ void scale_kernel(float* y, float s, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __fmul_rn(y[i], s);
+}
+
+__global__ void swiglu_kernel(const float* g, const float* u, int64_t n_rows, int64_t n,
+                              int64_t in_stride, float clamp, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_rows * n) return;
+    const int64_t r = i / n, c = i % n;
+    float gi = g[r * in_stride + c], ui = u[r * in_stride + c];
+    if (clamp > 1e-6f) {
+        gi = fminf(gi, clamp);
+        ui = fminf(fmaxf(ui, -clamp), clamp);
+    }
+    out[r * n + c] = __fmul_rn(gi / (1.0f + expf(-gi)), ui);
+}
+
+__global__ void cache_store_kernel(uint8_t* cache, size_t row_bytes, int64_t width, bool f16,
+                                   const float* x, int64_t xs, int64_t n_tok, const int32_t* pos) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_tok * width) return;
+    const int64_t t = i / width, c = i % width;
+    uint8_t* row = cache + size_t(pos[t]) * row_bytes;
+    const float v = x[t * xs + c];
+    if (f16)
+        reinterpret_cast<__half*>(row)[c] = __float2half_rn(v);
+    else
+        reinterpret_cast<float*>(row)[c] = v;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int ordinal, const BackendOptions& opt) {
+    return std::make_unique<CudaBackend>(ordinal, opt);
+}
+
+CudaBackend::CudaBackend(int ordinal, const BackendOptions& opt)
+    : dev_(ordinal), fault_hook_(opt.fault_hook) {
+    if (opt.attention_bf16)
+        throw Error("--attn-bf16 is the CPU's AMX attention: the GPU runs its exact attention");
+}
+
+CudaBackend::~CudaBackend() {
+    try {
+        dev_.synchronize();
+    } catch (const Error&) {
+        // A failed device has said so already: free what can be freed.
+    }
+    for (Block& b : blocks_) cudaFree(b.p);
+    for (Matrix& m : weights_) cudaFree(const_cast<uint8_t*>(m.data));
+    for (auto& [host, m] : host_views_) cudaFree(const_cast<uint8_t*>(m.data));
+    for (auto& [host, d] : vecs_) cudaFree(d.first);
+}
+
+std::string CudaBackend::name() const {
+    return "cuda:" + std::to_string(dev_.info().ordinal) + " (" + dev_.info().name + ")";
+}
+
+void CudaBackend::foreign(uint32_t owner) const {
+    throw Error("a handle of backend #" + std::to_string(owner) + " was passed to backend #" +
+                std::to_string(id()) + " (" + name() +
+                "): memory crosses between backends only by an explicit copy (copy_from)");
+}
+
+void CudaBackend::refuse(const char* op) const {
+    throw Error(std::string("the CUDA backend does not run ") + op +
+                " yet (GLM-5.3-Flash's and the vision tower's ops run on the CPU)");
+}
+
+size_t CudaBackend::attention_scratch_bytes(int64_t n_heads, int64_t n_visible) const {
+    return size_t(n_heads * n_visible) * sizeof(float);
+}
+
+// ---- memory --------------------------------------------------------------
+
+void* CudaBackend::scratch_bytes(size_t bytes) {
+    constexpr size_t kAlign = 256;
+    bytes = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    while (cur_ < blocks_.size() && blocks_[cur_].used + bytes > blocks_[cur_].cap) ++cur_;
+    if (cur_ == blocks_.size()) {
+        Block b;
+        b.cap = std::max<size_t>(bytes, size_t(64) << 20);
+        b.p = static_cast<uint8_t*>(dev_.alloc(b.cap, "scratch activations"));
+        blocks_.push_back(b);
+    }
+    Block& b = blocks_[cur_];
+    void* p = b.p + b.used;
+    b.used += bytes;
+    return p;
+}
+
+DevPtr<float> CudaBackend::scratch(size_t n_floats) {
+    return owned(static_cast<float*>(scratch_bytes(n_floats * sizeof(float))));
+}
+
+void CudaBackend::reset_scratch() {
+    for (Block& b : blocks_) b.used = 0;
+    cur_ = 0;
+    plan_pos_dev_ = nullptr;  // its memory is scratch
+}
+
+DevPtr<uint8_t> CudaBackend::alloc_cache(size_t bytes) {
+    auto* p = static_cast<uint8_t*>(dev_.alloc(bytes, "a sequence's caches"));
+    check(cudaMemsetAsync(p, 0, bytes, stream()), "zeroing a cache");
+    return owned(p);
+}
+
+void CudaBackend::free_cache(DevPtr<uint8_t> p) {
+    dev_.synchronize();  // queued ops may still read it
+    dev_.free(dev(p));
+}
+
+void CudaBackend::read_bytes(DevPtr<const uint8_t> src, void* host_dst, size_t bytes) {
+    dev_.download(host_dst, dev(src), bytes);
+    dev_.synchronize();
+}
+
+void CudaBackend::write_bytes(DevPtr<uint8_t> dst, const void* host_src, size_t bytes) {
+    // From pageable memory the copy has taken the host's bytes when the call returns.
+    dev_.upload(dev(dst), host_src, bytes);
+}
+
+void CudaBackend::read_async(DevPtr<const uint8_t> src, void* host_dst, size_t bytes) {
+    dev_.download(host_dst, dev(src), bytes);
+}
+
+void CudaBackend::sync() {
+    dev_.synchronize();
+}
+
+void CudaBackend::copy_cache(DevPtr<uint8_t> dst, DevPtr<const uint8_t> src, size_t bytes,
+                             const char* why) {
+    op(why, int64_t(bytes));
+    dev_.copy(dev(dst), dev(src), bytes);
+}
+
+void CudaBackend::planned(const PlanArrays& a, const PlanHandles& h) {
+    plan_pos_.assign(a.pos.begin(), a.pos.end());
+    plan_pos_dev_ = dev(h.pos);
+}
+
+const int32_t* CudaBackend::host_positions(DevPtr<const int32_t> pos, int64_t n) {
+    if (dev(pos) == plan_pos_dev_ && n <= int64_t(plan_pos_.size())) return plan_pos_.data();
+    pos_tmp_.resize(size_t(n));
+    read(pos, pos_tmp_.data(), size_t(n));
+    return pos_tmp_.data();
+}
+
+Weight CudaBackend::register_weight(const Weight& w, bool copy, const std::string& name) {
+    (void)copy;  // a device always copies
+    if (!w) return w;
+    Matrix m = dev_.upload_matrix(w, name);
+    weights_.push_back(m);
+    registered_[uintptr_t(m.data)] = m.slice_bytes * size_t(m.slices);
+    Weight d = w;
+    d.data = m.data;
+    d.row_bytes = m.row_bytes;
+    d.slice_bytes = m.slice_bytes;
+    d.repacked = false;
+    return d;
+}
+
+size_t CudaBackend::weight_copy_bytes(quant::Type t, int64_t cols, int64_t rows,
+                                      int64_t slices) const {
+    (void)t, (void)cols, (void)rows, (void)slices;
+    return 0;  // device memory, not the host's
+}
+
+Matrix CudaBackend::matrix(const Weight& w, const char* op) {
+    if (w.repacked || !quant::groups::has_groups(w.type))
+        throw Error(std::string(op) + ": a " + quant::name(w.type) +
+                    " matrix the GPU cannot multiply" + (w.repacked ? " (repacked)" : ""));
+    Matrix m;
+    m.type = w.type;
+    m.cols = w.cols;
+    m.rows = w.rows;
+    m.slices = w.slices;
+    m.row_bytes = w.row_bytes;
+    m.slice_bytes = w.slice_bytes;
+    m.data = w.data;
+    // Inside a registered upload (a view cut from one too): device memory.
+    auto it = registered_.upper_bound(uintptr_t(w.data));
+    if (it != registered_.begin()) {
+        --it;
+        if (uintptr_t(w.data) < it->first + it->second) return m;
+    }
+    auto hv = host_views_.find(w.data);
+    if (hv == host_views_.end())
+        hv =
+            host_views_.emplace(w.data, dev_.upload_matrix(w, std::string(op) + "'s weight")).first;
+    return hv->second;
+}
+
+const float* CudaBackend::vec(const float* host, int64_t n) {
+    if (!host) return nullptr;
+    auto it = vecs_.find(host);
+    if (it != vecs_.end() && it->second.second >= n) return it->second.first;
+    if (it != vecs_.end()) {
+        dev_.synchronize();
+        dev_.free(it->second.first);
+        vecs_.erase(it);
+    }
+    auto* d = static_cast<float*>(dev_.alloc(size_t(n) * sizeof(float), "a weight vector"));
+    dev_.upload(d, host, size_t(n) * sizeof(float));
+    vecs_[host] = {d, n};
+    return d;
+}
+
+// ---- exchanges between ranks: staged through the host ---------------------
+
+void CudaBackend::reduce_sum(DevPtr<float> x, int64_t n) {
+    if (!reducer()) return;
+    std::vector<float> h(static_cast<size_t>(n));
+    read(x, h.data(), h.size());
+    reducer()->sum(h.data(), n);
+    write(x, h.data(), h.size());
+}
+
+void CudaBackend::receive_rows(RowChannel& from, DevPtr<float> x, size_t n) {
+    std::vector<float> h(n);
+    from.receive(h.data(), n);
+    write(x, h.data(), n);
+    dev_.synchronize();
+}
+
+void CudaBackend::send_rows(RowChannel& to, DevPtr<const float> x, size_t n) {
+    std::vector<float> h(n);
+    read(x, h.data(), n);
+    to.send(h.data(), n);
+}
+
+// ---- elementwise, norms, RoPE ------------------------------------------------
+
+void CudaBackend::embed(const Weight& table, DevPtr<const int32_t> ids, int64_t n,
+                        DevPtr<float> out) {
+    op("embed", n);
+    const Matrix m = matrix(table, "embed");
+    const int64_t total = n * (m.cols / quant::groups::kGroup);
+    if (total == 0) return;
+    embed_kernel<<<grid_for(total), kThreads, 0, stream()>>>(m.type, m.data, m.row_bytes, m.cols,
+                                                             dev(ids), n, dev(out), dev_.tables());
+    launched("embed");
+}
+
+void CudaBackend::rms_norm(DevPtr<const float> x, int64_t x_stride, const float* w, int64_t n_rows,
+                           int64_t dim, float eps, DevPtr<float> y, int64_t y_stride) {
+    op("rms_norm", n_rows);
+    if (n_rows <= 0) return;
+    rms_norm_kernel<<<unsigned(n_rows), kThreads, 0, stream()>>>(dev(x), x_stride, vec(w, dim), dim,
+                                                                 eps, dev(y), y_stride);
+    launched("rms_norm");
+}
+
+void CudaBackend::layer_norm(DevPtr<const float> x, const float* w, const float* b, int64_t n_rows,
+                             int64_t dim, float eps, DevPtr<float> y) {
+    op("layer_norm", n_rows);
+    if (n_rows <= 0) return;
+    layer_norm_kernel<<<unsigned(n_rows), kThreads, 0, stream()>>>(dev(x), vec(w, dim), vec(b, dim),
+                                                                   dim, eps, dev(y));
+    launched("layer_norm");
+}
+
+void CudaBackend::rope(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
+                       int64_t head_stride, int64_t n_rot, DevPtr<const int32_t> pos,
+                       float freq_base) {
+    op("rope", n_tok);
+    const int64_t total = n_tok * n_heads * (n_rot / 2);
+    if (total == 0) return;
+    // The host's pow, as the CPU computes the angle step.
+    const float theta_scale = std::pow(freq_base, -2.0f / float(n_rot));
+    rope_kernel<<<grid_for(total), kThreads, 0, stream()>>>(
+        dev(x), n_tok, tok_stride, n_heads, head_stride, n_rot, dev(pos), theta_scale);
+    launched("rope");
+}
+
+void CudaBackend::hadamard(DevPtr<float> x, int64_t n_vec, int64_t dim) {
+    op("hadamard", n_vec);
+    if (n_vec <= 0) return;
+    if (dim > 8192) throw Error("hadamard: vectors of " + std::to_string(dim) + " values");
+    hadamard_kernel<<<unsigned(n_vec), kThreads, size_t(dim) * sizeof(float), stream()>>>(dev(x),
+                                                                                          dim);
+    launched("hadamard");
+}
+
+void CudaBackend::copy_rows(DevPtr<const float> src, int64_t src_stride, DevPtr<const int32_t> rows,
+                            int64_t n_rows, int64_t n_cols, DevPtr<float> dst, int64_t dst_stride) {
+    if (n_rows * n_cols <= 0) return;
+    copy_rows_kernel<<<grid_for(n_rows * n_cols), kThreads, 0, stream()>>>(
+        dev(src), src_stride, dev(rows), n_rows, n_cols, dev(dst), dst_stride);
+    launched("copy_rows");
+}
+
+void CudaBackend::add(DevPtr<float> y, DevPtr<const float> x, int64_t n) {
+    if (n <= 0) return;
+    add_kernel<<<grid_for(n), kThreads, 0, stream()>>>(dev(y), dev(x), n);
+    launched("add");
+}
+
+void CudaBackend::scale(DevPtr<float> y, float s, int64_t n) {
+    if (n <= 0) return;
+    scale_kernel<<<grid_for(n), kThreads, 0, stream()>>>(dev(y), s, n);
+    launched("scale");
+}
+
+void CudaBackend::swiglu(DevPtr<const float> g, DevPtr<const float> u, int64_t n_rows, int64_t n,
+                         int64_t in_stride, float clamp, DevPtr<float> out) {
+    op("swiglu", n_rows);
+    if (n_rows * n <= 0) return;
+    swiglu_kernel<<<grid_for(n_rows * n), kThreads, 0, stream()>>>(dev(g), dev(u), n_rows, n,
+                                                                   in_stride, clamp, dev(out));
+    launched("swiglu");
+}
+
+void CudaBackend::cache_store(const CacheRows& c, DevPtr<const float> x, int64_t x_stride,
+                              int64_t n_tok, DevPtr<const int32_t> pos) {
+    op("cache_store", n_tok);
+    if (c.type == CacheType::BF16)
+        throw Error("cache_store: BF16 caches are the CPU's --attn-bf16");
+    if (n_tok * c.width <= 0) return;
+    cache_store_kernel<<<grid_for(n_tok * c.width), kThreads, 0, stream()>>>(
+        dev(c.data), c.row_bytes(), c.width, c.type == CacheType::F16, dev(x), x_stride, n_tok,
+        dev(pos));
+    launched("cache_store");
+}
+
+// ---- products ----------------------------------------------------------------
+
+void CudaBackend::matmul(const Weight& w, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
+                         DevPtr<float> y, int64_t y_stride) {
+    op("matmul", n_tok);
+    dev_.matmul(matrix(w, "matmul"), 0, dev(x), x_stride, n_tok, dev(y), y_stride);
+    ++matmul_calls_;
+}
+
+void CudaBackend::matmuls(std::span<const MatmulOut> outs, DevPtr<const float> x, int64_t x_stride,
+                          int64_t n_tok) {
+    op("matmuls", n_tok);
+    for (const MatmulOut& o : outs)
+        dev_.matmul(matrix(*o.w, "matmuls"), 0, dev(x), x_stride, n_tok, dev(o.y), o.y_stride);
+    matmul_calls_ += outs.size();
+}
+
+void CudaBackend::matmul_slices(const Weight& w, DevPtr<const float> x, int64_t x_tok,
+                                int64_t x_slice, int64_t n_tok, DevPtr<float> y, int64_t y_tok,
+                                int64_t y_slice) {
+    op("matmul_slices", n_tok);
+    dev_.matmul_slices(matrix(w, "matmul_slices"), dev(x), x_tok, x_slice, n_tok, dev(y), y_tok,
+                       y_slice);
+    ++matmul_calls_;
+}
+
+Counters CudaBackend::counters() const {
+    Counters c;
+    c.weight_bytes = dev_.weight_bytes_read();
+    c.matmul_calls = matmul_calls_;
+    c.cache_bytes = cache_bytes_;
+    return c;
+}
+
+void CudaBackend::reset_counters() {
+    dev_.reset_counters();
+    matmul_calls_ = 0;
+    cache_bytes_ = 0;
+}
+
+// ---- not on the GPU yet --------------------------------------------------------
+
+void CudaBackend::l2_norm(DevPtr<const float>, int64_t, int64_t, float, DevPtr<float>) {
+    refuse("l2_norm");
+}
+void CudaBackend::apply_sigmoid(DevPtr<float>, int64_t) {
+    refuse("apply_sigmoid");
+}
+void CudaBackend::mul_sigmoid(DevPtr<float>, DevPtr<const float>, int64_t) {
+    refuse("mul_sigmoid");
+}
+void CudaBackend::causal_conv(std::span<const ConvSeq>, int64_t, const float*, int64_t, int64_t,
+                              int64_t, bool) {
+    refuse("causal_conv");
+}
+void CudaBackend::bounded_decay(DevPtr<const float>, const float*, const float*, int64_t, int64_t,
+                                int64_t, float, DevPtr<float>) {
+    refuse("bounded_decay");
+}
+void CudaBackend::gated_delta_rule(std::span<const DeltaRuleSeq>, int64_t, int64_t, float) {
+    refuse("gated_delta_rule");
+}
+void CudaBackend::hc_coefficients(DevPtr<const float>, int64_t, int64_t, const float*, const float*,
+                                  float, int64_t, DevPtr<float>, DevPtr<float>, DevPtr<float>) {
+    refuse("hc_coefficients");
+}
+void CudaBackend::hc_reduce(DevPtr<const float>, DevPtr<const float>, int64_t, int64_t, int64_t,
+                            DevPtr<float>) {
+    refuse("hc_reduce");
+}
+void CudaBackend::hc_expand(DevPtr<const float>, DevPtr<const float>, DevPtr<const float>,
+                            DevPtr<const float>, int64_t, int64_t, int64_t, DevPtr<float>) {
+    refuse("hc_expand");
+}
+void CudaBackend::pool_compress(const CacheRows&, int64_t, int64_t, int64_t, const float*,
+                                const float*, float, const CacheRows&, DevPtr<const int32_t>,
+                                int64_t) {
+    refuse("pool_compress");
+}
+void CudaBackend::pool_cells(DevPtr<const int32_t>, DevPtr<const int32_t>, int64_t, int64_t,
+                             int64_t, DevPtr<int32_t>, int64_t) {
+    refuse("pool_cells");
+}
+void CudaBackend::add_bias(DevPtr<float>, int64_t, int64_t, int64_t, const float*) {
+    refuse("add_bias");
+}
+void CudaBackend::gelu_erf(DevPtr<float>, int64_t) {
+    refuse("gelu_erf");
+}
+void CudaBackend::rope_2d(DevPtr<float>, int64_t, int64_t, int64_t, int64_t, const int32_t*,
+                          const int32_t*, float) {
+    refuse("rope_2d");
+}
+void CudaBackend::attention_full(std::span<const FullAttentionSeq>, int64_t, int64_t, int64_t,
+                                 float) {
+    refuse("attention_full");
+}
+
+}  // namespace glm5::backend::cuda

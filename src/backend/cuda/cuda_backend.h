@@ -1,0 +1,23 @@
+// The CUDA backend: backend.h's ops on an NVIDIA GPU (plain C++ here; the kernels live
+// in the .cu files beside it). glm-dsa's ops run on the device; GLM-5.3-Flash's own ops
+// (linear attention, hyper-connections, pooled keys) and the vision tower's refuse with
+// an error naming the op, and the apps refuse such models on a GPU before they load.
+//
+// Memory is the device's: activations and selections in a scratch arena, caches in
+// allocations of their own, weight matrices uploaded once when the loader registers
+// them, and the `const float*` weight vectors of the ops (norm weights, the router's
+// bias) copied on their first use and kept, keyed by their host address (they are views
+// of the model file, which never changes). Every op keeps a fixed order of reduction
+// per output, so a row's result does not depend on the other rows of its step.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace glm5::backend::cuda {
+
+// Opens GPU `ordinal` (cuda:N); throws glm5::Error with the reason when it cannot.
+std::unique_ptr<Backend> make_cuda_backend(int ordinal, const BackendOptions& opt);
+
+}  // namespace glm5::backend::cuda

@@ -1,0 +1,177 @@
+// The CUDA backend's class, shared by its .cu files (memory and elementwise ops in
+// cuda_backend.cu, attention in cuda_attention.cu, the mixture of experts in cuda_moe.cu).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_internal.cuh"
+
+namespace glm5::backend::cuda {
+
+constexpr int kThreads = 256;
+inline unsigned grid_for(int64_t n, int threads = kThreads) {
+    return unsigned((n + threads - 1) / threads);
+}
+
+class CudaBackend final : public Backend {
+  public:
+    CudaBackend(int ordinal, const BackendOptions& opt);
+    ~CudaBackend() override;
+    std::string name() const override;
+    size_t attention_scratch_bytes(int64_t n_heads, int64_t n_visible) const override;
+
+    void reduce_sum(DevPtr<float> x, int64_t n) override;
+    void receive_rows(RowChannel& from, DevPtr<float> x, size_t n) override;
+    void send_rows(RowChannel& to, DevPtr<const float> x, size_t n) override;
+
+    DevPtr<float> scratch(size_t n_floats) override;
+    void reset_scratch() override;
+    DevPtr<uint8_t> alloc_cache(size_t bytes) override;
+    void free_cache(DevPtr<uint8_t> p) override;
+    void read_bytes(DevPtr<const uint8_t> src, void* host_dst, size_t bytes) override;
+    void write_bytes(DevPtr<uint8_t> dst, const void* host_src, size_t bytes) override;
+    Weight register_weight(const Weight& w, bool copy, const std::string& name) override;
+    size_t weight_copy_bytes(quant::Type t, int64_t cols, int64_t rows,
+                             int64_t slices) const override;
+    void read_async(DevPtr<const uint8_t> src, void* host_dst, size_t bytes) override;
+    void sync() override;
+    void copy_cache(DevPtr<uint8_t> dst, DevPtr<const uint8_t> src, size_t bytes,
+                    const char* why) override;
+    void planned(const PlanArrays& a, const PlanHandles& h) override;
+
+    void embed(const Weight& table, DevPtr<const int32_t> ids, int64_t n,
+               DevPtr<float> out) override;
+    void rms_norm(DevPtr<const float> x, int64_t x_stride, const float* w, int64_t n_rows,
+                  int64_t dim, float eps, DevPtr<float> y, int64_t y_stride) override;
+    void layer_norm(DevPtr<const float> x, const float* w, const float* b, int64_t n_rows,
+                    int64_t dim, float eps, DevPtr<float> y) override;
+    void rope(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
+              int64_t head_stride, int64_t n_rot, DevPtr<const int32_t> pos,
+              float freq_base) override;
+    void hadamard(DevPtr<float> x, int64_t n_vec, int64_t dim) override;
+    void copy_rows(DevPtr<const float> src, int64_t src_stride, DevPtr<const int32_t> rows,
+                   int64_t n_rows, int64_t n_cols, DevPtr<float> dst, int64_t dst_stride) override;
+    void add(DevPtr<float> y, DevPtr<const float> x, int64_t n) override;
+    void scale(DevPtr<float> y, float s, int64_t n) override;
+    void swiglu(DevPtr<const float> g, DevPtr<const float> u, int64_t n_rows, int64_t n,
+                int64_t in_stride, float clamp, DevPtr<float> out) override;
+    void matmul(const Weight& w, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
+                DevPtr<float> y, int64_t y_stride) override;
+    void matmuls(std::span<const MatmulOut> outs, DevPtr<const float> x, int64_t x_stride,
+                 int64_t n_tok) override;
+    void matmul_slices(const Weight& w, DevPtr<const float> x, int64_t x_tok, int64_t x_slice,
+                       int64_t n_tok, DevPtr<float> y, int64_t y_tok, int64_t y_slice) override;
+    void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
+                     DevPtr<const int32_t> pos) override;
+    void indexer_select(DevPtr<const float> q, DevPtr<const float> w, DevPtr<const int32_t> pos,
+                        std::span<const Segment> keys, int64_t pool, int64_t n_heads, int64_t dim,
+                        int64_t top_k, DevPtr<int32_t> out) override;
+    void mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos,
+                       std::span<const Segment> segs, const Selection& sel, int64_t n_heads,
+                       int64_t v_width, float scale, DevPtr<float> out) override;
+    void draft_pick(DevPtr<const float> logits, int64_t n_rows, int64_t n_vocab,
+                    DevPtr<int32_t> best, DevPtr<double> prob) override;
+    void moe_route(const MoeRouter& r, DevPtr<const float> x, int64_t n_tok, DevPtr<int32_t> ids,
+                   DevPtr<float> weights) override;
+    void moe_experts(const MoeFfn& experts, DevPtr<const float> x, int64_t n_tok,
+                     DevPtr<const int32_t> ids, DevPtr<const float> weights, int n_used,
+                     const MoeFfn* fused_shared, DevPtr<const float> shared_rows,
+                     DevPtr<float> out) override;
+    void moe_shared(const MoeFfn& shared, DevPtr<const float> x, int64_t n_tok,
+                    DevPtr<float> out) override;
+    Counters counters() const override;
+    void reset_counters() override;
+
+    // GLM-5.3-Flash's and the vision tower's ops: refused (cuda_backend.h).
+    void l2_norm(DevPtr<const float>, int64_t, int64_t, float, DevPtr<float>) override;
+    void apply_sigmoid(DevPtr<float>, int64_t) override;
+    void mul_sigmoid(DevPtr<float>, DevPtr<const float>, int64_t) override;
+    void causal_conv(std::span<const ConvSeq>, int64_t, const float*, int64_t, int64_t, int64_t,
+                     bool) override;
+    void bounded_decay(DevPtr<const float>, const float*, const float*, int64_t, int64_t, int64_t,
+                       float, DevPtr<float>) override;
+    void gated_delta_rule(std::span<const DeltaRuleSeq>, int64_t, int64_t, float) override;
+    void hc_coefficients(DevPtr<const float>, int64_t, int64_t, const float*, const float*, float,
+                         int64_t, DevPtr<float>, DevPtr<float>, DevPtr<float>) override;
+    void hc_reduce(DevPtr<const float>, DevPtr<const float>, int64_t, int64_t, int64_t,
+                   DevPtr<float>) override;
+    void hc_expand(DevPtr<const float>, DevPtr<const float>, DevPtr<const float>,
+                   DevPtr<const float>, int64_t, int64_t, int64_t, DevPtr<float>) override;
+    void pool_compress(const CacheRows&, int64_t, int64_t, int64_t, const float*, const float*,
+                       float, const CacheRows&, DevPtr<const int32_t>, int64_t) override;
+    void pool_cells(DevPtr<const int32_t>, DevPtr<const int32_t>, int64_t, int64_t, int64_t,
+                    DevPtr<int32_t>, int64_t) override;
+    void add_bias(DevPtr<float>, int64_t, int64_t, int64_t, const float*) override;
+    void gelu_erf(DevPtr<float>, int64_t) override;
+    void rope_2d(DevPtr<float>, int64_t, int64_t, int64_t, int64_t, const int32_t*, const int32_t*,
+                 float) override;
+    void attention_full(std::span<const FullAttentionSeq>, int64_t, int64_t, int64_t,
+                        float) override;
+
+    // ---- for the kernels' files --------------------------------------------
+    template <class T>
+    T* dev(DevPtr<T> p) const {
+        if (!p) return nullptr;
+        if (p.owner() != id()) foreign(p.owner());
+        return reinterpret_cast<T*>(p.handle());
+    }
+    template <class T>
+    DevPtr<T> owned(T* p) const {
+        return DevPtr<T>::from_handle(
+            reinterpret_cast<DeviceMemory*>(const_cast<std::remove_const_t<T>*>(p)), id());
+    }
+    cudaStream_t stream() const { return static_cast<cudaStream_t>(dev_.stream()); }
+    Device& device() { return dev_; }
+    // The device view of a weight: a registered one as it is; a view of the host's
+    // (the loader keeps the token table and matrices that are cut later as plain views)
+    // uploaded on first use and kept, keyed by its address.
+    Matrix matrix(const Weight& w, const char* op);
+    // The device copy of a weight vector of n floats (null stays null).
+    const float* vec(const float* host, int64_t n);
+    // The step's positions on the host, rows [0, n): the plan's copy, or read back.
+    const int32_t* host_positions(DevPtr<const int32_t> pos, int64_t n);
+    // Scratch of `bytes` on the device, valid until reset_scratch().
+    void* scratch_bytes(size_t bytes);
+    // A host array copied into scratch (descriptors of an op's rows).
+    template <class T>
+    T* stage(const std::vector<T>& host) {
+        auto* d = static_cast<T*>(scratch_bytes(std::max<size_t>(1, host.size()) * sizeof(T)));
+        dev_.upload(d, host.data(), host.size() * sizeof(T));
+        return d;
+    }
+    void launched(const char* what) { check(cudaGetLastError(), what); }
+    void op(const char* name, int64_t rows) {
+        if (fault_hook_) fault_hook_(name, rows);
+    }
+    [[noreturn]] void refuse(const char* op) const;
+    uint64_t cache_bytes_ = 0;
+    uint64_t matmul_calls_ = 0;
+
+  private:
+    [[noreturn]] void foreign(uint32_t owner) const;
+
+    Device dev_;
+    struct Block {
+        uint8_t* p = nullptr;
+        size_t cap = 0, used = 0;
+    };
+    std::vector<Block> blocks_;
+    size_t cur_ = 0;
+    std::vector<Matrix> weights_;
+    std::map<uintptr_t, size_t> registered_;  // device ranges of weights_: start -> bytes
+    std::unordered_map<const uint8_t*, Matrix> host_views_;
+    std::unordered_map<const float*, std::pair<float*, int64_t>> vecs_;
+    std::vector<int32_t> plan_pos_;
+    const int32_t* plan_pos_dev_ = nullptr;
+    std::vector<int32_t> pos_tmp_;
+    std::function<void(const char*, int64_t)> fault_hook_;
+};
+
+}  // namespace glm5::backend::cuda

@@ -1,0 +1,132 @@
+// The mixture of experts on the GPU: the router's products and a top-k per token; the
+// routed experts as products whose slice each (token, slot) pair names, so every pair
+// is one launch's row whatever the batch; the shared expert as plain products; then
+// each output value the pairs' weighted rows in selection order and the shared row, the
+// CPU's combine.
+#include <algorithm>
+
+#include "backend/cuda/cuda_backend_impl.cuh"
+
+namespace glm5::backend::cuda {
+
+namespace {
+
+// One thread per token: sigmoid probabilities, the top k by probability plus the
+// selection-only bias (ties to the lower expert), weights renormalised and scaled.
+__global__ void route_kernel(const float* logits, int64_t n_tok, int64_t n_expert, int n_used,
+                             const float* bias, bool norm, float weights_scale, int32_t* ids,
+                             float* weights) {
+    const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t >= n_tok) return;
+    const float* l = logits + t * n_expert;
+    int32_t* id = ids + t * n_used;
+    float* wt = weights + t * n_used;
+    auto prob = [&](int64_t e) { return 1.0f / (1.0f + expf(-l[e])); };
+    auto sel = [&](int64_t e) { return prob(e) + (bias ? bias[e] : 0.0f); };
+    // The k-th pick is the best expert below the (k-1)-th in the order.
+    float last = INFINITY;
+    int64_t last_e = -1;
+    double sum = 0.0;
+    for (int k = 0; k < n_used; ++k) {
+        int64_t be = -1;
+        float bv = -INFINITY;
+        for (int64_t e = 0; e < n_expert; ++e) {
+            const float v = sel(e);
+            const bool below = v < last || (v == last && e > last_e);
+            if (below && (be < 0 || v > bv)) be = e, bv = v;
+        }
+        id[k] = int32_t(be);
+        last = bv;
+        last_e = be;
+        sum += double(prob(be));
+    }
+    const float denom = fmaxf(float(sum), 6.103515625e-5f);
+    for (int k = 0; k < n_used; ++k) {
+        float w = prob(id[k]);
+        if (norm) w = w / denom;
+        wt[k] = __fmul_rn(w, weights_scale);
+    }
+}
+
+// out[t][c] = sum_k w[t][k] * rows[t * K + k][c], in k order (the first a product, then
+// each added), then + shared[t][c]; zero with neither.
+__global__ void combine_kernel(const float* rows, const float* weights, int64_t n_tok, int K,
+                               int64_t E, const float* shared, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_tok * E) return;
+    const int64_t t = i / E, c = i % E;
+    float o = 0.f;
+    for (int k = 0; k < K; ++k) {
+        const float v = __fmul_rn(rows[(t * K + k) * E + c], weights[t * K + k]);
+        o = k == 0 ? v : o + v;
+    }
+    if (shared) o = K > 0 ? o + shared[t * E + c] : shared[t * E + c];
+    out[i] = o;
+}
+
+}  // namespace
+
+void CudaBackend::moe_route(const MoeRouter& r, DevPtr<const float> x, int64_t n_tok,
+                            DevPtr<int32_t> ids, DevPtr<float> weights) {
+    op("moe.router", n_tok);
+    if (n_tok <= 0) return;
+    const int64_t X = r.router.rows;
+    auto* logits = static_cast<float*>(scratch_bytes(size_t(n_tok * X) * sizeof(float)));
+    dev_.matmul(matrix(r.router, "moe_route"), 0, dev(x), r.router.cols, n_tok, logits, X);
+    route_kernel<<<grid_for(n_tok, 64), 64, 0, stream()>>>(logits, n_tok, X, r.n_used,
+                                                           vec(r.bias, X), r.norm_weights,
+                                                           r.weights_scale, dev(ids), dev(weights));
+    launched("moe_route");
+}
+
+void CudaBackend::moe_experts(const MoeFfn& routed, DevPtr<const float> x_, int64_t T,
+                              DevPtr<const int32_t> ids_, DevPtr<const float> wts_, int n_used,
+                              const MoeFfn* shared, DevPtr<const float> shared_rows,
+                              DevPtr<float> out) {
+    op("moe", T);
+    if (T <= 0) return;
+    const float* x = dev(x_);
+    const int K = routed ? n_used : 0;
+    const int64_t E = routed ? routed.gate.cols : shared->gate.cols;
+    const int64_t P = T * K;
+    float* eo = nullptr;
+    if (K > 0) {
+        const Matrix g = matrix(routed.gate, "moe_experts"), u = matrix(routed.up, "moe_experts"),
+                     d = matrix(routed.down, "moe_experts");
+        const int64_t F = g.rows;
+        auto* hg = static_cast<float*>(scratch_bytes(size_t(P * F) * sizeof(float)));
+        auto* hu = static_cast<float*>(scratch_bytes(size_t(P * F) * sizeof(float)));
+        eo = static_cast<float*>(scratch_bytes(size_t(P * E) * sizeof(float)));
+        const int32_t* ids = dev(ids_);
+        dev_.matmul_indexed(g, ids, P, K, x, E, hg, F);
+        dev_.matmul_indexed(u, ids, P, K, x, E, hu, F);
+        swiglu(owned<const float>(hg), owned<const float>(hu), P, F, F, routed.clamp, owned(hg));
+        dev_.matmul_indexed(d, ids, P, 1, hg, F, eo, E);
+        matmul_calls_ += 3;
+    }
+    const float* sh = dev(shared_rows);
+    if (shared && *shared) {
+        const Matrix g = matrix(shared->gate, "moe_shared"), u = matrix(shared->up, "moe_shared"),
+                     d = matrix(shared->down, "moe_shared");
+        const int64_t S = g.rows;
+        auto* sg = static_cast<float*>(scratch_bytes(size_t(T * S) * sizeof(float)));
+        auto* su = static_cast<float*>(scratch_bytes(size_t(T * S) * sizeof(float)));
+        auto* so = static_cast<float*>(scratch_bytes(size_t(T * E) * sizeof(float)));
+        dev_.matmul(g, 0, x, E, T, sg, S);
+        dev_.matmul(u, 0, x, E, T, su, S);
+        swiglu(owned<const float>(sg), owned<const float>(su), T, S, S, shared->clamp, owned(sg));
+        dev_.matmul(d, 0, sg, S, T, so, E);
+        matmul_calls_ += 3;
+        sh = so;
+    }
+    combine_kernel<<<grid_for(T * E), kThreads, 0, stream()>>>(eo, dev(wts_), T, K, E, sh,
+                                                               dev(out));
+    launched("the experts' combine");
+}
+
+void CudaBackend::moe_shared(const MoeFfn& shared, DevPtr<const float> x, int64_t n_tok,
+                             DevPtr<float> out) {
+    moe_experts(MoeFfn{}, x, n_tok, nullptr, nullptr, 0, &shared, nullptr, out);
+}
+
+}  // namespace glm5::backend::cuda

@@ -1,0 +1,341 @@
+// glm-dsa on the GPU (label `gpu`: run by scripts/device-check.sh; without a device these
+// fail, they do not skip). The CUDA backend's ops against the CPU backend's on the same
+// inputs, the error normalised by the RMS of the CPU's output; the tiny glm-dsa fixture
+// end to end against the CPU; and what no tolerance may blur: a decode token's logits
+// are the same bits alone or beside other sequences, and speculation gives plain
+// decoding's ids.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_device.h"
+#include "core/error.h"
+#include "quant/quant.h"
+#include "util_model.h"
+
+namespace glm5 {
+namespace {
+
+using backend::Backend;
+using backend::CacheRows;
+using backend::CacheType;
+using backend::DevPtr;
+
+std::unique_ptr<Backend> gpu() {
+    std::string why;
+    if (backend::cuda::list_devices(&why).empty())
+        throw Error("a gpu test found no CUDA device (" + why + "): run it on a GPU machine");
+    return backend::cuda::make_cuda_backend(0, {});
+}
+
+std::unique_ptr<Backend> cpu() {
+    backend::BackendOptions bo;
+    bo.n_threads = 2;
+    return backend::make_cpu_backend(bo);
+}
+
+std::vector<float> randn(size_t n, uint32_t seed, float sigma = 1.f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.f, sigma);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+template <class T>
+DevPtr<T> put(Backend& be, const std::vector<T>& h) {
+    DevPtr<T> d = be.scratch(std::max<size_t>(1, (h.size() * sizeof(T) + 3) / 4)).template as<T>();
+    be.write(d, h.data(), h.size());
+    return d;
+}
+
+template <class T>
+std::vector<T> get(Backend& be, DevPtr<T> d, size_t n) {
+    std::vector<T> h(n);
+    be.read(d, h.data(), n);
+    return h;
+}
+
+// max |a - b| over the RMS of b.
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+    double sq = 0, worst = 0;
+    for (size_t i = 0; i < b.size(); ++i) {
+        sq += double(b[i]) * b[i];
+        worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
+    }
+    return worst / std::max(1e-30, std::sqrt(sq / double(b.size())));
+}
+
+// The same op on both backends: `run` takes a backend and returns its output.
+template <class F>
+double both(F run) {
+    auto g = gpu();
+    auto c = cpu();
+    const std::vector<float> on_gpu = run(*g), on_cpu = run(*c);
+    EXPECT_EQ(on_gpu.size(), on_cpu.size());
+    return rel_err(on_gpu, on_cpu);
+}
+
+TEST(CudaOps, NormsRopeHadamardAndSwigluAgreeWithTheCpu) {
+    const int64_t rows = 5, dim = 256;
+    const std::vector<float> x = randn(size_t(rows * dim), 1), w = randn(size_t(dim), 2);
+    EXPECT_LT(both([&](Backend& be) {
+                  auto dx = put(be, x), dy = be.scratch(x.size());
+                  be.rms_norm(dx, dim, w.data(), rows, dim, 1e-6f, dy, dim);
+                  return get(be, dy, x.size());
+              }),
+              1e-5);
+    EXPECT_LT(both([&](Backend& be) {
+                  auto dx = put(be, x), dy = be.scratch(x.size());
+                  be.layer_norm(dx, w.data(), w.data(), rows, dim, 1e-5f, dy);
+                  return get(be, dy, x.size());
+              }),
+              1e-5);
+    const std::vector<int32_t> pos = {0, 7, 300, 4095, 65000};
+    EXPECT_LT(both([&](Backend& be) {
+                  auto dx = put(be, x);
+                  be.rope(dx, rows, dim, 4, 64, 64, put(be, pos), 10000.f);
+                  return get(be, dx, x.size());
+              }),
+              1e-5);
+    EXPECT_LT(both([&](Backend& be) {
+                  auto dx = put(be, x);
+                  be.hadamard(dx, rows * 2, 128);
+                  return get(be, dx, x.size());
+              }),
+              1e-6);
+    EXPECT_LT(both([&](Backend& be) {
+                  auto dx = put(be, x), dy = be.scratch(x.size() / 2);
+                  be.swiglu(dx, dx + dim / 2, rows, dim / 2, dim, 7.f, dy);
+                  return get(be, dy, x.size() / 2);
+              }),
+              1e-6);
+}
+
+// A cache of n rows of `width` (F16), queries over it: dense rows, and rows that see a
+// selection of 64 of their cells.
+TEST(CudaOps, MlaAttentionDenseAndSelectedAgreesWithTheCpu) {
+    const int64_t width = 576, v_width = 512, heads = 16, n = 300;
+    const std::vector<float> cells = randn(size_t(n * width), 3);
+    const std::vector<float> q = randn(size_t(4 * heads * width), 4, 0.05f);
+    const std::vector<int32_t> cell_pos = [&] {
+        std::vector<int32_t> p(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) p[size_t(i)] = int32_t(i);
+        return p;
+    }();
+    const std::vector<int32_t> pos = {10, 63, 64, 299};  // the last three select
+    std::vector<int32_t> sel(static_cast<size_t>(4 * 64));
+    for (int64_t t = 0; t < 4; ++t)
+        for (int64_t j = 0; j < 64; ++j)
+            sel[size_t(t * 64 + j)] = int32_t((j * 7 + t) % (pos[size_t(t)] + 1));
+    for (CacheType ct : {CacheType::F16, CacheType::F32}) {
+        const double err = both([&](Backend& be) {
+            CacheRows c{be.alloc_cache(size_t(n * width) * 4), width, ct};
+            be.cache_store(c, put(be, cells), width, n, put(be, cell_pos));
+            Backend::Segment seg{c, 0, 4};
+            Backend::Selection s{put(be, sel), 64, 63, 1};
+            auto out = be.scratch(size_t(4 * heads * v_width));
+            be.mla_attention(put(be, q), put(be, pos), {&seg, 1}, s, heads, v_width, 0.07f, out);
+            auto h = get(be, out, size_t(4 * heads * v_width));
+            be.free_cache(c.data);
+            return h;
+        });
+        EXPECT_LT(err, ct == CacheType::F16 ? 2e-3 : 1e-4) << backend::cache_type_name(ct);
+    }
+}
+
+TEST(CudaOps, IndexerSelectsTheCpusRows) {
+    const int64_t dim = 128, heads = 8, n = 500, top_k = 64;
+    const std::vector<float> keys = randn(size_t(n * dim), 5);
+    const std::vector<float> q = randn(size_t(3 * heads * dim), 6);
+    const std::vector<float> w = randn(size_t(3 * heads), 7);
+    std::vector<int32_t> cell_pos(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) cell_pos[size_t(i)] = int32_t(i);
+    const std::vector<int32_t> pos = {100, 300, 499};
+    auto run = [&](Backend& be) {
+        CacheRows c{be.alloc_cache(size_t(n * dim) * 4), dim, CacheType::F32};
+        be.cache_store(c, put(be, keys), dim, n, put(be, cell_pos));
+        Backend::Segment seg{c, 0, 3};
+        auto out = be.scratch_ids(size_t(3 * top_k));
+        be.indexer_select(put(be, q), put(be, w), put(be, pos), {&seg, 1}, 1, heads, dim, top_k,
+                          out);
+        auto h = get(be, out, size_t(3 * top_k));
+        be.free_cache(c.data);
+        return h;
+    };
+    auto g = gpu();
+    auto c = cpu();
+    // Random scores are far apart at the k-th: the same rows, in the same order.
+    EXPECT_EQ(run(*g), run(*c));
+}
+
+TEST(CudaOps, MixtureOfExpertsAgreesWithTheCpu) {
+    const int64_t E = 256, F = 256, X = 16, T = 5;
+    const int K = 4;
+    auto quantized = [](quant::Type t, int64_t cols, int64_t rows, int64_t slices, uint32_t seed,
+                        std::vector<uint8_t>& keep) {
+        const std::vector<float> v = randn(size_t(cols * rows * slices), seed, 0.1f);
+        keep.resize(quant::row_size(t, cols) * size_t(rows * slices));
+        quant::quantize_rows(t, v.data(), keep.data(), rows * slices, cols, nullptr);
+        backend::Weight w;
+        w.type = t;
+        w.cols = cols;
+        w.rows = rows;
+        w.slices = slices;
+        w.row_bytes = quant::row_size(t, cols);
+        w.slice_bytes = w.row_bytes * size_t(rows);
+        w.data = keep.data();
+        return w;
+    };
+    std::vector<uint8_t> b1, b2, b3, b4, b5, b6, b7;
+    const backend::Weight router = quantized(quant::Type::F32, E, X, 1, 10, b1);
+    const backend::Weight gate = quantized(quant::Type::Q4_K, E, F, X, 11, b2);
+    const backend::Weight up = quantized(quant::Type::Q4_K, E, F, X, 12, b3);
+    const backend::Weight down = quantized(quant::Type::Q6_K, F, E, X, 13, b4);
+    const backend::Weight sg = quantized(quant::Type::Q8_0, E, F, 1, 14, b5);
+    const backend::Weight su = quantized(quant::Type::Q8_0, E, F, 1, 15, b6);
+    const backend::Weight sd = quantized(quant::Type::Q8_0, F, E, 1, 16, b7);
+    const std::vector<float> bias = randn(size_t(X), 17, 0.01f);
+    const std::vector<float> x = randn(size_t(T * E), 18);
+    std::vector<int32_t> ids_cpu, ids_gpu;
+    auto run = [&](Backend& be, std::vector<int32_t>& ids_out) {
+        backend::MoeWeights m;
+        m.route.router = be.register_weight(router, false, "router");
+        m.route.bias = bias.data();
+        m.route.n_used = K;
+        m.route.weights_scale = 2.5f;
+        m.experts = {be.register_weight(gate, false, "gate"), be.register_weight(up, false, "up"),
+                     be.register_weight(down, false, "down"), 0.f};
+        m.shared = {be.register_weight(sg, false, "sg"), be.register_weight(su, false, "su"),
+                    be.register_weight(sd, false, "sd"), 0.f};
+        auto ids = be.scratch_ids(size_t(T * K));
+        auto wts = be.scratch(size_t(T * K));
+        auto dx = put(be, x);
+        be.moe_route(m.route, dx, T, ids, wts);
+        ids_out = get(be, ids, size_t(T * K));
+        auto out = be.scratch(size_t(T * E));
+        be.moe_experts(m.experts, dx, T, ids, wts, K, &m.shared, nullptr, out);
+        return get(be, out, size_t(T * E));
+    };
+    auto g = gpu();
+    auto c = cpu();
+    const std::vector<float> og = run(*g, ids_gpu), oc = run(*c, ids_cpu);
+    EXPECT_EQ(ids_gpu, ids_cpu);
+    EXPECT_LT(rel_err(og, oc), 0.02);  // the CPU rounds activations to 8 bits
+}
+
+TEST(CudaOps, DraftPickIsTheCpus) {
+    const int64_t V = 5000, rows = 3;
+    std::vector<float> l = randn(size_t(V * rows), 19, 3.f);
+    l[size_t(V + 17)] = l[size_t(V + 4000)] = 100.f;  // a tie: the lower id wins
+    auto run = [&](Backend& be, std::vector<double>& p) {
+        auto best = be.scratch_ids(size_t(rows));
+        auto prob = be.scratch(size_t(rows * 2)).as<double>();
+        be.draft_pick(put(be, l), rows, V, best, prob);
+        p = get(be, prob, size_t(rows));
+        return get(be, best, size_t(rows));
+    };
+    std::vector<double> pg, pc;
+    auto g = gpu();
+    auto c = cpu();
+    EXPECT_EQ(run(*g, pg), run(*c, pc));
+    for (int64_t i = 0; i < rows; ++i) EXPECT_NEAR(pg[size_t(i)], pc[size_t(i)], 1e-9);
+}
+
+// ---- the model ------------------------------------------------------------------
+
+struct OnBackend {
+    std::unique_ptr<gguf::File> file;
+    std::unique_ptr<Backend> be;
+    std::unique_ptr<model::Model> model;
+    OnBackend(std::unique_ptr<Backend> b, bool nextn = false) : be(std::move(b)) {
+        file = gguf::File::open(test::data_path("glm-dsa/tiny.gguf"));
+        model::LoadOptions lo;
+        lo.cache_type = CacheType::F16;
+        lo.load_nextn = nextn;
+        model = model::load_model(*file, *be, lo);
+    }
+};
+
+std::vector<float> prefill(model::Model& m, const std::vector<int32_t>& tokens) {
+    auto st = m.new_state(int64_t(tokens.size()) + 8);
+    model::SeqInput in{st.get(), tokens, true};
+    std::vector<float> lg;
+    m.forward({&in, 1}, lg);
+    return lg;
+}
+
+TEST(CudaGlmDsa, LogitsAgreeWithTheCpu) {
+    OnBackend g(gpu()), c(cpu());
+    const int64_t V = c.model->info().n_vocab;
+    // Long enough for the indexer to select (the fixture keeps a few dozen rows).
+    const std::vector<int32_t> tokens = test::random_ids(3, 150, V);
+    const std::vector<float> lg = prefill(*g.model, tokens), lc = prefill(*c.model, tokens);
+    ASSERT_EQ(lg.size(), lc.size());
+    EXPECT_LT(rel_err(lg, lc), 0.02);
+    // Greedy ids equal wherever the CPU's top two are apart.
+    int compared = 0;
+    for (size_t t = 0; t < tokens.size(); ++t) {
+        const float* a = lc.data() + t * size_t(V);
+        const float* b = lg.data() + t * size_t(V);
+        std::vector<int32_t> order(static_cast<size_t>(V));
+        for (int64_t i = 0; i < V; ++i) order[size_t(i)] = int32_t(i);
+        std::partial_sort(order.begin(), order.begin() + 2, order.end(),
+                          [&](int32_t x, int32_t y) { return a[x] > a[y]; });
+        if (a[order[0]] - a[order[1]] < 0.05f) continue;
+        ++compared;
+        EXPECT_EQ(std::max_element(b, b + V) - b, order[0]) << "token " << t;
+    }
+    EXPECT_GT(compared, 10);
+}
+
+// Two sequences decoded together, then each alone: the same bits for every decode row.
+TEST(CudaGlmDsa, DecodeRowsDoNotDependOnTheBatch) {
+    OnBackend g(gpu());
+    model::Model& m = *g.model;
+    const int64_t V = m.info().n_vocab;
+    const std::vector<int32_t> a = test::random_ids(7, 90, V), b = test::random_ids(8, 40, V);
+    auto decode = [&](bool together) {
+        auto sa = m.new_state(128), sb = m.new_state(128);
+        std::vector<float> lg, out;
+        model::SeqInput pa{sa.get(), a, false}, pb{sb.get(), b, false};
+        m.forward({&pa, 1}, lg);
+        m.forward({&pb, 1}, lg);
+        for (int32_t step = 0; step < 4; ++step) {
+            const int32_t ta = 5 + step, tb = 60 + step;
+            model::SeqInput na{sa.get(), {&ta, 1}, false}, nb{sb.get(), {&tb, 1}, false};
+            if (together) {
+                model::SeqInput both_in[2] = {na, nb};
+                m.forward(both_in, lg);
+                out.insert(out.end(), lg.begin(), lg.end());
+            } else {
+                m.forward({&na, 1}, lg);
+                out.insert(out.end(), lg.begin(), lg.end());
+                m.forward({&nb, 1}, lg);
+                out.insert(out.end(), lg.begin(), lg.end());
+            }
+        }
+        return out;
+    };
+    const std::vector<float> joint = decode(true), alone = decode(false);
+    ASSERT_EQ(joint.size(), alone.size());
+    EXPECT_EQ(std::memcmp(joint.data(), alone.data(), joint.size() * sizeof(float)), 0);
+}
+
+TEST(CudaGlmDsa, Glm5NextOpsAreRefusedByName) {
+    auto g = gpu();
+    try {
+        g->apply_sigmoid(g->scratch(4), 4);
+        FAIL() << "a GLM-5.3-Flash op ran";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("apply_sigmoid"), std::string::npos) << e.what();
+    }
+}
+
+}  // namespace
+}  // namespace glm5
