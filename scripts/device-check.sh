@@ -16,8 +16,8 @@
 # On the GPU machine (no argument) it runs, each step timed and its output under $OUT
 # when set: nvidia-smi; the `gpu` tests (what `ctest -L gpu` runs: every test_cuda_*
 # binary); compute-sanitizer's memcheck over a short filter of them; the products'
-# bandwidth against a device-to-device copy (bench/gpu_products); glm5 --device cuda's
-# answer on this machine. It exits non-zero when a step fails.
+# bandwidth against a device-to-device copy (bench/gpu_products); the default model's greedy
+# ids on the GPU beside the CPU's (GLM5_CUDA_FORWARD=1). It exits non-zero when a step fails.
 #
 # `compare` (a second call on the warm machine: about 5 minutes on a bare one) builds
 # llama.cpp's CUDA llama-bench (sm_90) from the source `prepare` packed when LLAMA_SRC
@@ -133,13 +133,18 @@ if command -v compute-sanitizer >/dev/null; then
     TAIL=8 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
         "$bundle/bin/test_cuda_products" --gtest_brief=1 \
         --gtest_filter='*Q4_K:*IQ2_XXS:*Q6_K:*BF16:CudaDevice.*'
+    TAIL=8 step memcheck-backend compute-sanitizer --tool memcheck --error-exitcode 1 \
+        "$bundle/bin/test_cuda_backend" --gtest_brief=1 \
+        --gtest_filter='CudaOps.*:CudaGlmDsa.LogitsAgreeWithTheCpu'
 else
     echo "== memcheck: compute-sanitizer is not on the PATH"
 fi
 TAIL=40 step bench "$bundle/bin/gpu_products"
-# What a user typing --device cuda gets here (refused until the forward runs on CUDA).
-TAIL=3 step cli-device bash -c '"$0" run --device cuda --tokens 1,2 -n 2; echo "(glm5 exit $?)"' \
-    "$bundle/bin/glm5"
+# The embedded default model (glm-dsa) greedy on the GPU and on the CPU: their replies.
+TAIL=6 step cli-device bash -c 'for d in cuda none; do
+        GLM5_CUDA_FORWARD=1 "$0" run --device $d --tokens 1,2,3,4,5 -n 32 --temp 0 \
+            --print-ids --ignore-eos 2>/dev/null | tail -1 | sed "s/^/$d: /"
+    done' "$bundle/bin/glm5"
 echo
 if ((${#failed[@]})); then
     echo "device check: FAILED: ${failed[*]} (logs in $out)"

@@ -1,6 +1,6 @@
-// The GPU's command line where it runs without a GPU (the suite's machines): --device
-// cuda[:N] and llama.cpp's -ngl. On a machine where a GPU is usable the same commands
-// take the other branch, which these tests assert too (no test here is skipped).
+// The GPU's command line: --device cuda[:N] and llama.cpp's -ngl, on the suite's machines
+// (no GPU: refusals and warnings); on a machine with a GPU the same commands run there,
+// which these tests assert instead (no test here is skipped).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -31,13 +31,13 @@ TEST(CliGpu, DeviceCudaWithoutAUsableGpuExitsTwoWithTheReason) {
                 << r.err;
             EXPECT_NE(r.err.find("--device none runs the model on the CPU"), std::string::npos)
                 << r.err;
+        } else if (r.code != 0) {
+            // A GPU machine without that GPU (cuda:1 on one GPU), or without
+            // GLM5_CUDA_FORWARD=1: the reason and the remedy.
+            EXPECT_NE(r.err.find("--device none"), std::string::npos) << r.err;
         } else {
-            // A GPU machine: refused all the same (the forward is not on CUDA yet), naming
-            // the GPU it found or why it cannot use it.
-            EXPECT_NE(r.code, 0) << r.err;
-            EXPECT_NE(r.err.find(std::string("--device ") + (dev[4] ? dev : "cuda:0")),
-                      std::string::npos)
-                << r.err;
+            // A GPU machine: the model runs there, and says so.
+            EXPECT_NE(r.err.find("on cuda:"), std::string::npos) << r.err;
         }
     }
 }
@@ -59,8 +59,8 @@ TEST(CliGpu, PartialLayerOffloadIsRefusedNamingNCpuMoe) {
     EXPECT_NE(run_glm5("run --model " + kTiny + " --tokens 1 -n 1 -ngl lots").code, 0);
 }
 
-// -ngl 99 / -1 / all: the whole model asked for the GPU. Without a GPU that runs the
-// forward: a warning, and the CPU's tokens, the same as without the flag.
+// -ngl 99 / -1 / all: the whole model asked for the GPU. Without a usable GPU: a
+// warning, and the CPU's tokens, the same as without the flag.
 TEST(CliGpu, WholeModelOffloadWithoutAGpuWarnsAndRunsOnTheCpu) {
     const std::string args = "run --model " + kTiny + " --tokens 1,2,3 -n 6 --temp 0";
     const CliResult plain = run_glm5(args);
@@ -69,6 +69,13 @@ TEST(CliGpu, WholeModelOffloadWithoutAGpuWarnsAndRunsOnTheCpu) {
         const std::string flag = n[0] == '-' && n[1] == '-' ? n : std::string("-ngl ") + n;
         const CliResult r = run_glm5(args + " " + flag);
         ASSERT_EQ(r.code, 0) << flag << "\n" << r.err;
+        if (driver_present()) {
+            // A GPU machine: the whole model on it, or why not.
+            EXPECT_TRUE(r.err.find("the whole model on") != std::string::npos ||
+                        r.err.find("the CPU runs the model") != std::string::npos)
+                << r.err;
+            continue;
+        }
         EXPECT_EQ(r.out, plain.out) << flag;
         EXPECT_NE(r.err.find("the CPU runs the model"), std::string::npos) << flag << "\n" << r.err;
     }

@@ -1,6 +1,7 @@
 #include "gpu_setup.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #ifdef GLM5_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_device.h"
 #endif
 
@@ -50,15 +52,41 @@ std::optional<int> cuda_ordinal(const std::string& device) {
     return std::stoi(n);
 }
 
-void refuse_cuda_device(int ordinal) {
+void require_gpu(int ordinal) {
     std::string found;
     const std::string why = gpu_unusable(ordinal, &found);
     if (!why.empty())
         throw ResourceError("--device cuda:" + std::to_string(ordinal) + ": " + why +
                             "; --device none runs the model on the CPU");
-    throw Error("--device cuda:" + std::to_string(ordinal) + ": " + found +
-                " found, but in this build only the matrix products run on CUDA, not yet the "
-                "model's forward; --device none runs it on the CPU");
+    std::fprintf(stderr, "glm5: %s\n", found.c_str());
+}
+
+bool gpu_forward_enabled() {
+    const char* v = std::getenv("GLM5_CUDA_FORWARD");
+    return v && std::string(v) == "1";
+}
+
+std::unique_ptr<backend::Backend> open_gpu(int ordinal, const backend::BackendOptions& bo) {
+#ifdef GLM5_HAVE_CUDA
+    if (!gpu_forward_enabled())
+        throw Error("--device cuda:" + std::to_string(ordinal) +
+                    ": glm-dsa's CUDA forward is written but has not yet been checked on a GPU "
+                    "(scripts/device-check.sh); set GLM5_CUDA_FORWARD=1 to run it all the same, "
+                    "or --device none to run on the CPU");
+    return backend::cuda::make_cuda_backend(ordinal, bo);
+#else
+    (void)bo;
+    require_gpu(ordinal);  // throws: no backend in this build
+    return nullptr;
+#endif
+}
+
+void check_gpu_architecture(const std::string& arch) {
+    if (arch != "glm-dsa")
+        throw Error(arch +
+                    " does not run on the GPU yet (its linear attention, hyper-connections "
+                    "and pooled keys have no CUDA kernels): --device none runs it on the "
+                    "CPU");
 }
 
 bool apply_gpu_layers(const std::string& value, int64_t n_layer) {
@@ -83,14 +111,19 @@ bool apply_gpu_layers(const std::string& value, int64_t n_layer) {
                          "--n-cpu-moe N to keep the experts of the first N blocks in RAM");
     std::string found;
     const std::string why = gpu_unusable(0, &found);
-    if (!why.empty())
+    if (!why.empty()) {
         std::fprintf(stderr, "glm5: -ngl %s: %s: the CPU runs the model\n", value.c_str(),
                      why.c_str());
-    else
+        return false;
+    }
+    if (!gpu_forward_enabled()) {
         std::fprintf(stderr,
-                     "glm5: -ngl %s: %s found, but in this build only the matrix products run on "
-                     "CUDA, not yet the model's forward: the CPU runs the model\n",
+                     "glm5: -ngl %s: %s found, but glm-dsa's CUDA forward has not yet been "
+                     "checked on a GPU (GLM5_CUDA_FORWARD=1 runs it): the CPU runs the model\n",
                      value.c_str(), found.c_str());
+        return false;
+    }
+    std::fprintf(stderr, "glm5: -ngl %s: the whole model on %s\n", value.c_str(), found.c_str());
     return true;
 }
 

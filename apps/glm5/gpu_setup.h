@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+
+#include "backend/backend.h"
 
 namespace glm5::app {
 
@@ -13,15 +16,25 @@ namespace glm5::app {
 std::optional<int> cuda_ordinal(const std::string& device);
 
 // --device cuda[:N]: throws ResourceError (exit 2) naming why no GPU is usable (a
-// build without the CUDA backend, no driver, no device, no such ordinal); with the
-// GPU found, an Error saying what of the model runs on it in this build.
-[[noreturn]] void refuse_cuda_device(int ordinal);
+// build without the CUDA backend, no driver, no device, no such ordinal).
+void require_gpu(int ordinal);
 
 // -ngl / --n-gpu-layers as llama.cpp users type it, for a model of n_layer blocks:
 // 0 runs on the CPU; -1, "all" or n_layer and more ask for the whole model on the GPU;
 // a count in between is refused (UsageError) naming --n-cpu-moe, the partial offload
-// this engine has. A whole-model request without a GPU that runs the forward warns and
-// runs on the CPU, as llama.cpp does. Returns whether the request was for the GPU.
+// this engine has. A whole-model request without a usable GPU warns and runs on the
+// CPU, as llama.cpp does. Returns whether the model goes to GPU 0.
 bool apply_gpu_layers(const std::string& value, int64_t n_layer);
+
+// Whether GLM5_CUDA_FORWARD=1 lets the model run on a GPU: the CUDA forward has not yet
+// been checked on one, so it runs only when asked for by name.
+bool gpu_forward_enabled();
+
+// The CUDA backend on GPU `ordinal` (require_gpu first); refused without
+// GLM5_CUDA_FORWARD=1.
+std::unique_ptr<backend::Backend> open_gpu(int ordinal, const backend::BackendOptions& bo);
+
+// What runs on a GPU in this build: refuses (Error) the architectures whose ops do not.
+void check_gpu_architecture(const std::string& arch);
 
 }  // namespace glm5::app

@@ -115,11 +115,12 @@ void add_model_flags(Args& a, bool model_required) {
               "the GLM-5 chat format is built in (the GGUF's Jinja template is "
               "checked against it at load)");
     a.option("device", "NAME", "none",
-             "what runs the model beside the CPU: none (the CPU alone), cuda or cuda:N (an "
-             "NVIDIA GPU: refused, with the reason, where none is usable; in this build the GPU "
-             "runs matrix products only, so the model's forward is refused there too), or cpu "
-             "(a second CPU backend with its own memory stands in for a GPU, so that a "
-             "placement of routed experts runs, and is checked bit for bit, on any machine)",
+             "what runs the model: none (the CPU), cuda or cuda:N (an NVIDIA GPU, glm-dsa "
+             "only; refused with the reason where none is usable; its CUDA forward has not yet "
+             "been checked on a GPU, so it runs only with GLM5_CUDA_FORWARD=1 in the "
+             "environment), or cpu (a second CPU backend with its own memory stands in for a "
+             "GPU, so that a placement of routed experts runs, and is checked bit for bit, on "
+             "any machine)",
              "-dev");
     a.option("device-mem", "SIZE", "unlimited",
              "with --device: the device memory the plan places into (the weights not in system "
@@ -210,22 +211,25 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     if (parts > 1 && tp > 1)
         throw UsageError("--layer-split and --tp together are not supported yet: use one");
     const std::string& device = a.get("device");
-    const bool on_device = device != "none";
-    if (on_device && device != "cpu") {
-        const std::optional<int> gpu = cuda_ordinal(device);
-        if (!gpu)
-            throw UsageError("--device " + device +
-                             ": the devices are none (the CPU alone), cuda or cuda:N (a GPU) "
-                             "and cpu (a CPU stand-in for a device)");
-        if (parts > 1 || tp > 1)
-            throw UsageError("--device cuda does not combine with --layer-split or --tp yet");
-        refuse_cuda_device(*gpu);
-    }
+    // The GPU the model runs on (--device cuda[:N], or llama.cpp's whole-model -ngl).
+    std::optional<int> gpu = cuda_ordinal(device);
+    if (device != "none" && device != "cpu" && !gpu)
+        throw UsageError("--device " + device +
+                         ": the devices are none (the CPU alone), cuda or cuda:N (a GPU) and cpu "
+                         "(a CPU stand-in for a device)");
+    if (gpu && (parts > 1 || tp > 1))
+        throw UsageError("--device cuda does not combine with --layer-split or --tp yet");
+    if (gpu) require_gpu(*gpu);
     if (a.get("n-gpu-layers") != "0") {
         const auto file = gguf::File::open(path);
         const std::string arch = file->get_string("general.architecture");
-        apply_gpu_layers(a.get("n-gpu-layers"), int64_t(file->get_uint(arch + ".block_count")));
+        if (apply_gpu_layers(a.get("n-gpu-layers"),
+                             int64_t(file->get_uint(arch + ".block_count"))) &&
+            !gpu && parts == 1 && tp == 1)
+            gpu = 0;
     }
+    // --device cpu: a CPU stand-in for a device, beside which experts can stay in RAM.
+    const bool on_device = device == "cpu";
     const int placements = int(a.get_flag("cpu-moe")) +
                            int(a.is_set("n-cpu-moe") && a.get("n-cpu-moe") != "auto") +
                            int(a.is_set("override-tensor"));
@@ -235,9 +239,14 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
             "give one");
     if (on_device && (parts > 1 || tp > 1 || (dist_launch() && launched_ranks() > 1)))
         throw UsageError("--device does not combine with --layer-split or --tp yet: use one");
-    if (!on_device && a.is_set("device-mem"))
+    if (!on_device && !gpu && a.is_set("device-mem"))
         throw UsageError("--device-mem sizes a device: give --device too");
-    if (!on_device && placements > 0)
+    if (gpu && (placements > 0 || a.is_set("device-mem")))
+        throw UsageError(
+            "--cpu-moe, --n-cpu-moe, --override-tensor and --device-mem beside a GPU are not built "
+            "yet: with --device cuda the whole model is on the GPU (--device cpu tries a "
+            "placement on a CPU stand-in)");
+    if (!on_device && !gpu && placements > 0)
         log_info(
             "glm5: --cpu-moe, --n-cpu-moe and --override-tensor place experts beside a device "
             "(--device); without one everything runs on the CPU already\n");
@@ -245,8 +254,12 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
         m = open_split_model(a, path, lo, bo, parts, tp);
     } else {
         m.file = gguf::File::open(path);
+        if (gpu) check_gpu_architecture(m.file->get_string("general.architecture"));
         load_weight_pages(*m.file, {});
-        if (on_device) {
+        if (gpu) {
+            m.backend = open_gpu(*gpu, bo);
+            lo.repack = false;  // the GPU reads the GGUF blocks
+        } else if (on_device) {
             // The stand-in device never pins (the CPU backend beside it may).
             backend::BackendOptions dev = bo;
             dev.pin_threads = 0;
@@ -275,10 +288,12 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     if (info.has_nextn)
         blocks += m.model->can_draft() ? " +1 NextN/MTP draft block"
                                        : " (NextN block present but not loaded; --spec loads it)";
-    log_info("glm5: %s: %s, %s, %s of weights, vocab %lld, %s cache, %d threads, %s kernels\n",
-             info.name.c_str(), info.arch.c_str(), blocks.c_str(),
-             human_bytes(double(info.weight_bytes)).c_str(), (long long)info.n_vocab, ct.c_str(),
-             m.threads, quant::cpu_level_name(quant::cpu_level()));
+    const std::string runs_on = gpu ? "on " + m.backend->name()
+                                    : std::to_string(m.threads) + " threads, " +
+                                          quant::cpu_level_name(quant::cpu_level()) + " kernels";
+    log_info("glm5: %s: %s, %s, %s of weights, vocab %lld, %s cache, %s\n", info.name.c_str(),
+             info.arch.c_str(), blocks.c_str(), human_bytes(double(info.weight_bytes)).c_str(),
+             (long long)info.n_vocab, ct.c_str(), runs_on.c_str());
     if (bo.attention_bf16)
         log_info(
             "glm5: attention and indexer products in BF16 on %s (--attn-bf16: logits differ "
