@@ -61,6 +61,16 @@ void require_gpu(int ordinal) {
     std::fprintf(stderr, "glm5: %s\n", found.c_str());
 }
 
+uint64_t gpu_free_bytes(int ordinal) {
+#ifdef GLM5_HAVE_CUDA
+    std::string why;
+    const auto all = backend::cuda::list_devices(&why);
+    if (ordinal < int(all.size())) return all[size_t(ordinal)].free_bytes;
+#endif
+    require_gpu(ordinal);  // throws the reason
+    return 0;
+}
+
 bool gpu_forward_enabled() {
     const char* v = std::getenv("GLM5_CUDA_FORWARD");
     return v && std::string(v) == "1";

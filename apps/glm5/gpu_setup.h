@@ -26,6 +26,9 @@ void require_gpu(int ordinal);
 // CPU, as llama.cpp does. Returns whether the model goes to GPU 0.
 bool apply_gpu_layers(const std::string& value, int64_t n_layer);
 
+// The free memory of GPU `ordinal` now (require_gpu first).
+uint64_t gpu_free_bytes(int ordinal);
+
 // Whether GLM5_CUDA_FORWARD=1 lets the model run on a GPU: the CUDA forward has not yet
 // been checked on one, so it runs only when asked for by name.
 bool gpu_forward_enabled();

@@ -167,9 +167,19 @@ backend::CacheType cache_type_from(const Args& a) {
 }
 
 namespace {
-// With --device: the routed experts' placement (the flags', or the smallest
-// --n-cpu-moe whose device plan fits), applied to the loaded model and said.
-void place_for_device(const Args& a, LoadedModel& m, const runtime::SpecParams& sp);
+// Beside a device: which blocks keep their routed experts in system RAM (the flags', or
+// the smallest --n-cpu-moe whose device plan fits `cap` bytes; 0: unlimited), decided
+// on a model loaded to plan with, before the weights are placed.
+struct DevicePlacement {
+    std::vector<bool> host;
+    std::string how;       // the flag, or the --n-cpu-moe chosen
+    std::string what;      // the context reserved on the device
+    std::string cap_text;  // the memory it was placed into
+    uint64_t device_weights = 0;
+};
+DevicePlacement place_for_device(const Args& a, const gguf::File& f, model::Model& planned,
+                                 const runtime::SpecParams& sp, uint64_t cap,
+                                 const std::string& cap_text);
 }  // namespace
 
 LoadedModel open_model(const Args& a, const std::string& path_override) {
@@ -241,11 +251,6 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
         throw UsageError("--device does not combine with --layer-split or --tp yet: use one");
     if (!on_device && !gpu && a.is_set("device-mem"))
         throw UsageError("--device-mem sizes a device: give --device too");
-    if (gpu && (placements > 0 || a.is_set("device-mem")))
-        throw UsageError(
-            "--cpu-moe, --n-cpu-moe, --override-tensor and --device-mem beside a GPU are not built "
-            "yet: with --device cuda the whole model is on the GPU (--device cpu tries a "
-            "placement on a CPU stand-in)");
     if (!on_device && !gpu && placements > 0)
         log_info(
             "glm5: --cpu-moe, --n-cpu-moe and --override-tensor place experts beside a device "
@@ -256,6 +261,31 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
         m.file = gguf::File::open(path);
         if (gpu) check_gpu_architecture(m.file->get_string("general.architecture"));
         load_weight_pages(*m.file, {});
+        std::optional<DevicePlacement> placed;
+        if (gpu || on_device) {
+            // The device's memory: --device-mem, else a GPU's free memory less a margin for
+            // what the CUDA runtime and cuBLAS take beside the plan; the stand-in's is
+            // unlimited.
+            const std::string& mem = a.get("device-mem");
+            uint64_t cap = mem == "unlimited" ? 0 : parse_size(mem, "device-mem");
+            std::string cap_text = cap ? "--device-mem " + mem : "unlimited memory";
+            if (gpu && !cap) {
+                constexpr uint64_t kMargin = uint64_t(512) << 20;
+                const uint64_t free = gpu_free_bytes(*gpu);
+                cap = free > kMargin ? free - kMargin : 1;
+                cap_text = "the GPU's " + human_bytes(double(free)) + " free, less " +
+                           human_bytes(double(kMargin));
+            }
+            // Planned on the file's views on a CPU backend (nothing copied, nothing
+            // uploaded), so that experts kept in system RAM never reach the device.
+            model::LoadOptions po = lo;
+            po.in_memory = po.repack = false;
+            const auto planner = backend::make_cpu_backend(bo);
+            const auto planned = model::load_model(*m.file, *planner, po);
+            placed = place_for_device(a, *m.file, *planned, sp, cap, cap_text);
+        }
+        const bool hybrid = placed && std::find(placed->host.begin(), placed->host.end(), true) !=
+                                          placed->host.end();
         if (gpu) {
             m.backend = open_gpu(*gpu, bo);
             lo.repack = false;  // the GPU reads the GGUF blocks
@@ -264,12 +294,26 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
             backend::BackendOptions dev = bo;
             dev.pin_threads = 0;
             m.backend = backend::make_cpu_backend(dev);
-            m.experts_backend = backend::make_cpu_backend(bo);
-            lo.experts_backend = m.experts_backend.get();
         } else {
             m.backend = backend::make_cpu_backend(bo);
         }
+        if (on_device || hybrid) {
+            m.experts_backend = backend::make_cpu_backend(bo);
+            lo.experts_backend = m.experts_backend.get();
+            lo.host_experts = placed->host;
+        }
         m.model = model::load_model(*m.file, *m.backend, lo);
+        if (placed) {
+            const model::ModelInfo& li = m.model->info();
+            log_info(
+                "glm5: device %s%s: the routed experts of %lld of %lld MoE blocks in system RAM "
+                "(%s, from the file mapping; %s); the device holds %s of weights and %s (of %s)\n",
+                gpu ? m.backend->name().c_str() : a.get("device").c_str(),
+                gpu ? "" : " (a CPU stand-in)", (long long)li.host_expert_blocks,
+                (long long)li.moe_blocks, human_bytes(double(li.host_expert_bytes)).c_str(),
+                placed->how.c_str(), human_bytes(double(placed->device_weights)).c_str(),
+                placed->what.c_str(), placed->cap_text.c_str());
+        }
     }
     m.threads = bo.n_threads;
     const model::ModelInfo& info = m.model->info();
@@ -282,7 +326,6 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     if (sp.type == runtime::DraftType::Auto)
         sp.type = m.model->can_draft() ? runtime::DraftType::Mtp : runtime::DraftType::Ngram;
     m.spec = sp;
-    if (on_device) place_for_device(a, m, sp);
     lock_in_memory(a);
     std::string blocks = std::to_string(info.n_layer) + " trunk layers";
     if (info.has_nextn)
@@ -387,11 +430,11 @@ int64_t device_context(int64_t trained) {
     return std::min<int64_t>(trained > 0 ? trained : 4096, 4096);
 }
 
-void place_for_device(const Args& a, LoadedModel& m, const runtime::SpecParams& sp) {
-    const gguf::File& f = *m.file;
-    model::Model& model = *m.model;
+DevicePlacement place_for_device(const Args& a, const gguf::File& f, model::Model& model,
+                                 const runtime::SpecParams& sp, uint64_t cap,
+                                 const std::string& cap_text) {
     const model::ModelInfo& info = model.info();
-    // The blocks this model loaded (the trunk, then the NextN block when it drafts),
+    // The blocks this model loads (the trunk, then the NextN block when it drafts),
     // each with its routed experts' bytes.
     std::vector<uint64_t> experts = model::expert_bytes_by_block(f);
     experts.resize(size_t(info.n_layer) + (info.nextn_loaded ? 1 : 0), 0);
@@ -401,8 +444,10 @@ void place_for_device(const Args& a, LoadedModel& m, const runtime::SpecParams& 
             if (host[b]) s += experts[b];
         return s;
     };
-    std::vector<bool> host;
-    std::string how;
+    DevicePlacement out;
+    out.cap_text = cap_text;
+    std::vector<bool>& host = out.host;
+    std::string& how = out.how;
     if (a.get_flag("cpu-moe")) {
         host = model::first_expert_blocks(f, int64_t(experts.size()));
         how = "--cpu-moe";
@@ -421,8 +466,6 @@ void place_for_device(const Args& a, LoadedModel& m, const runtime::SpecParams& 
 
     // The device holds every weight but those experts, and the caches and scratch of
     // the context, reserved before any expert is placed.
-    const std::string& mem = a.get("device-mem");
-    const uint64_t cap = mem == "unlimited" ? 0 : parse_size(mem, "device-mem");
     const int64_t asked = requested_context(a);
     runtime::PlanRequest pr;
     pr.n_ctx = asked > 0 ? asked : device_context(info.n_ctx_train);
@@ -449,13 +492,13 @@ void place_for_device(const Args& a, LoadedModel& m, const runtime::SpecParams& 
         else if (n < experts.size())
             first_n += experts[n];
     }
-    const std::string what = human_bytes(double(context)) + " of caches and scratch for " +
-                             std::to_string(pr.n_slots) + " x " + std::to_string(pr.n_ctx) +
-                             " tokens";
+    out.what = human_bytes(double(context)) + " of caches and scratch for " +
+               std::to_string(pr.n_slots) + " x " + std::to_string(pr.n_ctx) + " tokens";
     if (smallest < 0)
-        throw ResourceError("the device's " + mem +
-                            " cannot hold this model's weights outside the routed experts (" +
-                            human_bytes(double(device_bytes(first_n) - context)) + ") and " + what +
+        throw ResourceError("the device (" + cap_text +
+                            ") cannot hold this model's weights outside the routed experts (" +
+                            human_bytes(double(device_bytes(first_n) - context)) + ") and " +
+                            out.what +
                             ", even with every routed expert in system RAM: give it more memory "
                             "(--device-mem) or a smaller --ctx-size");
     if (how.empty()) {
@@ -463,19 +506,12 @@ void place_for_device(const Args& a, LoadedModel& m, const runtime::SpecParams& 
         how = "--n-cpu-moe " + std::to_string(smallest) + ", the smallest that fits";
     } else if (!fits(in_ram(host))) {
         throw ResourceError("with " + how + " the device needs " +
-                            human_bytes(double(device_bytes(in_ram(host)))) + " (" + what +
-                            "), but " + "--device-mem is " + mem + ": use --n-cpu-moe " +
+                            human_bytes(double(device_bytes(in_ram(host)))) + " (" + out.what +
+                            "), but it has " + cap_text + ": use --n-cpu-moe " +
                             std::to_string(smallest) + ", the smallest that fits");
     }
-    model.place_experts(host);
-    log_info(
-        "glm5: device %s (a CPU stand-in): the routed experts of %lld of %lld MoE blocks in "
-        "system RAM (%s, from the file mapping; %s); the device holds %s of weights and %s "
-        "(of %s)\n",
-        a.get("device").c_str(), (long long)info.host_expert_blocks, (long long)info.moe_blocks,
-        human_bytes(double(info.host_expert_bytes)).c_str(), how.c_str(),
-        human_bytes(double(weights - in_ram(host))).c_str(), what.c_str(),
-        cap ? ("its " + mem).c_str() : "unlimited memory");
+    out.device_weights = weights - in_ram(host);
+    return out;
 }
 
 }  // namespace
