@@ -247,14 +247,148 @@ TEST(CudaOps, DraftPickIsTheCpus) {
     for (int64_t i = 0; i < rows; ++i) EXPECT_NEAR(pg[size_t(i)], pc[size_t(i)], 1e-9);
 }
 
+// ---- GLM-5.3-Flash's ops -----------------------------------------------------------
+
+TEST(CudaOps, LinearAttentionOpsAgreeWithTheCpu) {
+    const int64_t H = 2, D = 32, C = H * D, K = 4;
+    const std::vector<float> x = randn(size_t(6 * C), 20), taps = randn(size_t(C * K), 21, 0.3f);
+    const std::vector<float> tail = randn(size_t((K - 1) * C), 22);
+    // Two sequences, 5 tokens and 1, their tails updated in place.
+    EXPECT_LT(both([&](Backend& be) {
+                  auto dx = put(be, x), dy = be.scratch(x.size());
+                  auto t1 = put(be, tail), t2 = put(be, randn(tail.size(), 23));
+                  const Backend::ConvSeq seqs[2] = {{dx, t1, dy, 5, nullptr},
+                                                    {dx + 5 * C, t2, dy + 5 * C, 1, nullptr}};
+                  be.causal_conv(seqs, C, taps.data(), K, C, C, true);
+                  std::vector<float> out = get(be, dy, x.size());
+                  for (auto t : {t1, t2}) {
+                      const std::vector<float> h = get(be, t, tail.size());
+                      out.insert(out.end(), h.begin(), h.end());
+                  }
+                  return out;
+              }),
+              1e-5);
+    const std::vector<float> z = randn(size_t(3 * C), 24), bias = randn(size_t(C), 25),
+                             rate = randn(size_t(H), 26);
+    EXPECT_LT(both([&](Backend& be) {
+                  auto g = be.scratch(z.size());
+                  be.bounded_decay(put(be, z), bias.data(), rate.data(), 3, H, D, -5.f, g);
+                  auto y = put(be, z);
+                  be.l2_norm(y, 3 * H, D, 1e-6f, y);
+                  auto s = put(be, z);
+                  be.apply_sigmoid(s, int64_t(z.size()));
+                  be.mul_sigmoid(s, put(be, bias), C);
+                  std::vector<float> out = get(be, g, z.size()), b2 = get(be, y, z.size()),
+                                     b3 = get(be, s, z.size());
+                  out.insert(out.end(), b2.begin(), b2.end());
+                  out.insert(out.end(), b3.begin(), b3.end());
+                  return out;
+              }),
+              1e-5);
+    // The gated delta rule over 6 tokens, the state double-buffered.
+    const int64_t T = 6;
+    std::vector<float> q = randn(size_t(T * C), 27), k = randn(size_t(T * C), 28);
+    for (auto* v : {&q, &k})
+        for (int64_t r = 0; r < T * H; ++r) {
+            double n = 0;
+            for (int64_t i = 0; i < D; ++i)
+                n += double((*v)[size_t(r * D + i)]) * (*v)[size_t(r * D + i)];
+            for (int64_t i = 0; i < D; ++i) (*v)[size_t(r * D + i)] /= float(std::sqrt(n));
+        }
+    const std::vector<float> v = randn(size_t(T * C), 29), st = randn(size_t(H * D * D), 30, 0.1f);
+    std::vector<float> g(static_cast<size_t>(T * C)), beta(static_cast<size_t>(T * H));
+    for (size_t i = 0; i < g.size(); ++i) g[i] = -0.05f * float(i % 7);
+    for (size_t i = 0; i < beta.size(); ++i) beta[i] = 0.2f + 0.1f * float(i % 5);
+    EXPECT_LT(both([&](Backend& be) {
+                  auto state_in = put(be, st), state = be.scratch(st.size()),
+                       out = be.scratch(v.size());
+                  const Backend::DeltaRuleSeq seq{put(be, q),    put(be, k), put(be, v), put(be, g),
+                                                  put(be, beta), state,      out,        T,
+                                                  state_in};
+                  be.gated_delta_rule({&seq, 1}, H, D, 0.125f);
+                  std::vector<float> o = get(be, out, v.size()), s2 = get(be, state, st.size());
+                  o.insert(o.end(), s2.begin(), s2.end());
+                  return o;
+              }),
+              1e-4);
+}
+
+TEST(CudaOps, HyperConnectionsAgreeWithTheCpu) {
+    const int64_t T = 3, S = 4, E = 64, M = (2 + S) * S;
+    const std::vector<float> mix = randn(size_t(T * M), 31), base = randn(size_t(M), 32),
+                             scale = {0.5f, 0.7f, 1.3f}, X = randn(size_t(T * S * E), 33),
+                             f = randn(size_t(T * E), 34);
+    EXPECT_LT(both([&](Backend& be) {
+                  auto pre = be.scratch(size_t(T * S)), post = be.scratch(size_t(T * S)),
+                       comb = be.scratch(size_t(T * S * S));
+                  be.hc_coefficients(put(be, mix), T, S, base.data(), scale.data(), 1e-6f, 20, pre,
+                                     post, comb);
+                  auto dX = put(be, X);
+                  auto y = be.scratch(size_t(T * E)), ym = be.scratch(size_t(T * E)),
+                       out = be.scratch(X.size());
+                  be.hc_reduce(dX, pre, T, S, E, y);
+                  be.hc_reduce(dX, nullptr, T, S, E, ym);
+                  be.hc_expand(dX, put(be, f), post, comb, T, S, E, out);
+                  std::vector<float> r;
+                  for (auto [d, n] : {std::pair{pre, T * S},
+                                      {post, T * S},
+                                      {comb, T * S * S},
+                                      {y, T * E},
+                                      {ym, T * E},
+                                      {out, T * S * E}}) {
+                      const std::vector<float> h = get(be, d, size_t(n));
+                      r.insert(r.end(), h.begin(), h.end());
+                  }
+                  return r;
+              }),
+              1e-5);
+}
+
+TEST(CudaOps, PooledKeysAndTheirCellsAgreeWithTheCpu) {
+    const int64_t Dk = 32, B = 4, n = 23;
+    for (int64_t Gw : {Dk, int64_t(1)}) {
+        const int64_t W = Dk + Gw;
+        const std::vector<float> cells = randn(size_t(n * W), 35), ape = randn(size_t(B * Gw), 36),
+                                 norm = randn(size_t(Dk), 37);
+        std::vector<int32_t> pos(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(i);
+        EXPECT_LT(both([&](Backend& be) {
+                      CacheRows c{be.alloc_cache(size_t(n * W) * 4), W, CacheType::F16};
+                      CacheRows p{be.alloc_cache(size_t(n / B * Dk) * 4), Dk, CacheType::F32};
+                      auto dpos = put(be, pos);
+                      be.cache_store(c, put(be, cells), W, n, dpos);
+                      be.pool_compress(c, Dk, Gw, B, ape.data(), norm.data(), 1e-6f, p, dpos, n);
+                      std::vector<float> h = get(be, p.data.as<float>(), size_t(n / B * Dk));
+                      be.free_cache(c.data);
+                      be.free_cache(p.data);
+                      return h;
+                  }),
+                  1e-5)
+            << "gate width " << Gw;
+    }
+    // Rows at positions 9 and 22 with 2 pools picked each (5 complete pools at 22).
+    const std::vector<int32_t> picked = {0, 1, 1, 4}, rpos = {9, 22};
+    auto cells_of = [&](Backend& be) {
+        auto rows = be.scratch_ids(size_t(2 * 16));
+        be.write(rows, std::vector<int32_t>(32, -1).data(), 32);
+        be.pool_cells(put(be, picked), put(be, rpos), 2, 2, B, rows, 16);
+        return get(be, rows, 32);
+    };
+    auto g = gpu();
+    auto c = cpu();
+    EXPECT_EQ(cells_of(*g), cells_of(*c));
+}
+
 // ---- the model ------------------------------------------------------------------
 
 struct OnBackend {
     std::unique_ptr<gguf::File> file;
     std::unique_ptr<Backend> be;
     std::unique_ptr<model::Model> model;
-    OnBackend(std::unique_ptr<Backend> b, bool nextn = false) : be(std::move(b)) {
-        file = gguf::File::open(test::data_path("glm-dsa/tiny.gguf"));
+    OnBackend(std::unique_ptr<Backend> b, bool nextn = false,
+              const std::string& fixture = "glm-dsa/tiny.gguf")
+        : be(std::move(b)) {
+        file = gguf::File::open(test::data_path(fixture));
         model::LoadOptions lo;
         lo.cache_type = CacheType::F16;
         lo.load_nextn = nextn;
@@ -294,6 +428,34 @@ TEST(CudaGlmDsa, LogitsAgreeWithTheCpu) {
     EXPECT_GT(compared, 10);
 }
 
+TEST(CudaGlm5Next, LogitsAgreeWithTheCpuAndDecodeRowsAreBatchInvariant) {
+    const std::string fx = "glm5next/tiny.gguf";
+    OnBackend g(gpu(), false, fx), c(cpu(), false, fx);
+    const int64_t V = c.model->info().n_vocab;
+    const std::vector<int32_t> tokens = test::random_ids(4, 120, V);
+    EXPECT_LT(rel_err(prefill(*g.model, tokens), prefill(*c.model, tokens)), 0.02);
+    // A decode row alone and beside another sequence's decode row: the same bits.
+    model::Model& m = *g.model;
+    auto decode = [&](bool together) {
+        auto sa = m.new_state(160), sb = m.new_state(160);
+        std::vector<float> lg;
+        model::SeqInput pa{sa.get(), tokens, false}, pb{sb.get(), {tokens.data(), 30}, false};
+        m.forward({&pa, 1}, lg);
+        m.forward({&pb, 1}, lg);
+        const int32_t ta = 3, tb = 4;
+        model::SeqInput na{sa.get(), {&ta, 1}, false}, nb{sb.get(), {&tb, 1}, false};
+        if (together) {
+            model::SeqInput both_in[2] = {na, nb};
+            m.forward(both_in, lg);
+        } else {
+            m.forward({&na, 1}, lg);
+        }
+        return std::vector<float>(lg.begin(), lg.begin() + V);
+    };
+    const std::vector<float> alone = decode(false), joint = decode(true);
+    EXPECT_EQ(std::memcmp(alone.data(), joint.data(), size_t(V) * sizeof(float)), 0);
+}
+
 // Two sequences decoded together, then each alone: the same bits for every decode row.
 TEST(CudaGlmDsa, DecodeRowsDoNotDependOnTheBatch) {
     OnBackend g(gpu());
@@ -327,14 +489,30 @@ TEST(CudaGlmDsa, DecodeRowsDoNotDependOnTheBatch) {
     EXPECT_EQ(std::memcmp(joint.data(), alone.data(), joint.size() * sizeof(float)), 0);
 }
 
-TEST(CudaGlmDsa, Glm5NextOpsAreRefusedByName) {
-    auto g = gpu();
-    try {
-        g->apply_sigmoid(g->scratch(4), 4);
-        FAIL() << "a GLM-5.3-Flash op ran";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("apply_sigmoid"), std::string::npos) << e.what();
-    }
+// A decode row in a step with another sequence's 40-token prompt chunk: the bits of the
+// same row decoded alone (every product keeps the vector form's order at any row count).
+TEST(CudaGlmDsa, ADecodeRowBesideAPromptChunkIsTheSameBits) {
+    OnBackend g(gpu());
+    model::Model& m = *g.model;
+    const int64_t V = m.info().n_vocab;
+    const std::vector<int32_t> a = test::random_ids(9, 70, V), b = test::random_ids(10, 40, V);
+    const int32_t next = 11;
+    auto row = [&](bool beside) {
+        auto sa = m.new_state(128), sb = m.new_state(128);
+        std::vector<float> lg;
+        model::SeqInput pa{sa.get(), a, false};
+        m.forward({&pa, 1}, lg);
+        model::SeqInput na{sa.get(), {&next, 1}, false};
+        if (beside) {
+            model::SeqInput both_in[2] = {na, {sb.get(), b, false}};
+            m.forward(both_in, lg);
+        } else {
+            m.forward({&na, 1}, lg);
+        }
+        return std::vector<float>(lg.begin(), lg.begin() + V);  // a's row comes first
+    };
+    const std::vector<float> alone = row(false), beside = row(true);
+    EXPECT_EQ(std::memcmp(alone.data(), beside.data(), size_t(V) * sizeof(float)), 0);
 }
 
 }  // namespace

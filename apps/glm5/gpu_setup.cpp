@@ -80,7 +80,7 @@ std::unique_ptr<backend::Backend> open_gpu(int ordinal, const backend::BackendOp
 #ifdef GLM5_HAVE_CUDA
     if (!gpu_forward_enabled())
         throw Error("--device cuda:" + std::to_string(ordinal) +
-                    ": glm-dsa's CUDA forward is written but has not yet been checked on a GPU "
+                    ": the CUDA forward is written but has not yet been checked on a GPU "
                     "(scripts/device-check.sh); set GLM5_CUDA_FORWARD=1 to run it all the same, "
                     "or --device none to run on the CPU");
     return backend::cuda::make_cuda_backend(ordinal, bo);
@@ -92,11 +92,8 @@ std::unique_ptr<backend::Backend> open_gpu(int ordinal, const backend::BackendOp
 }
 
 void check_gpu_architecture(const std::string& arch) {
-    if (arch != "glm-dsa")
-        throw Error(arch +
-                    " does not run on the GPU yet (its linear attention, hyper-connections "
-                    "and pooled keys have no CUDA kernels): --device none runs it on the "
-                    "CPU");
+    if (arch != "glm-dsa" && arch != "glm5next")
+        throw Error(arch + " has no CUDA forward: --device none runs it on the CPU");
 }
 
 bool apply_gpu_layers(const std::string& value, int64_t n_layer) {
@@ -128,7 +125,7 @@ bool apply_gpu_layers(const std::string& value, int64_t n_layer) {
     }
     if (!gpu_forward_enabled()) {
         std::fprintf(stderr,
-                     "glm5: -ngl %s: %s found, but glm-dsa's CUDA forward has not yet been "
+                     "glm5: -ngl %s: %s found, but the CUDA forward has not yet been "
                      "checked on a GPU (GLM5_CUDA_FORWARD=1 runs it): the CPU runs the model\n",
                      value.c_str(), found.c_str());
         return false;

@@ -37,7 +37,8 @@ bool gpu_forward_enabled();
 // GLM5_CUDA_FORWARD=1.
 std::unique_ptr<backend::Backend> open_gpu(int ordinal, const backend::BackendOptions& bo);
 
-// What runs on a GPU in this build: refuses (Error) the architectures whose ops do not.
+// What runs on a GPU in this build (glm-dsa, GLM-5.3-Flash's text tower): refuses
+// (Error) another architecture.
 void check_gpu_architecture(const std::string& arch);
 
 }  // namespace glm5::app

@@ -115,8 +115,8 @@ void add_model_flags(Args& a, bool model_required) {
               "the GLM-5 chat format is built in (the GGUF's Jinja template is "
               "checked against it at load)");
     a.option("device", "NAME", "none",
-             "what runs the model: none (the CPU), cuda or cuda:N (an NVIDIA GPU, glm-dsa "
-             "only; refused with the reason where none is usable; its CUDA forward has not yet "
+             "what runs the model: none (the CPU), cuda or cuda:N (an NVIDIA GPU; "
+             "refused with the reason where none is usable; its CUDA forward has not yet "
              "been checked on a GPU, so it runs only with GLM5_CUDA_FORWARD=1 in the "
              "environment), or cpu (a second CPU backend with its own memory stands in for a "
              "GPU, so that a placement of routed experts runs, and is checked bit for bit, on "

@@ -53,8 +53,8 @@ GLM5_HD float bits_f32(uint32_t u) {
     return f;
 #endif
 }
-// A product that is rounded on its own: a device compiler may not fuse it with the
-// sum that follows, so host and device form the same bits.
+// A product that is rounded on its own: a device compiler may not fuse it with a sum
+// that follows it, even statements later, so host and device form the same bits.
 GLM5_HD float mul(float a, float b) {
 #if defined(__CUDA_ARCH__)
     return __fmul_rn(a, b);
@@ -165,7 +165,7 @@ GLM5_HD void group_q2_K(const uint8_t* b, int ib, float* y) {
     for (int h = 0; h < 2; ++h) {
         const int j = 2 * ib + h;
         const uint8_t sc = b[j];
-        const float dl = d * float(sc & 0xF), ml = dmin * float(sc >> 4);
+        const float dl = mul(d, float(sc & 0xF)), ml = mul(dmin, float(sc >> 4));
         const uint8_t* q = b + 16 + 32 * (j / 8) + 16 * (j % 2);
         const int shift = 2 * ((j % 8) / 2);
         for (int l = 0; l < 16; ++l) y[16 * h + l] = mul(dl, float((q[l] >> shift) & 3)) - ml;
@@ -205,7 +205,7 @@ GLM5_HD void group_q4_K(const uint8_t* b, int ib, float* y) {
     const float d = f16(u16(b)), dmin = f16(u16(b + 2));
     int sc, m;
     k4_scale_min(ib, b + 4, &sc, &m);
-    const float dl = d * float(sc), ml = dmin * float(m);
+    const float dl = mul(d, float(sc)), ml = mul(dmin, float(m));
     const uint8_t* q = b + 16 + 32 * (ib / 2);
     const int shift = 4 * (ib % 2);
     for (int l = 0; l < 32; ++l) y[l] = mul(dl, float((q[l] >> shift) & 0xF)) - ml;
@@ -215,7 +215,7 @@ GLM5_HD void group_q5_K(const uint8_t* b, int ib, float* y) {
     const float d = f16(u16(b)), dmin = f16(u16(b + 2));
     int sc, m;
     k4_scale_min(ib, b + 4, &sc, &m);
-    const float dl = d * float(sc), ml = dmin * float(m);
+    const float dl = mul(d, float(sc)), ml = mul(dmin, float(m));
     const uint8_t* qh = b + 16;
     const uint8_t* q = b + 48 + 32 * (ib / 2);
     const int shift = 4 * (ib % 2);

@@ -39,8 +39,9 @@ struct IndexerRow {
 __global__ void indexer_scores_kernel(const IndexerRow* rows, const float* q, const float* w,
                                       int64_t n_heads, int64_t dim, size_t row_bytes, bool f16,
                                       float* scores, int64_t ld) {
-    const IndexerRow r = rows[blockIdx.y];
-    const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    // Query rows on x (any number), key chunks on y (up to 65535 x 128 keys).
+    const IndexerRow r = rows[blockIdx.x];
+    const int64_t j = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
     if (j >= r.n_keys) return;
     const uint8_t* key = r.keys + size_t(j) * row_bytes;
     const float* qt = q + r.t * n_heads * dim;
@@ -51,7 +52,7 @@ __global__ void indexer_scores_kernel(const IndexerRow* rows, const float* q, co
         for (int64_t i = 0; i < dim; ++i) d = fmaf(qt[h * dim + i], load_value(key, i, f16), d);
         s += __fmul_rn(fmaxf(d, 0.f), wt[h]);
     }
-    scores[int64_t(blockIdx.y) * ld + j] = s;
+    scores[int64_t(blockIdx.x) * ld + j] = s;
 }
 
 // One block per query: the top_k rows by score (ties to the lower row), ascending.
@@ -230,6 +231,8 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
     for (const Segment& s : keys) {
         if (s.cache.type == CacheType::BF16)
             throw Error("indexer_select: BF16 keys are the CPU's --attn-bf16");
+        if (row_bytes && row_bytes != s.cache.row_bytes())
+            throw Error("indexer_select: the segments' key caches differ in layout");
         row_bytes = s.cache.row_bytes();
         f16 = s.cache.type == CacheType::F16;
         for (int64_t t = s.first; t < s.first + s.n; ++t) {
@@ -243,7 +246,7 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
     if (rows.empty()) return;
     const IndexerRow* d_rows = stage(rows);
     auto* scores = static_cast<float*>(scratch_bytes(rows.size() * size_t(most) * sizeof(float)));
-    const dim3 grid(grid_for(most, 128), unsigned(rows.size()));
+    const dim3 grid(unsigned(rows.size()), grid_for(most, 128));
     indexer_scores_kernel<<<grid, 128, 0, stream()>>>(d_rows, dev(q), dev(w), n_heads, dim,
                                                       row_bytes, f16, scores, most);
     launched("the indexer's scores");
@@ -268,6 +271,8 @@ void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos
     for (const Segment& s : segs) {
         if (s.cache.type == CacheType::BF16)
             throw Error("mla_attention: BF16 caches are the CPU's --attn-bf16");
+        if (width && (width != s.cache.width || f16 != (s.cache.type == CacheType::F16)))
+            throw Error("mla_attention: the segments' caches differ in layout");
         width = s.cache.width;
         row_bytes = s.cache.row_bytes();
         f16 = s.cache.type == CacheType::F16;
@@ -284,11 +289,21 @@ void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos
         }
     }
     const AttentionRow* d_rows = stage(rows);
+    // The scores of at most kScoreBytes at a time: queries in chunks (a dense prompt
+    // deep in a context would otherwise ask for rows x heads x depth floats).
+    constexpr size_t kScoreBytes = size_t(256) << 20;
+    const int64_t per_query = n_heads * most;
+    const int64_t chunk =
+        std::max<int64_t>(1, int64_t(kScoreBytes / (size_t(per_query) * sizeof(float))));
     auto* scores =
-        static_cast<float*>(scratch_bytes(size_t(T * n_heads) * size_t(most) * sizeof(float)));
-    mla_kernel<<<unsigned(T * n_heads), kThreads, size_t(width) * sizeof(float), stream()>>>(
-        d_rows, dev(q), n_heads, width, v_width, row_bytes, f16, scale, scores, most, dev(out));
-    launched("mla_attention");
+        static_cast<float*>(scratch_bytes(size_t(std::min(chunk, T) * per_query) * sizeof(float)));
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+        const int64_t n = std::min(chunk, T - t0);
+        mla_kernel<<<unsigned(n * n_heads), kThreads, size_t(width) * sizeof(float), stream()>>>(
+            d_rows + t0, dev(q) + t0 * n_heads * width, n_heads, width, v_width, row_bytes, f16,
+            scale, scores, most, dev(out) + t0 * n_heads * v_width);
+        launched("mla_attention");
+    }
 }
 
 void CudaBackend::draft_pick(DevPtr<const float> logits, int64_t n_rows, int64_t n_vocab,

@@ -192,7 +192,7 @@ void CudaBackend::foreign(uint32_t owner) const {
 
 void CudaBackend::refuse(const char* op) const {
     throw Error(std::string("the CUDA backend does not run ") + op +
-                " yet (GLM-5.3-Flash's and the vision tower's ops run on the CPU)");
+                " yet (the vision tower's ops run on the CPU)");
 }
 
 size_t CudaBackend::attention_scratch_bytes(int64_t n_heads, int64_t n_visible) const {
@@ -234,8 +234,11 @@ DevPtr<uint8_t> CudaBackend::alloc_cache(size_t bytes) {
 }
 
 void CudaBackend::free_cache(DevPtr<uint8_t> p) {
-    dev_.synchronize();  // queued ops may still read it
-    dev_.free(dev(p));
+    // Called from states' destructors: a device that has failed says so elsewhere, and
+    // nothing is thrown from here.
+    dev_.bind();
+    cudaStreamSynchronize(stream());  // queued ops may still read it
+    cudaFree(dev(p));
 }
 
 void CudaBackend::read_bytes(DevPtr<const uint8_t> src, void* host_dst, size_t bytes) {
@@ -268,7 +271,10 @@ void CudaBackend::planned(const PlanArrays& a, const PlanHandles& h) {
 }
 
 const int32_t* CudaBackend::host_positions(DevPtr<const int32_t> pos, int64_t n) {
-    if (dev(pos) == plan_pos_dev_ && n <= int64_t(plan_pos_.size())) return plan_pos_.data();
+    // The plan's positions, or a part of them (a sequence's rows).
+    const int32_t* d = dev(pos);
+    if (plan_pos_dev_ && d >= plan_pos_dev_ && d + n <= plan_pos_dev_ + plan_pos_.size())
+        return plan_pos_.data() + (d - plan_pos_dev_);
     pos_tmp_.resize(size_t(n));
     read(pos, pos_tmp_.data(), size_t(n));
     return pos_tmp_.data();
@@ -312,10 +318,11 @@ Matrix CudaBackend::matrix(const Weight& w, const char* op) {
         --it;
         if (uintptr_t(w.data) < it->first + it->second) return m;
     }
-    auto hv = host_views_.find(w.data);
+    const auto key =
+        std::make_tuple(w.data, int(w.type), w.cols, w.rows, w.slices, w.row_bytes, w.slice_bytes);
+    auto hv = host_views_.find(key);
     if (hv == host_views_.end())
-        hv =
-            host_views_.emplace(w.data, dev_.upload_matrix(w, std::string(op) + "'s weight")).first;
+        hv = host_views_.emplace(key, dev_.upload_matrix(w, std::string(op) + "'s weight")).first;
     return hv->second;
 }
 
@@ -491,49 +498,8 @@ void CudaBackend::reset_counters() {
     cache_bytes_ = 0;
 }
 
-// ---- not on the GPU yet --------------------------------------------------------
+// ---- the vision tower's ops: not on the GPU yet ----------------------------------
 
-void CudaBackend::l2_norm(DevPtr<const float>, int64_t, int64_t, float, DevPtr<float>) {
-    refuse("l2_norm");
-}
-void CudaBackend::apply_sigmoid(DevPtr<float>, int64_t) {
-    refuse("apply_sigmoid");
-}
-void CudaBackend::mul_sigmoid(DevPtr<float>, DevPtr<const float>, int64_t) {
-    refuse("mul_sigmoid");
-}
-void CudaBackend::causal_conv(std::span<const ConvSeq>, int64_t, const float*, int64_t, int64_t,
-                              int64_t, bool) {
-    refuse("causal_conv");
-}
-void CudaBackend::bounded_decay(DevPtr<const float>, const float*, const float*, int64_t, int64_t,
-                                int64_t, float, DevPtr<float>) {
-    refuse("bounded_decay");
-}
-void CudaBackend::gated_delta_rule(std::span<const DeltaRuleSeq>, int64_t, int64_t, float) {
-    refuse("gated_delta_rule");
-}
-void CudaBackend::hc_coefficients(DevPtr<const float>, int64_t, int64_t, const float*, const float*,
-                                  float, int64_t, DevPtr<float>, DevPtr<float>, DevPtr<float>) {
-    refuse("hc_coefficients");
-}
-void CudaBackend::hc_reduce(DevPtr<const float>, DevPtr<const float>, int64_t, int64_t, int64_t,
-                            DevPtr<float>) {
-    refuse("hc_reduce");
-}
-void CudaBackend::hc_expand(DevPtr<const float>, DevPtr<const float>, DevPtr<const float>,
-                            DevPtr<const float>, int64_t, int64_t, int64_t, DevPtr<float>) {
-    refuse("hc_expand");
-}
-void CudaBackend::pool_compress(const CacheRows&, int64_t, int64_t, int64_t, const float*,
-                                const float*, float, const CacheRows&, DevPtr<const int32_t>,
-                                int64_t) {
-    refuse("pool_compress");
-}
-void CudaBackend::pool_cells(DevPtr<const int32_t>, DevPtr<const int32_t>, int64_t, int64_t,
-                             int64_t, DevPtr<int32_t>, int64_t) {
-    refuse("pool_cells");
-}
 void CudaBackend::add_bias(DevPtr<float>, int64_t, int64_t, int64_t, const float*) {
     refuse("add_bias");
 }

@@ -1,7 +1,7 @@
 // The CUDA backend: backend.h's ops on an NVIDIA GPU (plain C++ here; the kernels live
-// in the .cu files beside it). glm-dsa's ops run on the device; GLM-5.3-Flash's own ops
-// (linear attention, hyper-connections, pooled keys) and the vision tower's refuse with
-// an error naming the op, and the apps refuse such models on a GPU before they load.
+// in the .cu files beside it). glm-dsa's and GLM-5.3-Flash's text ops run on the device;
+// the vision tower's refuse with an error naming the op, and the apps keep the tower on
+// the CPU.
 //
 // Memory is the device's: activations and selections in a scratch arena, caches in
 // allocations of their own, weight matrices uploaded once when the loader registers

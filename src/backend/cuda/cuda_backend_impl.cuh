@@ -1,11 +1,13 @@
 // The CUDA backend's class, shared by its .cu files (memory and elementwise ops in
-// cuda_backend.cu, attention in cuda_attention.cu, the mixture of experts in cuda_moe.cu).
+// cuda_backend.cu, attention in cuda_attention.cu, the mixture of experts in cuda_moe.cu,
+// GLM-5.3-Flash's own ops in cuda_glm5next.cu).
 #pragma once
 
 #include <functional>
 #include <map>
 #include <span>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -89,7 +91,7 @@ class CudaBackend final : public Backend {
     Counters counters() const override;
     void reset_counters() override;
 
-    // GLM-5.3-Flash's and the vision tower's ops: refused (cuda_backend.h).
+    // GLM-5.3-Flash's ops (cuda_glm5next.cu).
     void l2_norm(DevPtr<const float>, int64_t, int64_t, float, DevPtr<float>) override;
     void apply_sigmoid(DevPtr<float>, int64_t) override;
     void mul_sigmoid(DevPtr<float>, DevPtr<const float>, int64_t) override;
@@ -108,6 +110,7 @@ class CudaBackend final : public Backend {
                        float, const CacheRows&, DevPtr<const int32_t>, int64_t) override;
     void pool_cells(DevPtr<const int32_t>, DevPtr<const int32_t>, int64_t, int64_t, int64_t,
                     DevPtr<int32_t>, int64_t) override;
+    // The vision tower's: refused with the op's name (cuda_backend.h).
     void add_bias(DevPtr<float>, int64_t, int64_t, int64_t, const float*) override;
     void gelu_erf(DevPtr<float>, int64_t) override;
     void rope_2d(DevPtr<float>, int64_t, int64_t, int64_t, int64_t, const int32_t*, const int32_t*,
@@ -166,7 +169,9 @@ class CudaBackend final : public Backend {
     size_t cur_ = 0;
     std::vector<Matrix> weights_;
     std::map<uintptr_t, size_t> registered_;  // device ranges of weights_: start -> bytes
-    std::unordered_map<const uint8_t*, Matrix> host_views_;
+    // Plain views of the host's, uploaded on first use: by address and shape.
+    std::map<std::tuple<const uint8_t*, int, int64_t, int64_t, int64_t, size_t, size_t>, Matrix>
+        host_views_;
     std::unordered_map<const float*, std::pair<float*, int64_t>> vecs_;
     std::vector<int32_t> plan_pos_;
     const int32_t* plan_pos_dev_ = nullptr;

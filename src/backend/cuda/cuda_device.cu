@@ -28,7 +28,7 @@ std::string built_architectures() {
 
 std::vector<DeviceInfo> list_devices(std::string* why) {
     std::vector<DeviceInfo> out;
-    int n = 0;
+    int n = 0, current = -1;
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         if (why) {
@@ -39,6 +39,7 @@ std::vector<DeviceInfo> list_devices(std::string* why) {
         }
         return out;
     }
+    cudaGetDevice(&current);
     for (int i = 0; i < n; ++i) {
         cudaDeviceProp p{};
         if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
@@ -53,6 +54,7 @@ std::vector<DeviceInfo> list_devices(std::string* why) {
             d.free_bytes = free;
         out.push_back(d);
     }
+    if (current >= 0) cudaSetDevice(current);  // as the caller had it
     if (out.empty() && why) *why = "no CUDA device is visible";
     return out;
 }
@@ -80,6 +82,7 @@ Device::Device(int ordinal) : impl_(std::make_unique<Impl>()) {
                     " does not exist: " + std::to_string(all.size()) +
                     " visible (cuda:0 .. cuda:" + std::to_string(all.size() - 1) + ")");
     impl_->info = all[size_t(ordinal)];
+    impl_->ordinal = ordinal;
     check(cudaSetDevice(ordinal), "cudaSetDevice");
     check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     check_blas(cublasCreate(&impl_->blas), "cublasCreate");
@@ -120,13 +123,21 @@ const DeviceInfo& Device::info() const {
     return impl_->info;
 }
 
+void Device::bind() const {
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != impl_->ordinal)
+        check(cudaSetDevice(impl_->ordinal), "cudaSetDevice");
+}
+
 uint64_t Device::free_bytes() const {
+    bind();
     size_t free = 0, total = 0;
     check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
     return free;
 }
 
 void* Device::alloc(size_t bytes, const std::string& what) {
+    bind();
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
     if (e == cudaErrorMemoryAllocation) {
@@ -143,29 +154,35 @@ void* Device::alloc(size_t bytes, const std::string& what) {
 }
 
 void Device::free(void* p) {
+    bind();
     if (p) check(cudaFree(p), "cudaFree");
 }
 
 void Device::upload(void* dst, const void* host_src, size_t bytes) {
+    bind();
     if (bytes == 0) return;
     check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
 }
 
 void Device::download(void* host_dst, const void* src, size_t bytes) {
+    bind();
     if (bytes == 0) return;
     check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream), "download");
 }
 
 void Device::copy(void* dst, const void* src, size_t bytes) {
+    bind();
     if (bytes == 0) return;
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream), "copy");
 }
 
 void Device::synchronize() {
+    bind();
     check(cudaStreamSynchronize(impl_->stream), "a queued op");
 }
 
 Matrix Device::upload_matrix(const Weight& w, const std::string& name) {
+    bind();
     if (w.repacked)
         throw Error(name + ": a repacked view cannot be uploaded (the GPU reads GGUF blocks)");
     if (!quant::groups::has_groups(w.type) || w.cols % 32 != 0)
@@ -176,12 +193,16 @@ Matrix Device::upload_matrix(const Weight& w, const std::string& name) {
     m.cols = w.cols;
     m.rows = w.rows;
     m.slices = w.slices;
-    m.row_bytes = w.row_bytes;
-    m.slice_bytes = w.row_bytes * size_t(w.rows);
+    // Packed: the slices of a view may lie apart, and a view of some columns has rows
+    // wider than its columns; only the view's bytes are uploaded, row by row.
+    m.row_bytes = quant::row_size(w.type, w.cols);
+    m.slice_bytes = m.row_bytes * size_t(w.rows);
     auto* d = static_cast<uint8_t*>(alloc(m.slice_bytes * size_t(w.slices), name));
-    // Slices of a view may lie apart (slice_bytes > rows * row_bytes): packed here.
     for (int64_t s = 0; s < w.slices; ++s)
-        upload(d + size_t(s) * m.slice_bytes, w.row(0, s), m.slice_bytes);
+        check(
+            cudaMemcpy2DAsync(d + size_t(s) * m.slice_bytes, m.row_bytes, w.row(0, s), w.row_bytes,
+                              m.row_bytes, size_t(w.rows), cudaMemcpyHostToDevice, impl_->stream),
+            "upload");
     synchronize();  // the host view may be unmapped after this returns
     m.data = d;
     return m;
@@ -215,6 +236,7 @@ void* Device::Impl::scratch_bytes(int slot, size_t bytes) {
 }
 
 void* Device::stream() const {
+    bind();
     return impl_->stream;
 }
 

@@ -6,13 +6,13 @@
 // from plain C++.
 //
 // Products, y[t][0..rows) = W[slice] . x[t] for t < n_tok:
-// - the vector form (1-32 tokens: decode, verification, batched decode): a warp per
+// - the vector form (every product of the forward): a warp per
 //   weight row; each lane decodes its groups once for eight tokens at a time and
 //   keeps a chain of FMAs per token; the lanes meet in a fixed butterfly. A token's
 //   result is quant::groups::row_dot's, bit for bit, whatever the token count.
-// - the tiled form (more tokens: prefill): the weight rows decoded to F16 tiles and
-//   the tokens rounded to F16, multiplied by cuBLAS on tensor cores with F32
-//   accumulation (llama.cpp's cuBLAS path rounds the same way).
+// - the tiled form (for prefill, once it keeps the vector form's order): the weight rows
+//   decoded to F16 tiles and the tokens rounded to F16, multiplied by cuBLAS on tensor cores with
+//   F32 accumulation (llama.cpp's cuBLAS path rounds the same way).
 #pragma once
 
 #include <cstddef>
@@ -60,6 +60,9 @@ class Device {
     Device& operator=(const Device&) = delete;
 
     const DeviceInfo& info() const;
+    // Makes this device the calling thread's current one (every entry point does: a
+    // model's steps run on the engine's thread, not the one that opened the device).
+    void bind() const;
     // Free and total device memory now.
     uint64_t free_bytes() const;
 
@@ -84,7 +87,9 @@ class Device {
 
     // ---- products ----------------------------------------------------------
     // y[t * y_stride + r] = W[slice] row r . x[t * x_stride ..] for r < rows, t < n_tok
-    // (device memory). Up to 32 tokens the vector form, beyond it the tiled form.
+    // (device memory). The vector form at every token count, so a row's result is the
+    // same whatever shares its step (a decode row beside a prompt chunk too); the tiled
+    // form does not keep that order yet, and the forward does not use it.
     void matmul(const Matrix& w, int64_t slice, const float* x, int64_t x_stride, int64_t n_tok,
                 float* y, int64_t y_stride);
     // The forms by name, for the tests: the vector form takes any token count.
@@ -94,7 +99,7 @@ class Device {
                       int64_t n_tok, float* y, int64_t y_stride);
 
     // Per-slice products, slices s < w.slices: y[t * y_tok + s * y_slice + r] =
-    // W[s] row r . x[t * x_tok + s * x_slice ..] (the vector form up to 32 tokens).
+    // W[s] row r . x[t * x_tok + s * x_slice ..] (the vector form).
     void matmul_slices(const Matrix& w, const float* x, int64_t x_tok, int64_t x_slice,
                        int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice);
     // Products whose slice each row names (a mixture's experts): for p < n,
@@ -118,8 +123,5 @@ class Device {
   private:
     std::unique_ptr<Impl> impl_;
 };
-
-// The largest token count the vector form takes in matmul().
-constexpr int64_t kVectorTokens = 32;
 
 }  // namespace glm5::backend::cuda

@@ -19,6 +19,7 @@ void check_blas(cublasStatus_t s, const char* what);
 
 struct Device::Impl {
     DeviceInfo info;
+    int ordinal = 0;
     cudaStream_t stream = nullptr;
     cublasHandle_t blas = nullptr;
     quant::groups::Tables tables;  // device pointers

@@ -22,7 +22,12 @@ __global__ void route_kernel(const float* logits, int64_t n_tok, int64_t n_exper
     int32_t* id = ids + t * n_used;
     float* wt = weights + t * n_used;
     auto prob = [&](int64_t e) { return 1.0f / (1.0f + expf(-l[e])); };
-    auto sel = [&](int64_t e) { return prob(e) + (bias ? bias[e] : 0.0f); };
+    // A NaN logit ranks last (the CPU's sort would place it anywhere; here it must not
+    // leave a pick empty).
+    auto sel = [&](int64_t e) {
+        const float v = prob(e) + (bias ? bias[e] : 0.0f);
+        return isnan(v) ? -INFINITY : v;
+    };
     // The k-th pick is the best expert below the (k-1)-th in the order.
     float last = INFINITY;
     int64_t last_e = -1;
@@ -35,6 +40,7 @@ __global__ void route_kernel(const float* logits, int64_t n_tok, int64_t n_exper
             const bool below = v < last || (v == last && e > last_e);
             if (below && (be < 0 || v > bv)) be = e, bv = v;
         }
+        if (be < 0) be = 0;  // fewer experts than picks: cannot happen for a valid router
         id[k] = int32_t(be);
         last = bv;
         last_e = be;

@@ -110,10 +110,7 @@ unsigned blocks_for(int64_t n, int threads) {
 
 void Device::matmul(const Matrix& w, int64_t slice, const float* x, int64_t x_stride, int64_t n_tok,
                     float* y, int64_t y_stride) {
-    if (n_tok <= kVectorTokens)
-        matmul_vector(w, slice, x, x_stride, n_tok, y, y_stride);
-    else
-        matmul_tiled(w, slice, x, x_stride, n_tok, y, y_stride);
+    matmul_vector(w, slice, x, x_stride, n_tok, y, y_stride);
 }
 
 void Device::matmul_vector(const Matrix& w, int64_t slice, const float* x, int64_t x_stride,
@@ -130,11 +127,6 @@ void Device::matmul_vector(const Matrix& w, int64_t slice, const float* x, int64
 void Device::matmul_slices(const Matrix& w, const float* x, int64_t x_tok, int64_t x_slice,
                            int64_t n_tok, float* y, int64_t y_tok, int64_t y_slice) {
     if (n_tok <= 0 || w.rows <= 0 || w.slices <= 0) return;
-    if (n_tok > kVectorTokens) {
-        for (int64_t s = 0; s < w.slices; ++s)
-            matmul_tiled(w, s, x + s * x_slice, x_tok, n_tok, y + s * y_slice, y_tok);
-        return;
-    }
     const dim3 grid(blocks_for(w.rows, kWarps), blocks_for(n_tok, kTokenChunk), unsigned(w.slices));
     vector_kernel<<<grid, kWarps * 32, 0, impl_->stream>>>(
         w.type, w.data, w.row_bytes, w.slice_bytes, w.cols, w.rows, x, x_tok, x_slice, n_tok, y,

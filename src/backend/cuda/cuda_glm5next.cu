@@ -1,0 +1,417 @@
+// GLM-5.3-Flash's own ops on the GPU: the linear attention's short causal convolution
+// (its tail carried), the bounded decay and the gated delta rule, recurrent one token at
+// a time as on the CPU; the Sinkhorn hyper-connections; the pooled keys and the cells a
+// pooled selection lets a row see. Products and sums are rounded apart (__fmul_rn), in the
+// CPU's order, so the values are the CPU's but for the exp and sqrt of the device.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_backend_impl.cuh"
+
+namespace glm5::backend::cuda {
+
+namespace {
+
+__device__ float sigmoid_of(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+
+__global__ void l2_norm_kernel(const float* x, int64_t dim, float eps, float* y) {
+    __shared__ double sh[kThreads];
+    const float* xr = x + int64_t(blockIdx.x) * dim;
+    float* yr = y + int64_t(blockIdx.x) * dim;
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) acc += double(xr[i]) * double(xr[i]);
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float norm = fmaxf(float(sqrt(sh[0])), eps);
+    const float inv = 1.0f / norm;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = __fmul_rn(xr[i], inv);
+}
+
+__global__ void sigmoid_kernel(float* y, const float* gate, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    y[i] = gate ? __fmul_rn(y[i], sigmoid_of(gate[i])) : sigmoid_of(y[i]);
+}
+
+struct ConvDesc {
+    const float* x;
+    float* tail;
+    const float* tail_in;
+    float* y;
+    int64_t n_tok;
+};
+
+// Thread per (sequence, channel): its outputs in token order, then its new tail.
+__global__ void conv_kernel(const ConvDesc* seqs, int64_t C, const float* taps, int64_t K,
+                            int64_t xs, int64_t ys, bool use_silu) {
+    const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const ConvDesc s = seqs[blockIdx.y];
+    const float* old_tail = s.tail_in ? s.tail_in : s.tail;
+    const int64_t n_tail = K - 1, n = s.n_tok;
+    auto in = [&](int64_t tau) {
+        return tau < 0 ? old_tail[(n_tail + tau) * C + c] : s.x[tau * xs + c];
+    };
+    const float* w = taps + c * K;
+    for (int64_t t = 0; t < n; ++t) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < K; ++j) acc += __fmul_rn(w[j], in(t - n_tail + j));
+        s.y[t * ys + c] = use_silu ? acc / (1.0f + expf(-acc)) : acc;
+    }
+    for (int64_t i = 0; i < n_tail && n > 0; ++i) s.tail[i * C + c] = in(n - n_tail + i);
+}
+
+__global__ void decay_kernel(const float* z, const float* bias, const float* rate, int64_t n_tok,
+                             int64_t H, int64_t D, float lower, float* g) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_tok * H * D) return;
+    const int64_t c = i % (H * D), h = c / D;
+    g[i] = __fmul_rn(lower, sigmoid_of(__fmul_rn(rate[h], z[i] + bias[c])));
+}
+
+struct DeltaDesc {
+    const float *q, *k, *v, *g, *beta;
+    float* state;
+    const float* state_in;
+    float* out;
+    int64_t n_tok;
+};
+
+// Block (sequence, head), thread j: column j of the state S[i][j] (key i, value j),
+// walked token by token; a column's sums run over i in order, as the CPU's loops.
+__global__ void delta_rule_kernel(const DeltaDesc* seqs, int64_t H, int64_t D, float scale) {
+    extern __shared__ float sh[];  // decay, k, q of the token: 3 D floats
+    float* decay = sh;
+    float* kk = sh + D;
+    float* qq = sh + 2 * D;
+    const DeltaDesc s = seqs[blockIdx.x / H];
+    const int64_t h = blockIdx.x % H, HD = H * D;
+    float* S = s.state + h * D * D;
+    const float* S0 = s.state_in ? s.state_in + h * D * D : S;
+    for (int64_t t = 0; t < s.n_tok; ++t) {
+        for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+            decay[i] = expf(s.g[t * HD + h * D + i]);
+            kk[i] = s.k[t * HD + h * D + i];
+            qq[i] = s.q[t * HD + h * D + i];
+        }
+        __syncthreads();
+        const float beta = s.beta[t * H + h];
+        const float* Sr = t == 0 ? S0 : S;
+        for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < D; ++i) {
+                const float v = __fmul_rn(Sr[i * D + j], decay[i]);
+                S[i * D + j] = v;
+                acc += __fmul_rn(v, kk[i]);
+            }
+            const float upd = __fmul_rn(beta, s.v[t * HD + h * D + j] - acc);
+            float out = 0.0f;
+            for (int64_t i = 0; i < D; ++i) {
+                const float v = S[i * D + j] + __fmul_rn(kk[i], upd);
+                S[i * D + j] = v;
+                out += __fmul_rn(v, qq[i]);
+            }
+            s.out[t * HD + h * D + j] = __fmul_rn(scale, out);
+        }
+        __syncthreads();
+    }
+}
+
+constexpr int kMaxStreams = 8;
+
+// Thread per token: the CPU's double iteration of the S x S matrix.
+__global__ void hc_coeff_kernel(const float* mix, int64_t T, int64_t S, const float* base,
+                                const float* scale, float eps, int64_t iterations, float* pre,
+                                float* post, float* comb) {
+    const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const int64_t M = (2 + S) * S;
+    const float* m = mix + t * M;
+    double C[kMaxStreams * kMaxStreams];
+    auto at = [&](int64_t d, int64_t src) -> double& { return C[d * S + src]; };
+    const double ep = double(eps);
+    for (int64_t s = 0; s < S; ++s) {
+        pre[t * S + s] = sigmoid_of(__fmul_rn(scale[0], m[s]) + base[s]) + eps;
+        post[t * S + s] = __fmul_rn(2.0f, sigmoid_of(__fmul_rn(scale[1], m[S + s]) + base[S + s]));
+    }
+    for (int64_t s = 0; s < S; ++s) {
+        double mx = -INFINITY;
+        for (int64_t d = 0; d < S; ++d) {
+            const int64_t i = 2 * S + d + S * s;
+            at(d, s) = double(__fmul_rn(scale[2], m[i]) + base[i]);
+            mx = fmax(mx, at(d, s));
+        }
+        double sum = 0.0;
+        for (int64_t d = 0; d < S; ++d) {
+            at(d, s) = exp(at(d, s) - mx);
+            sum += at(d, s);
+        }
+        for (int64_t d = 0; d < S; ++d) at(d, s) = at(d, s) / sum + ep;
+    }
+    auto rows = [&] {
+        for (int64_t d = 0; d < S; ++d) {
+            double sum = 0.0;
+            for (int64_t s = 0; s < S; ++s) sum += at(d, s);
+            for (int64_t s = 0; s < S; ++s) at(d, s) /= (sum + ep);
+        }
+    };
+    auto cols = [&] {
+        for (int64_t s = 0; s < S; ++s) {
+            double sum = 0.0;
+            for (int64_t d = 0; d < S; ++d) sum += at(d, s);
+            for (int64_t d = 0; d < S; ++d) at(d, s) /= (sum + ep);
+        }
+    };
+    rows();
+    for (int64_t it = 1; it < iterations; ++it) {
+        cols();
+        rows();
+    }
+    for (int64_t i = 0; i < S * S; ++i) comb[t * S * S + i] = float(C[i]);
+}
+
+__global__ void hc_reduce_kernel(const float* X, const float* w, int64_t T, int64_t S, int64_t E,
+                                 float* y) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= T * E) return;
+    const int64_t t = i / E, c = i % E;
+    const float* x = X + t * S * E;
+    if (w) {
+        const float* wt = w + t * S;
+        float acc = __fmul_rn(wt[0], x[c]);
+        for (int64_t s = 1; s < S; ++s) acc += __fmul_rn(wt[s], x[s * E + c]);
+        y[i] = acc;
+    } else {
+        float acc = x[c];
+        for (int64_t s = 1; s < S; ++s) acc += x[s * E + c];
+        y[i] = __fmul_rn(acc, 1.0f / float(S));
+    }
+}
+
+__global__ void hc_expand_kernel(const float* X, const float* f, const float* post,
+                                 const float* comb, int64_t T, int64_t S, int64_t E, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= T * S * E) return;
+    const int64_t t = i / (S * E), d = (i / E) % S, c = i % E;
+    const float* x = X + t * S * E;
+    const float* cm = comb + t * S * S + d * S;
+    float acc = __fmul_rn(cm[0], x[c]);
+    for (int64_t s = 1; s < S; ++s) acc += __fmul_rn(cm[s], x[s * E + c]);
+    out[i] = __fmul_rn(post[t * S + d], f[t * E + c]) + acc;
+}
+
+__device__ float cell_value(const uint8_t* cells, size_t row_bytes, bool f16, int64_t r,
+                            int64_t i) {
+    const uint8_t* row = cells + size_t(r) * row_bytes;
+    return f16 ? __half2float(reinterpret_cast<const __half*>(row)[i])
+               : reinterpret_cast<const float*>(row)[i];
+}
+
+// Block per completed pool j: the slots' softmax per gate channel, the weighted key, its
+// RMSNorm, stored as row j of the pool cache.
+__global__ void pool_kernel(const uint8_t* cells, size_t cell_bytes, bool cells_f16, int64_t Dk,
+                            int64_t Gw, int64_t B, const float* ape, const float* norm_w, float eps,
+                            uint8_t* pools, size_t pool_bytes, bool pools_f16, int64_t first) {
+    extern __shared__ float sm[];  // weights [B][Gw], then the pooled key [Dk]
+    __shared__ double red[kThreads];
+    float* a = sm;
+    float* pooled = sm + B * Gw;
+    const int64_t j = first + blockIdx.x;
+    for (int64_t i = threadIdx.x; i < Gw; i += blockDim.x) {
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < B; ++s) {
+            const float z =
+                cell_value(cells, cell_bytes, cells_f16, j * B + s, Dk + i) + ape[s * Gw + i];
+            a[s * Gw + i] = z;
+            mx = fmaxf(mx, z);
+        }
+        float sum = 0.0f;
+        for (int64_t s = 0; s < B; ++s) {
+            const float e = expf(a[s * Gw + i] - mx);
+            a[s * Gw + i] = e;
+            sum += e;
+        }
+        for (int64_t s = 0; s < B; ++s) a[s * Gw + i] = a[s * Gw + i] / sum;
+    }
+    __syncthreads();
+    double sq = 0.0;
+    for (int64_t i = threadIdx.x; i < Dk; i += blockDim.x) {
+        const int64_t gi = Gw == 1 ? 0 : i;
+        float acc = 0.0f;
+        for (int64_t s = 0; s < B; ++s)
+            acc +=
+                __fmul_rn(a[s * Gw + gi], cell_value(cells, cell_bytes, cells_f16, j * B + s, i));
+        pooled[i] = acc;
+        sq += double(__fmul_rn(acc, acc));
+    }
+    red[threadIdx.x] = sq;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float mean = float(red[0] / double(Dk));
+    const float scale = 1.0f / sqrtf(mean + eps);
+    uint8_t* row = pools + size_t(j) * pool_bytes;
+    for (int64_t i = threadIdx.x; i < Dk; i += blockDim.x) {
+        float v = __fmul_rn(pooled[i], scale);
+        if (norm_w) v = __fmul_rn(v, norm_w[i]);
+        if (pools_f16)
+            reinterpret_cast<__half*>(row)[i] = __float2half_rn(v);
+        else
+            reinterpret_cast<float*>(row)[i] = v;
+    }
+}
+
+__global__ void pool_cells_kernel(const int32_t* picked, const int32_t* pos, int64_t n_rows,
+                                  int64_t n_sel, int64_t B, int32_t* rows, int64_t stride) {
+    const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t >= n_rows) return;
+    const int64_t n_vis = int64_t(pos[t]) + 1;
+    if (!(n_vis / B > n_sel)) return;  // Selection::selects
+    const int32_t* p = picked + t * n_sel;
+    int32_t* r = rows + t * stride;
+    int64_t n = 0;
+    for (int64_t j = 0; j < n_sel; ++j)
+        for (int64_t s = 0; s < B; ++s) r[n++] = int32_t(p[j] * B + s);
+    for (int64_t cell = (n_vis / B) * B; cell < n_vis; ++cell) r[n++] = int32_t(cell);
+}
+
+}  // namespace
+
+void CudaBackend::l2_norm(DevPtr<const float> x, int64_t n_rows, int64_t dim, float eps,
+                          DevPtr<float> y) {
+    op("l2_norm", n_rows);
+    if (n_rows <= 0) return;
+    l2_norm_kernel<<<unsigned(n_rows), kThreads, 0, stream()>>>(dev(x), dim, eps, dev(y));
+    launched("l2_norm");
+}
+
+void CudaBackend::apply_sigmoid(DevPtr<float> y, int64_t n) {
+    if (n <= 0) return;
+    sigmoid_kernel<<<grid_for(n), kThreads, 0, stream()>>>(dev(y), nullptr, n);
+    launched("apply_sigmoid");
+}
+
+void CudaBackend::mul_sigmoid(DevPtr<float> y, DevPtr<const float> gate, int64_t n) {
+    if (n <= 0) return;
+    sigmoid_kernel<<<grid_for(n), kThreads, 0, stream()>>>(dev(y), dev(gate), n);
+    launched("mul_sigmoid");
+}
+
+void CudaBackend::causal_conv(std::span<const ConvSeq> seqs, int64_t channels, const float* taps,
+                              int64_t kernel, int64_t x_stride, int64_t y_stride, bool silu) {
+    int64_t rows = 0;
+    std::vector<ConvDesc> d;
+    for (const ConvSeq& s : seqs) {
+        rows += s.n_tok;
+        d.push_back({dev(s.x), dev(s.tail), dev(s.tail_in), dev(s.y), s.n_tok});
+    }
+    op("causal_conv", rows);
+    if (d.empty() || channels <= 0) return;
+    const dim3 grid(grid_for(channels), unsigned(d.size()));
+    conv_kernel<<<grid, kThreads, 0, stream()>>>(stage(d), channels, vec(taps, channels * kernel),
+                                                 kernel, x_stride, y_stride, silu);
+    launched("causal_conv");
+}
+
+void CudaBackend::bounded_decay(DevPtr<const float> z, const float* bias, const float* rate,
+                                int64_t n_tok, int64_t n_heads, int64_t dim, float lower,
+                                DevPtr<float> g) {
+    const int64_t n = n_tok * n_heads * dim;
+    if (n <= 0) return;
+    decay_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
+        dev(z), vec(bias, n_heads * dim), vec(rate, n_heads), n_tok, n_heads, dim, lower, dev(g));
+    launched("bounded_decay");
+}
+
+void CudaBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n_heads, int64_t dim,
+                                   float scale) {
+    int64_t rows = 0;
+    std::vector<DeltaDesc> d;
+    for (const DeltaRuleSeq& s : seqs) {
+        rows += s.n_tok;
+        d.push_back({dev(s.q), dev(s.k), dev(s.v), dev(s.g), dev(s.beta), dev(s.state),
+                     dev(s.state_in), dev(s.out), s.n_tok});
+    }
+    op("gated_delta_rule", rows);
+    if (d.empty()) return;
+    cache_bytes_ += uint64_t(d.size()) * uint64_t(n_heads * dim * dim) * sizeof(float);
+    const int threads = int(std::min<int64_t>(kThreads, (dim + 31) / 32 * 32));
+    delta_rule_kernel<<<unsigned(int64_t(d.size()) * n_heads), threads,
+                        size_t(3 * dim) * sizeof(float), stream()>>>(stage(d), n_heads, dim, scale);
+    launched("gated_delta_rule");
+}
+
+void CudaBackend::hc_coefficients(DevPtr<const float> mix, int64_t n_tok, int64_t n_streams,
+                                  const float* base, const float* scale, float eps,
+                                  int64_t iterations, DevPtr<float> pre, DevPtr<float> post,
+                                  DevPtr<float> comb) {
+    if (n_tok <= 0) return;
+    if (n_streams > kMaxStreams)
+        throw Error("hc_coefficients: " + std::to_string(n_streams) + " streams (at most " +
+                    std::to_string(kMaxStreams) + " on the GPU)");
+    const int64_t M = (2 + n_streams) * n_streams;
+    hc_coeff_kernel<<<grid_for(n_tok, 64), 64, 0, stream()>>>(
+        dev(mix), n_tok, n_streams, vec(base, M), vec(scale, 3), eps, iterations, dev(pre),
+        dev(post), dev(comb));
+    launched("hc_coefficients");
+}
+
+void CudaBackend::hc_reduce(DevPtr<const float> X, DevPtr<const float> w, int64_t n_tok,
+                            int64_t n_streams, int64_t dim, DevPtr<float> y) {
+    if (n_tok * dim <= 0) return;
+    hc_reduce_kernel<<<grid_for(n_tok * dim), kThreads, 0, stream()>>>(dev(X), dev(w), n_tok,
+                                                                       n_streams, dim, dev(y));
+    launched("hc_reduce");
+}
+
+void CudaBackend::hc_expand(DevPtr<const float> X, DevPtr<const float> f, DevPtr<const float> post,
+                            DevPtr<const float> comb, int64_t n_tok, int64_t n_streams, int64_t dim,
+                            DevPtr<float> out) {
+    const int64_t n = n_tok * n_streams * dim;
+    if (n <= 0) return;
+    hc_expand_kernel<<<grid_for(n), kThreads, 0, stream()>>>(dev(X), dev(f), dev(post), dev(comb),
+                                                             n_tok, n_streams, dim, dev(out));
+    launched("hc_expand");
+}
+
+void CudaBackend::pool_compress(const CacheRows& cells, int64_t key_width, int64_t gate_width,
+                                int64_t pool_size, const float* ape, const float* norm_w, float eps,
+                                const CacheRows& pools, DevPtr<const int32_t> pos, int64_t n_rows) {
+    op("pool_compress", n_rows);
+    if (n_rows <= 0) return;
+    if (cells.type == CacheType::BF16 || pools.type == CacheType::BF16)
+        throw Error("pool_compress: BF16 caches are the CPU's --attn-bf16");
+    const int32_t* p = host_positions(pos, n_rows);
+    const int64_t first = p[0] / pool_size;
+    const int64_t n_pools = (int64_t(p[n_rows - 1]) + 1) / pool_size - first;
+    if (n_pools <= 0) return;
+    const size_t shared = size_t(pool_size * gate_width + key_width) * sizeof(float);
+    if (shared > 48 * 1024)
+        throw Error("pool_compress: pools of " + std::to_string(pool_size) + " x " +
+                    std::to_string(gate_width) + " gates do not fit a block's shared memory");
+    pool_kernel<<<unsigned(n_pools), kThreads, shared, stream()>>>(
+        dev(cells.data), cells.row_bytes(), cells.type == CacheType::F16, key_width, gate_width,
+        pool_size, vec(ape, pool_size * gate_width), vec(norm_w, key_width), eps, dev(pools.data),
+        pools.row_bytes(), pools.type == CacheType::F16, first);
+    launched("pool_compress");
+}
+
+void CudaBackend::pool_cells(DevPtr<const int32_t> picked, DevPtr<const int32_t> pos,
+                             int64_t n_rows, int64_t n_sel, int64_t pool_size, DevPtr<int32_t> rows,
+                             int64_t stride) {
+    if (n_rows <= 0) return;
+    pool_cells_kernel<<<grid_for(n_rows, 64), 64, 0, stream()>>>(
+        dev(picked), dev(pos), n_rows, n_sel, pool_size, dev(rows), stride);
+    launched("pool_cells");
+}
+
+}  // namespace glm5::backend::cuda
