@@ -8,10 +8,11 @@
 #   bash scripts/device-check.sh restore   # here, always after the call: the index back
 #
 # prepare builds build/ with the CUDA backend (GLM5_CUDA=ON: sm_80, sm_89, sm_90), copies
-# the glm5 binary, the GPU tests and the shared libraries they need that the GPU machine
-# lacks (libpng, libjpeg, Open MPI; not glibc, libstdc++ or CUDA's) into .device/, and
-# keeps the tree that travels under its 64 MiB: tests/data (76 MB, which the GPU tests do
-# not read) is untracked and ignored until `restore` puts the index back.
+# the glm5 binary, the GPU tests, the two tiny fixtures they read and the shared libraries
+# they need that the GPU machine lacks (libpng, libjpeg, Open MPI; not glibc, libstdc++ or
+# CUDA's) into .device/, and keeps the tree that travels under its 64 MiB (about 50 MiB;
+# 56 with llama.cpp's sources): tests/data (76 MB) and models/kjv-mini.gguf (10 MB, inside
+# glm5 already) are untracked and ignored until `restore` puts the index back.
 #
 # On the GPU machine (no argument) it runs, each step timed and its output under $OUT
 # when set: nvidia-smi; the `gpu` tests (what `ctest -L gpu` runs: every test_cuda_*
@@ -40,6 +41,11 @@ prepare() {
     mkdir -p "$bundle/bin" "$bundle/lib"
     cp build/glm5 build/bench/gpu_products "$bundle/bin/"
     for t in $gpu_tests; do cp "build/tests/$t" "$bundle/bin/"; done
+    strip --strip-unneeded "$bundle"/bin/*
+    # The fixtures the GPU tests read (tests/data itself stays behind).
+    mkdir -p "$bundle/data/glm-dsa" "$bundle/data/glm5next"
+    cp tests/data/glm-dsa/tiny.gguf "$bundle/data/glm-dsa/"
+    cp tests/data/glm5next/tiny.gguf "$bundle/data/glm5next/"
     # Every library the binaries load, less the C and C++ runtimes (newer on the GPU
     # machine's image) and CUDA's own (its toolkit is there).
     for b in "$bundle"/bin/*; do ldd "$b" || exit 1; done | awk '/=> \// {print $3}' | sort -u |
@@ -57,18 +63,23 @@ prepare() {
         done
         tar -C "$LLAMA_SRC" -cJf "$bundle/llama-src.tar.xz" "${skip[@]}" .
     fi
-    grep -qxF /tests/data/ "$exclude" || echo /tests/data/ >>"$exclude"  # ($bundle: .gitignore)
-    git rm -r -q --cached tests/data
-    echo "prepared: $(du -sh "$bundle" | cut -f1) in $bundle; tests/data untracked for the call."
+    # What the check does not read stays behind: the fixtures (but those copied above) and
+    # the default model's file (glm5 carries it inside).
+    for p in /tests/data/ /models/kjv-mini.gguf; do
+        grep -qxF "$p" "$exclude" || echo "$p" >>"$exclude"  # ($bundle: .gitignore)
+    done
+    git rm -r -q --cached tests/data models/kjv-mini.gguf
+    echo "prepared: $(du -sh "$bundle" | cut -f1) in $bundle; tests/data and" \
+        "models/kjv-mini.gguf untracked for the call."
     echo "now: device run, command 'bash scripts/device-check.sh', carry [\"$bundle\"];"
     echo "then, whatever happened: bash scripts/device-check.sh restore"
 }
 
 restore() {
-    git reset -q -- tests/data
-    [[ -f $exclude ]] && sed -i '\|^/tests/data/$|d' "$exclude"
-    git status --short tests/data | head -3
-    echo "restored: tests/data is tracked again"
+    git reset -q -- tests/data models/kjv-mini.gguf
+    [[ -f $exclude ]] && sed -i '\|^/tests/data/$|d; \|^/models/kjv-mini.gguf$|d' "$exclude"
+    git status --short tests/data models | head -3
+    echo "restored: tests/data and models/kjv-mini.gguf are tracked again"
 }
 
 stage=${1:-check}
@@ -84,6 +95,7 @@ out=${OUT:-/tmp/device-check}
 mkdir -p "$out"
 cuda_lib=$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")/../lib64
 export LD_LIBRARY_PATH="$PWD/$bundle/lib:$cuda_lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export GLM5_TEST_DATA="$PWD/$bundle/data"
 failed=()
 step() {  # step NAME COMMAND...: runs it, its output to $out/NAME.log and the tail here
     local name=$1 t0=$SECONDS rc

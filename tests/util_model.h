@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -19,8 +20,12 @@
 
 namespace glm5::test {
 
+// A fixture: under GLM5_TEST_DATA in the environment when set (a test binary that runs
+// away from this checkout: scripts/device-check.sh carries the fixtures its GPU tests
+// read), else under the checkout's tests/data.
 inline std::string data_path(const std::string& rel) {
-    return std::string(GLM5_TEST_DATA) + "/" + rel;
+    const char* dir = std::getenv("GLM5_TEST_DATA");
+    return std::string(dir && *dir ? dir : GLM5_TEST_DATA) + "/" + rel;
 }
 
 inline nlohmann::json load_json(const std::string& path) {
