@@ -21,6 +21,15 @@ namespace glm5::test {
 
 using quant::Type;
 
+// Every weight format a GLM GGUF uses, and the legacy ones beside them: the formats
+// quant/groups.h decodes for a GPU.
+inline const Type kGroupTypes[] = {
+    Type::F32,   Type::F16,   Type::BF16,    Type::Q4_0,   Type::Q4_1,  Type::Q5_0,
+    Type::Q5_1,  Type::Q8_0,  Type::IQ4_NL,  Type::Q2_K,   Type::Q3_K,  Type::Q4_K,
+    Type::Q5_K,  Type::Q6_K,  Type::IQ2_XXS, Type::IQ2_XS, Type::IQ2_S, Type::IQ3_XXS,
+    Type::IQ3_S, Type::IQ1_S, Type::IQ1_M,   Type::IQ4_XS,
+};
+
 inline std::vector<float> normal_floats(size_t n, uint32_t seed, float sigma = 1.0f) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.0f, sigma);

@@ -255,13 +255,18 @@ TEST(CudaOps, LinearAttentionOpsAgreeWithTheCpu) {
     const std::vector<float> tail = randn(size_t((K - 1) * C), 22);
     // Two sequences, 5 tokens and 1, their tails updated in place.
     EXPECT_LT(both([&](Backend& be) {
-                  auto dx = put(be, x), dy = be.scratch(x.size());
+                  auto dx = put(be, x), dy = be.scratch(x.size()), dy2 = be.scratch(x.size());
                   auto t1 = put(be, tail), t2 = put(be, randn(tail.size(), 23));
+                  // The first sequence again, its tail double-buffered (the model's form).
+                  auto t1_in = put(be, tail), t1_out = be.scratch(tail.size());
                   const Backend::ConvSeq seqs[2] = {{dx, t1, dy, 5, nullptr},
                                                     {dx + 5 * C, t2, dy + 5 * C, 1, nullptr}};
                   be.causal_conv(seqs, C, taps.data(), K, C, C, true);
-                  std::vector<float> out = get(be, dy, x.size());
-                  for (auto t : {t1, t2}) {
+                  const Backend::ConvSeq again{dx, t1_out, dy2, 5, t1_in};
+                  be.causal_conv({&again, 1}, C, taps.data(), K, C, C, true);
+                  std::vector<float> out = get(be, dy, x.size()), out2 = get(be, dy2, 5 * C);
+                  out.insert(out.end(), out2.begin(), out2.end());
+                  for (auto t : {t1, t2, t1_out}) {
                       const std::vector<float> h = get(be, t, tail.size());
                       out.insert(out.end(), h.begin(), h.end());
                   }
@@ -366,8 +371,8 @@ TEST(CudaOps, PooledKeysAndTheirCellsAgreeWithTheCpu) {
                   1e-5)
             << "gate width " << Gw;
     }
-    // Rows at positions 9 and 22 with 2 pools picked each (5 complete pools at 22).
-    const std::vector<int32_t> picked = {0, 1, 1, 4}, rpos = {9, 22};
+    // Rows at positions 13 and 22 with 2 pools picked each (3 and 5 complete pools).
+    const std::vector<int32_t> picked = {0, 1, 1, 4}, rpos = {13, 22};
     auto cells_of = [&](Backend& be) {
         auto rows = be.scratch_ids(size_t(2 * 16));
         be.write(rows, std::vector<int32_t>(32, -1).data(), 32);

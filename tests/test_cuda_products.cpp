@@ -26,13 +26,6 @@ using quant::Type;
 namespace cuda = backend::cuda;
 namespace groups = quant::groups;
 
-const Type kWeightTypes[] = {
-    Type::F32,    Type::F16,   Type::BF16,    Type::Q8_0,  Type::Q5_0,  Type::IQ4_NL,
-    Type::Q2_K,   Type::Q3_K,  Type::Q4_K,    Type::Q5_K,  Type::Q6_K,  Type::IQ2_XXS,
-    Type::IQ2_XS, Type::IQ2_S, Type::IQ3_XXS, Type::IQ3_S, Type::IQ1_S, Type::IQ1_M,
-    Type::IQ4_XS, Type::Q4_0,  Type::Q4_1,    Type::Q5_1,
-};
-
 cuda::Device& device() {
     static std::unique_ptr<cuda::Device> dev;
     if (!dev) {
@@ -157,7 +150,7 @@ TEST_P(CudaProducts, BothFormsAgreeWithTheCpuBackend) {
     dev.free_matrix(m);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllWeightFormats, CudaProducts, ::testing::ValuesIn(kWeightTypes),
+INSTANTIATE_TEST_SUITE_P(AllWeightFormats, CudaProducts, ::testing::ValuesIn(test::kGroupTypes),
                          [](const auto& info) { return std::string(quant::name(info.param)); });
 
 TEST(CudaDevice, MemoryThatDoesNotFitIsRefusedWithTheNumbers) {

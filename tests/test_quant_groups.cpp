@@ -19,13 +19,6 @@ namespace {
 using quant::Type;
 namespace groups = quant::groups;
 
-const Type kWeightTypes[] = {
-    Type::F32,   Type::F16,   Type::BF16,    Type::Q4_0,   Type::Q4_1,  Type::Q5_0,
-    Type::Q5_1,  Type::Q8_0,  Type::IQ4_NL,  Type::Q2_K,   Type::Q3_K,  Type::Q4_K,
-    Type::Q5_K,  Type::Q6_K,  Type::IQ2_XXS, Type::IQ2_XS, Type::IQ2_S, Type::IQ3_XXS,
-    Type::IQ3_S, Type::IQ1_S, Type::IQ1_M,   Type::IQ4_XS,
-};
-
 class Groups : public ::testing::TestWithParam<Type> {};
 
 // Same bits, or both NaN (random bytes make NaN scales, whose payloads need not agree).
@@ -90,7 +83,7 @@ TEST_P(Groups, RowDotIsTheDotOfTheDequantizedRow) {
     EXPECT_LE(std::fabs(double(got) - want), 1e-6 * scale + 1e-30) << got << " vs " << want;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllWeightFormats, Groups, ::testing::ValuesIn(kWeightTypes),
+INSTANTIATE_TEST_SUITE_P(AllWeightFormats, Groups, ::testing::ValuesIn(test::kGroupTypes),
                          [](const auto& info) { return std::string(quant::name(info.param)); });
 
 TEST(Groups, TypesWithoutGroupsAreRefused) {

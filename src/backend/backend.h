@@ -606,6 +606,15 @@ class Backend {
 
   protected:
     Reducer* reducer() const { return reducer_; }
+    // A handle of this backend's own, for memory at `p` (a backend's handles are the
+    // addresses of its memory, in whatever space it addresses).
+    template <class T>
+    DevPtr<T> owned(T* p) const {
+        return DevPtr<T>::from_handle(
+            reinterpret_cast<DeviceMemory*>(const_cast<std::remove_const_t<T>*>(p)), id());
+    }
+    // Refuses a handle that backend `owner` made.
+    [[noreturn]] void foreign(uint32_t owner) const;
 
   private:
     Reducer* reducer_ = nullptr;

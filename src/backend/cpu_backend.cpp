@@ -32,6 +32,12 @@ void Backend::copy_from(Backend& src, DevPtr<const uint8_t> from, DevPtr<uint8_t
     write_bytes(to, staged.data(), bytes);
 }
 
+void Backend::foreign(uint32_t owner) const {
+    throw Error("a handle of backend #" + std::to_string(owner) + " was passed to backend #" +
+                std::to_string(id()) + " (" + name() +
+                "): memory crosses between backends only by an explicit copy (copy_from)");
+}
+
 namespace cpu {
 
 CpuBackend::CpuBackend(const BackendOptions& opt)
@@ -44,12 +50,6 @@ CpuBackend::CpuBackend(const BackendOptions& opt)
             "BF16 attention needs AMX-BF16 tiles or AVX-512 BF16 with VBMI, which this CPU "
             "(or the GLM5_CPU level) does not have: run without --attn-bf16");
     attention_bf16_ = opt.attention_bf16;
-}
-
-void CpuBackend::foreign(uint32_t owner) const {
-    throw Error("a handle of backend #" + std::to_string(owner) + " was passed to backend #" +
-                std::to_string(id()) + " (" + name() +
-                "): memory crosses between backends only by an explicit copy (copy_from)");
 }
 
 DevPtr<float> CpuBackend::scratch(size_t n) {

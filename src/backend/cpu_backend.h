@@ -128,12 +128,6 @@ class CpuBackend final : public Backend {
             foreign(p.owner());
         return cpu::host(p);
     }
-    // A handle of this backend's own.
-    template <class T>
-    DevPtr<T> owned(T* p) const {
-        return DevPtr<T>::from_handle(
-            reinterpret_cast<DeviceMemory*>(const_cast<std::remove_const_t<T>*>(p)), id());
-    }
 
     // A step keeps the workers awake between its ops (a forward's serial host work
     // between two ops would otherwise send them to sleep and cost a wake-up each op).
@@ -313,8 +307,6 @@ class CpuBackend final : public Backend {
     }
 
   private:
-    [[noreturn]] void foreign(uint32_t owner) const;
-
     struct Block {
         std::unique_ptr<uint8_t, AlignedFree> p;
         size_t cap = 0, used = 0;

@@ -355,113 +355,136 @@ GLM5_HD void group_iq4_xs(const uint8_t* b, int ib, float* y, const Tables& t) {
     }
 }
 
-// Values 32g .. 32g+31 of a row of `t` starting at `row`. Returns false for a type
-// that is not a weight format here (the caller refuses such weights at registration).
-GLM5_HD bool decode_group(Type t, const uint8_t* row, int64_t g, const Tables& tab, float* y) {
-    const int ib = int(g % 8);
+// Bytes of one block of t's (32 values for the plain floats), 0 for a type without
+// groups here; with group_block_values, where group g of a row starts.
+GLM5_HD int64_t group_block_bytes(Type t) {
     switch (t) {
-        case Type::F32: {
-            const uint8_t* p = row + 128 * g;
-            for (int j = 0; j < 32; ++j) y[j] = bits_f32(u32(p + 4 * j));
-            return true;
-        }
-        case Type::F16: {
-            const uint8_t* p = row + 64 * g;
-            for (int j = 0; j < 32; ++j) y[j] = f16(u16(p + 2 * j));
-            return true;
-        }
-        case Type::BF16: {
-            const uint8_t* p = row + 64 * g;
-            for (int j = 0; j < 32; ++j) y[j] = bf16(u16(p + 2 * j));
-            return true;
-        }
+        case Type::F32:
+            return 128;
+        case Type::F16:
+        case Type::BF16:
+            return 64;
         case Type::Q4_0:
-            group_q4_0(row + 18 * g, y);
-            return true;
+            return 18;
         case Type::Q4_1:
-            group_q4_1(row + 20 * g, y);
-            return true;
+            return 20;
         case Type::Q5_0:
-            group_q5_0(row + 22 * g, y);
-            return true;
+            return 22;
         case Type::Q5_1:
-            group_q5_1(row + 24 * g, y);
-            return true;
+            return 24;
         case Type::Q8_0:
-            group_q8_0(row + 34 * g, y);
-            return true;
+            return 34;
         case Type::IQ4_NL:
-            group_iq4_nl(row + 18 * g, y, tab);
-            return true;
+            return 18;
         case Type::Q2_K:
-            group_q2_K(row + 84 * (g / 8), ib, y);
-            return true;
+            return 84;
         case Type::Q3_K:
-            group_q3_K(row + 110 * (g / 8), ib, y);
-            return true;
+            return 110;
         case Type::Q4_K:
-            group_q4_K(row + 144 * (g / 8), ib, y);
-            return true;
+            return 144;
         case Type::Q5_K:
-            group_q5_K(row + 176 * (g / 8), ib, y);
-            return true;
+            return 176;
         case Type::Q6_K:
-            group_q6_K(row + 210 * (g / 8), ib, y);
-            return true;
+            return 210;
         case Type::IQ2_XXS:
-            group_iq2_xxs(row + 66 * (g / 8), ib, y, tab);
-            return true;
+            return 66;
         case Type::IQ2_XS:
-            group_iq2_xs(row + 74 * (g / 8), ib, y, tab);
-            return true;
+            return 74;
         case Type::IQ2_S:
-            group_iq2_s(row + 82 * (g / 8), ib, y, tab);
-            return true;
+            return 82;
         case Type::IQ3_XXS:
-            group_iq3_xxs(row + 98 * (g / 8), ib, y, tab);
-            return true;
+            return 98;
         case Type::IQ3_S:
-            group_iq3_s(row + 110 * (g / 8), ib, y, tab);
-            return true;
+            return 110;
         case Type::IQ1_S:
-            group_iq1_s(row + 50 * (g / 8), ib, y, tab);
-            return true;
+            return 50;
         case Type::IQ1_M:
-            group_iq1_m(row + 56 * (g / 8), ib, y, tab);
-            return true;
+            return 56;
         case Type::IQ4_XS:
-            group_iq4_xs(row + 136 * (g / 8), ib, y, tab);
-            return true;
+            return 136;
         default:
-            return false;
+            return 0;
     }
 }
 
 // Whether decode_group knows t.
 GLM5_HD bool has_groups(Type t) {
+    return group_block_bytes(t) != 0;
+}
+
+// Values 32g .. 32g+31 of a row of `t` starting at `row`. Returns false for a type
+// that is not a weight format here (the caller refuses such weights at registration).
+GLM5_HD bool decode_group(Type t, const uint8_t* row, int64_t g, const Tables& tab, float* y) {
+    // The block holding group g, and g's place in it (K- and i-quant blocks hold 8).
+    const int64_t per_block = group_block_values(t) <= 32 ? 1 : 8;
+    const uint8_t* b = row + group_block_bytes(t) * (g / per_block);
+    const int ib = int(g % per_block);
     switch (t) {
         case Type::F32:
+            for (int j = 0; j < 32; ++j) y[j] = bits_f32(u32(b + 4 * j));
+            return true;
         case Type::F16:
+            for (int j = 0; j < 32; ++j) y[j] = f16(u16(b + 2 * j));
+            return true;
         case Type::BF16:
+            for (int j = 0; j < 32; ++j) y[j] = bf16(u16(b + 2 * j));
+            return true;
         case Type::Q4_0:
+            group_q4_0(b, y);
+            return true;
         case Type::Q4_1:
+            group_q4_1(b, y);
+            return true;
         case Type::Q5_0:
+            group_q5_0(b, y);
+            return true;
         case Type::Q5_1:
+            group_q5_1(b, y);
+            return true;
         case Type::Q8_0:
+            group_q8_0(b, y);
+            return true;
         case Type::IQ4_NL:
+            group_iq4_nl(b, y, tab);
+            return true;
         case Type::Q2_K:
+            group_q2_K(b, ib, y);
+            return true;
         case Type::Q3_K:
+            group_q3_K(b, ib, y);
+            return true;
         case Type::Q4_K:
+            group_q4_K(b, ib, y);
+            return true;
         case Type::Q5_K:
+            group_q5_K(b, ib, y);
+            return true;
         case Type::Q6_K:
+            group_q6_K(b, ib, y);
+            return true;
         case Type::IQ2_XXS:
+            group_iq2_xxs(b, ib, y, tab);
+            return true;
         case Type::IQ2_XS:
+            group_iq2_xs(b, ib, y, tab);
+            return true;
         case Type::IQ2_S:
+            group_iq2_s(b, ib, y, tab);
+            return true;
         case Type::IQ3_XXS:
+            group_iq3_xxs(b, ib, y, tab);
+            return true;
         case Type::IQ3_S:
+            group_iq3_s(b, ib, y, tab);
+            return true;
         case Type::IQ1_S:
+            group_iq1_s(b, ib, y, tab);
+            return true;
         case Type::IQ1_M:
+            group_iq1_m(b, ib, y, tab);
+            return true;
         case Type::IQ4_XS:
+            group_iq4_xs(b, ib, y, tab);
             return true;
         default:
             return false;

@@ -162,6 +162,18 @@ __global__ void mla_kernel(const AttentionRow* rows, const float* q, int64_t n_h
 
 constexpr int kPick = 10;
 
+// (x, xi) into a list of the kPick best, kept in order (value descending, the lower id
+// first among equal values); what falls off the end is dropped.
+__device__ void insert_best(float* v, int32_t* id, float x, int32_t xi) {
+    for (int k = 0; k < kPick; ++k)
+        if (x > v[k] || (x == v[k] && xi < id[k])) {
+            const float tv = v[k];
+            const int32_t ti = id[k];
+            v[k] = x, id[k] = xi;
+            x = tv, xi = ti;
+        }
+}
+
 // One block per row of logits: each thread's ten best (value descending, lower id first
 // among equal values), then thread 0 merges them.
 __global__ void draft_pick_kernel(const float* logits, int64_t n_vocab, int32_t* best,
@@ -172,20 +184,8 @@ __global__ void draft_pick_kernel(const float* logits, int64_t n_vocab, int32_t*
     float v[kPick];
     int32_t id[kPick];
     for (int k = 0; k < kPick; ++k) v[k] = -INFINITY, id[k] = INT32_MAX;
-    auto better = [](float a, int32_t ia, float b, int32_t ib) {
-        return a > b || (a == b && ia < ib);
-    };
-    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) {
-        float x = l[i];
-        int32_t xi = int32_t(i);
-        for (int k = 0; k < kPick; ++k)
-            if (better(x, xi, v[k], id[k])) {
-                const float tv = v[k];
-                const int32_t ti = id[k];
-                v[k] = x, id[k] = xi;
-                x = tv, xi = ti;
-            }
-    }
+    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x)
+        insert_best(v, id, l[i], int32_t(i));
     for (int k = 0; k < kPick; ++k) {
         val[threadIdx.x * kPick + k] = v[k];
         idx[threadIdx.x * kPick + k] = id[k];
@@ -195,17 +195,7 @@ __global__ void draft_pick_kernel(const float* logits, int64_t n_vocab, int32_t*
     float top[kPick];
     int32_t top_id[kPick];
     for (int k = 0; k < kPick; ++k) top[k] = -INFINITY, top_id[k] = INT32_MAX;
-    for (int i = 0; i < int(blockDim.x) * kPick; ++i) {
-        float x = val[i];
-        int32_t xi = idx[i];
-        for (int k = 0; k < kPick; ++k)
-            if (better(x, xi, top[k], top_id[k])) {
-                const float tv = top[k];
-                const int32_t ti = top_id[k];
-                top[k] = x, top_id[k] = xi;
-                x = tv, xi = ti;
-            }
-    }
+    for (int i = 0; i < int(blockDim.x) * kPick; ++i) insert_best(top, top_id, val[i], idx[i]);
     double z = 0.0;
     const int n = n_vocab < kPick ? int(n_vocab) : kPick;
     for (int k = 0; k < n; ++k) z += exp(double(top[k]) - double(top[0]));

@@ -184,12 +184,6 @@ std::string CudaBackend::name() const {
     return "cuda:" + std::to_string(dev_.info().ordinal) + " (" + dev_.info().name + ")";
 }
 
-void CudaBackend::foreign(uint32_t owner) const {
-    throw Error("a handle of backend #" + std::to_string(owner) + " was passed to backend #" +
-                std::to_string(id()) + " (" + name() +
-                "): memory crosses between backends only by an explicit copy (copy_from)");
-}
-
 void CudaBackend::refuse(const char* op) const {
     throw Error(std::string("the CUDA backend does not run ") + op +
                 " yet (the vision tower's ops run on the CPU)");

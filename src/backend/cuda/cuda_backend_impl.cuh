@@ -125,11 +125,7 @@ class CudaBackend final : public Backend {
         if (p.owner() != id()) foreign(p.owner());
         return reinterpret_cast<T*>(p.handle());
     }
-    template <class T>
-    DevPtr<T> owned(T* p) const {
-        return DevPtr<T>::from_handle(
-            reinterpret_cast<DeviceMemory*>(const_cast<std::remove_const_t<T>*>(p)), id());
-    }
+    using Backend::owned;
     cudaStream_t stream() const { return static_cast<cudaStream_t>(dev_.stream()); }
     Device& device() { return dev_; }
     // The device view of a weight: a registered one as it is; a view of the host's
@@ -158,8 +154,6 @@ class CudaBackend final : public Backend {
     uint64_t matmul_calls_ = 0;
 
   private:
-    [[noreturn]] void foreign(uint32_t owner) const;
-
     Device dev_;
     struct Block {
         uint8_t* p = nullptr;

@@ -316,6 +316,7 @@ void CudaBackend::causal_conv(std::span<const ConvSeq> seqs, int64_t channels, c
     }
     op("causal_conv", rows);
     if (d.empty() || channels <= 0) return;
+    if (d.size() > 65535) throw Error("causal_conv: more than 65535 sequences in one step");
     const dim3 grid(grid_for(channels), unsigned(d.size()));
     conv_kernel<<<grid, kThreads, 0, stream()>>>(stage(d), channels, vec(taps, channels * kernel),
                                                  kernel, x_stride, y_stride, silu);
@@ -343,6 +344,8 @@ void CudaBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n
     }
     op("gated_delta_rule", rows);
     if (d.empty()) return;
+    if (3 * dim * sizeof(float) > 48 * 1024)
+        throw Error("gated_delta_rule: heads of " + std::to_string(dim) + " values");
     cache_bytes_ += uint64_t(d.size()) * uint64_t(n_heads * dim * dim) * sizeof(float);
     const int threads = int(std::min<int64_t>(kThreads, (dim + 31) / 32 * 32));
     delta_rule_kernel<<<unsigned(int64_t(d.size()) * n_heads), threads,
@@ -395,7 +398,7 @@ void CudaBackend::pool_compress(const CacheRows& cells, int64_t key_width, int64
     const int64_t n_pools = (int64_t(p[n_rows - 1]) + 1) / pool_size - first;
     if (n_pools <= 0) return;
     const size_t shared = size_t(pool_size * gate_width + key_width) * sizeof(float);
-    if (shared > 48 * 1024)
+    if (shared + kThreads * sizeof(double) > 48 * 1024)  // beside the kernel's own sums
         throw Error("pool_compress: pools of " + std::to_string(pool_size) + " x " +
                     std::to_string(gate_width) + " gates do not fit a block's shared memory");
     pool_kernel<<<unsigned(n_pools), kThreads, shared, stream()>>>(
