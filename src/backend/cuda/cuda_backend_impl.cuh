@@ -134,7 +134,9 @@ class CudaBackend final : public Backend {
     Matrix matrix(const Weight& w, const char* op);
     // The device copy of a weight vector of n floats (null stays null).
     const float* vec(const float* host, int64_t n);
-    // The step's positions on the host, rows [0, n): the plan's copy, or read back.
+    // The step's positions on the host, rows [0, n): the plan's copy, or read back. The
+    // attention ops size their launches from them, so a step captured as a CUDA graph
+    // would replay stale sizes: capture needs bounds the kernels read on the device.
     const int32_t* host_positions(DevPtr<const int32_t> pos, int64_t n);
     // Scratch of `bytes` on the device, valid until reset_scratch().
     void* scratch_bytes(size_t bytes);
