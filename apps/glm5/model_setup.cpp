@@ -498,9 +498,12 @@ DevicePlacement place_for_device(const Args& a, const gguf::File& f, model::Mode
         throw ResourceError("the device (" + cap_text +
                             ") cannot hold this model's weights outside the routed experts (" +
                             human_bytes(double(device_bytes(first_n) - context)) + ") and " +
-                            out.what +
-                            ", even with every routed expert in system RAM: give it more memory "
-                            "(--device-mem) or a smaller --ctx-size");
+                            out.what + ", even with every routed expert in system RAM: " +
+                            (a.is_set("device-mem")
+                                 ? std::string("give it more memory (--device-mem) or a smaller "
+                                               "--ctx-size")
+                                 : std::string("a smaller --ctx-size or --parallel, a smaller "
+                                               "quantization, or --device none (the CPU)")));
     if (how.empty()) {
         host = model::first_expert_blocks(f, smallest);
         how = "--n-cpu-moe " + std::to_string(smallest) + ", the smallest that fits";
