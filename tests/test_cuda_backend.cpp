@@ -194,12 +194,15 @@ TEST(CudaOps, MixtureOfExpertsAgreesWithTheCpu) {
     };
     std::vector<uint8_t> b1, b2, b3, b4, b5, b6, b7;
     const backend::Weight router = quantized(quant::Type::F32, E, X, 1, 10, b1);
-    const backend::Weight gate = quantized(quant::Type::Q4_K, E, F, X, 11, b2);
-    const backend::Weight up = quantized(quant::Type::Q4_K, E, F, X, 12, b3);
-    const backend::Weight down = quantized(quant::Type::Q6_K, F, E, X, 13, b4);
-    const backend::Weight sg = quantized(quant::Type::Q8_0, E, F, 1, 14, b5);
-    const backend::Weight su = quantized(quant::Type::Q8_0, E, F, 1, 15, b6);
-    const backend::Weight sd = quantized(quant::Type::Q8_0, F, E, 1, 16, b7);
+    // F16 experts: the CPU rounds their activations to F16 only (quantized formats'
+    // 8-bit rounding would swamp a routing or combine mistake; the products' own tests
+    // cover every format).
+    const backend::Weight gate = quantized(quant::Type::F16, E, F, X, 11, b2);
+    const backend::Weight up = quantized(quant::Type::F16, E, F, X, 12, b3);
+    const backend::Weight down = quantized(quant::Type::F16, F, E, X, 13, b4);
+    const backend::Weight sg = quantized(quant::Type::F16, E, F, 1, 14, b5);
+    const backend::Weight su = quantized(quant::Type::F16, E, F, 1, 15, b6);
+    const backend::Weight sd = quantized(quant::Type::F16, F, E, 1, 16, b7);
     const std::vector<float> bias = randn(size_t(X), 17, 0.01f);
     const std::vector<float> x = randn(size_t(T * E), 18);
     std::vector<int32_t> ids_cpu, ids_gpu;
@@ -226,7 +229,7 @@ TEST(CudaOps, MixtureOfExpertsAgreesWithTheCpu) {
     auto c = cpu();
     const std::vector<float> og = run(*g, ids_gpu), oc = run(*c, ids_cpu);
     EXPECT_EQ(ids_gpu, ids_cpu);
-    EXPECT_LT(rel_err(og, oc), 0.02);  // the CPU rounds activations to 8 bits
+    EXPECT_LT(rel_err(og, oc), 5e-3);  // F16 activations on the CPU
 }
 
 TEST(CudaOps, DraftPickIsTheCpus) {

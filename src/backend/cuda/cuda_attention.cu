@@ -115,6 +115,7 @@ __global__ void mla_kernel(const AttentionRow* rows, const float* q, int64_t n_h
     __shared__ float red[kThreads];
     const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
     const AttentionRow a = rows[t];
+    if (a.n == 0) return;  // a row of no segment: left alone, as on the CPU (whole block)
     const float* qh = q + (t * n_heads + h) * width;
     for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
         qs[i] = f16 ? f16_round(qh[i]) : qh[i];
@@ -235,14 +236,23 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
     }
     if (rows.empty()) return;
     const IndexerRow* d_rows = stage(rows);
-    auto* scores = static_cast<float*>(scratch_bytes(rows.size() * size_t(most) * sizeof(float)));
-    const dim3 grid(unsigned(rows.size()), grid_for(most, 128));
-    indexer_scores_kernel<<<grid, 128, 0, stream()>>>(d_rows, dev(q), dev(w), n_heads, dim,
-                                                      row_bytes, f16, scores, most);
-    launched("the indexer's scores");
-    top_k_kernel<<<unsigned(rows.size()), kThreads, 0, stream()>>>(d_rows, scores, most, top_k,
-                                                                   dev(out));
-    launched("the indexer's top k");
+    // The scores of at most kScoreBytes at a time: query rows in chunks.
+    constexpr size_t kScoreBytes = size_t(256) << 20;
+    const int64_t n = int64_t(rows.size());
+    const int64_t chunk =
+        std::max<int64_t>(1, int64_t(kScoreBytes / (size_t(most) * sizeof(float))));
+    auto* scores =
+        static_cast<float*>(scratch_bytes(size_t(std::min(chunk, n) * most) * sizeof(float)));
+    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+        const int64_t m = std::min(chunk, n - r0);
+        const dim3 grid(unsigned(m), grid_for(most, 128));
+        indexer_scores_kernel<<<grid, 128, 0, stream()>>>(d_rows + r0, dev(q), dev(w), n_heads, dim,
+                                                          row_bytes, f16, scores, most);
+        launched("the indexer's scores");
+        top_k_kernel<<<unsigned(m), kThreads, 0, stream()>>>(d_rows + r0, scores, most, top_k,
+                                                             dev(out));
+        launched("the indexer's top k");
+    }
 }
 
 void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos,
