@@ -230,8 +230,9 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     if (gpu && (parts > 1 || tp > 1))
         throw UsageError("--device cuda does not combine with --layer-split or --tp yet");
     if (gpu) require_gpu(*gpu);
+    std::unique_ptr<gguf::File> file;  // opened once, here for -ngl's layer count
     if (a.get("n-gpu-layers") != "0") {
-        const auto file = gguf::File::open(path);
+        file = gguf::File::open(path);
         const std::string arch = file->get_string("general.architecture");
         if (apply_gpu_layers(a.get("n-gpu-layers"),
                              int64_t(file->get_uint(arch + ".block_count"))) &&
@@ -258,7 +259,7 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     if (parts > 1 || tp > 1 || (dist_launch() && launched_ranks() > 1)) {
         m = open_split_model(a, path, lo, bo, parts, tp);
     } else {
-        m.file = gguf::File::open(path);
+        m.file = file ? std::move(file) : gguf::File::open(path);
         if (gpu) check_gpu_architecture(m.file->get_string("general.architecture"));
         load_weight_pages(*m.file, {});
         std::optional<DevicePlacement> placed;

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/hd.h"
 #include "quant/types.h"
 
 namespace glm5::backend {
@@ -408,8 +409,9 @@ class Backend {
         int64_t keep = 0;
         int64_t pool = 1;
         // The rule every op of a step applies to a row that sees n_vis cells: whether
-        // it has more candidates than are kept, and then how many cells it sees.
-        static bool selects(int64_t n_vis, int64_t pool, int64_t keep) {
+        // it has more candidates than are kept, and then how many cells it sees (on a
+        // device's kernels too: host-and-device code).
+        static GLM5_HD bool selects(int64_t n_vis, int64_t pool, int64_t keep) {
             return n_vis / pool > keep;
         }
         bool selects(int64_t n_vis) const { return rows && selects(n_vis, pool, keep); }

@@ -19,11 +19,6 @@ namespace glm5::backend::cuda {
 
 namespace {
 
-__device__ float load_value(const uint8_t* row, int64_t i, bool f16) {
-    return f16 ? __half2float(reinterpret_cast<const __half*>(row)[i])
-               : reinterpret_cast<const float*>(row)[i];
-}
-
 __device__ float f16_round(float v) {
     return __half2float(__float2half_rn(v));
 }
@@ -143,13 +138,7 @@ __global__ void mla_kernel(const AttentionRow* rows, const float* q, int64_t n_h
         sc[j] = e;
         sum += double(e);
     }
-    sh[threadIdx.x] = sum;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
-        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    const float inv = float(1.0 / sh[0]);
+    const float inv = float(1.0 / block_sum(sum, sh));
     for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x)
         sc[j] = f16 ? f16_round(__fmul_rn(sc[j], inv)) : __fmul_rn(sc[j], inv);
     __syncthreads();
@@ -159,6 +148,13 @@ __global__ void mla_kernel(const AttentionRow* rows, const float* q, int64_t n_h
         for (int64_t j = 0; j < a.n; ++j) acc += __fmul_rn(sc[j], load_value(row_of(j), c, f16));
         o[c] = acc;
     }
+}
+
+// The scores an op keeps at once: its rows go in chunks of what fits (a dense prompt
+// deep in a context would otherwise ask for rows x heads x depth floats).
+constexpr size_t kScoreBytes = size_t(256) << 20;
+int64_t rows_per_chunk(int64_t floats_per_row) {
+    return std::max<int64_t>(1, int64_t(kScoreBytes / (size_t(floats_per_row) * sizeof(float))));
 }
 
 constexpr int kPick = 10;
@@ -236,11 +232,7 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
     }
     if (rows.empty()) return;
     const IndexerRow* d_rows = stage(rows);
-    // The scores of at most kScoreBytes at a time: query rows in chunks.
-    constexpr size_t kScoreBytes = size_t(256) << 20;
-    const int64_t n = int64_t(rows.size());
-    const int64_t chunk =
-        std::max<int64_t>(1, int64_t(kScoreBytes / (size_t(most) * sizeof(float))));
+    const int64_t n = int64_t(rows.size()), chunk = rows_per_chunk(most);
     auto* scores =
         static_cast<float*>(scratch_bytes(size_t(std::min(chunk, n) * most) * sizeof(float)));
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
@@ -289,12 +281,7 @@ void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos
         }
     }
     const AttentionRow* d_rows = stage(rows);
-    // The scores of at most kScoreBytes at a time: queries in chunks (a dense prompt
-    // deep in a context would otherwise ask for rows x heads x depth floats).
-    constexpr size_t kScoreBytes = size_t(256) << 20;
-    const int64_t per_query = n_heads * most;
-    const int64_t chunk =
-        std::max<int64_t>(1, int64_t(kScoreBytes / (size_t(per_query) * sizeof(float))));
+    const int64_t per_query = n_heads * most, chunk = rows_per_chunk(per_query);
     auto* scores =
         static_cast<float*>(scratch_bytes(size_t(std::min(chunk, T) * per_query) * sizeof(float)));
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {

@@ -14,20 +14,6 @@ namespace glm5::backend::cuda {
 
 namespace {
 
-// A block's sum of one double per thread, in a fixed tree (blockDim.x a power of two,
-// at most kThreads).
-__device__ double block_sum(double v, double* sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
-        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    const double r = sh[0];
-    __syncthreads();
-    return r;
-}
-
 __global__ void embed_kernel(quant::Type type, const uint8_t* table, size_t row_bytes, int64_t cols,
                              const int32_t* ids, int64_t n, float* out, quant::groups::Tables tab) {
     const int64_t per_row = cols / quant::groups::kGroup;
@@ -140,7 +126,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t n_rows, in
         gi = fminf(gi, clamp);
         ui = fminf(fmaxf(ui, -clamp), clamp);
     }
-    out[r * n + c] = __fmul_rn(gi / (1.0f + expf(-gi)), ui);
+    out[r * n + c] = __fmul_rn(silu_of(gi), ui);
 }
 
 __global__ void cache_store_kernel(uint8_t* cache, size_t row_bytes, int64_t width, bool f16,
@@ -148,12 +134,7 @@ __global__ void cache_store_kernel(uint8_t* cache, size_t row_bytes, int64_t wid
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_tok * width) return;
     const int64_t t = i / width, c = i % width;
-    uint8_t* row = cache + size_t(pos[t]) * row_bytes;
-    const float v = x[t * xs + c];
-    if (f16)
-        reinterpret_cast<__half*>(row)[c] = __float2half_rn(v);
-    else
-        reinterpret_cast<float*>(row)[c] = v;
+    store_value(cache + size_t(pos[t]) * row_bytes, c, x[t * xs + c], f16);
 }
 
 }  // namespace
@@ -230,8 +211,7 @@ DevPtr<uint8_t> CudaBackend::alloc_cache(size_t bytes) {
 void CudaBackend::free_cache(DevPtr<uint8_t> p) {
     // Called from states' destructors: a device that has failed says so elsewhere, and
     // nothing is thrown from here.
-    dev_.bind();
-    cudaStreamSynchronize(stream());  // queued ops may still read it
+    cudaStreamSynchronize(stream());  // queued ops may still read it (stream() binds)
     cudaFree(dev(p));
 }
 

@@ -3,6 +3,8 @@
 // GLM-5.3-Flash's own ops in cuda_glm5next.cu).
 #pragma once
 
+#include <cuda_fp16.h>
+
 #include <functional>
 #include <map>
 #include <span>
@@ -20,6 +22,42 @@ namespace glm5::backend::cuda {
 constexpr int kThreads = 256;
 inline unsigned grid_for(int64_t n, int threads = kThreads) {
     return unsigned((n + threads - 1) / threads);
+}
+
+// ---- what the kernels share --------------------------------------------------------
+
+// A block's sum of one double per thread, in a fixed tree (blockDim.x a power of two,
+// at most kThreads; `sh` kThreads doubles of shared memory): every thread gets it.
+__device__ inline double block_sum(double v, double* sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    const double r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+// Value i of a cache row held as F16 or F32.
+__device__ inline float load_value(const uint8_t* row, int64_t i, bool f16) {
+    return f16 ? __half2float(reinterpret_cast<const __half*>(row)[i])
+               : reinterpret_cast<const float*>(row)[i];
+}
+__device__ inline void store_value(uint8_t* row, int64_t i, float v, bool f16) {
+    if (f16)
+        reinterpret_cast<__half*>(row)[i] = __float2half_rn(v);
+    else
+        reinterpret_cast<float*>(row)[i] = v;
+}
+
+// The CPU's forms (backend/cpu_kernels.h): 1 / (1 + exp(-x)) and x / (1 + exp(-x)).
+__device__ inline float sigmoid_of(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+__device__ inline float silu_of(float x) {
+    return x / (1.0f + expf(-x));
 }
 
 class CudaBackend final : public Backend {

@@ -13,23 +13,13 @@ namespace glm5::backend::cuda {
 
 namespace {
 
-__device__ float sigmoid_of(float x) {
-    return 1.0f / (1.0f + expf(-x));
-}
-
 __global__ void l2_norm_kernel(const float* x, int64_t dim, float eps, float* y) {
     __shared__ double sh[kThreads];
     const float* xr = x + int64_t(blockIdx.x) * dim;
     float* yr = y + int64_t(blockIdx.x) * dim;
     double acc = 0.0;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) acc += double(xr[i]) * double(xr[i]);
-    sh[threadIdx.x] = acc;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
-        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    const float norm = fmaxf(float(sqrt(sh[0])), eps);
+    const float norm = fmaxf(float(sqrt(block_sum(acc, sh))), eps);
     const float inv = 1.0f / norm;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = __fmul_rn(xr[i], inv);
 }
@@ -63,7 +53,7 @@ __global__ void conv_kernel(const ConvDesc* seqs, int64_t C, const float* taps, 
     for (int64_t t = 0; t < n; ++t) {
         float acc = 0.0f;
         for (int64_t j = 0; j < K; ++j) acc += __fmul_rn(w[j], in(t - n_tail + j));
-        s.y[t * ys + c] = use_silu ? acc / (1.0f + expf(-acc)) : acc;
+        s.y[t * ys + c] = use_silu ? silu_of(acc) : acc;
     }
     for (int64_t i = 0; i < n_tail && n > 0; ++i) s.tail[i * C + c] = in(n - n_tail + i);
 }
@@ -207,13 +197,6 @@ __global__ void hc_expand_kernel(const float* X, const float* f, const float* po
     out[i] = __fmul_rn(post[t * S + d], f[t * E + c]) + acc;
 }
 
-__device__ float cell_value(const uint8_t* cells, size_t row_bytes, bool f16, int64_t r,
-                            int64_t i) {
-    const uint8_t* row = cells + size_t(r) * row_bytes;
-    return f16 ? __half2float(reinterpret_cast<const __half*>(row)[i])
-               : reinterpret_cast<const float*>(row)[i];
-}
-
 // Block per completed pool j: the slots' softmax per gate channel, the weighted key, its
 // RMSNorm, stored as row j of the pool cache.
 __global__ void pool_kernel(const uint8_t* cells, size_t cell_bytes, bool cells_f16, int64_t Dk,
@@ -224,11 +207,13 @@ __global__ void pool_kernel(const uint8_t* cells, size_t cell_bytes, bool cells_
     float* a = sm;
     float* pooled = sm + B * Gw;
     const int64_t j = first + blockIdx.x;
+    auto cell = [&](int64_t s, int64_t i) {  // value i of slot s of pool j
+        return load_value(cells + size_t(j * B + s) * cell_bytes, i, cells_f16);
+    };
     for (int64_t i = threadIdx.x; i < Gw; i += blockDim.x) {
         float mx = -INFINITY;
         for (int64_t s = 0; s < B; ++s) {
-            const float z =
-                cell_value(cells, cell_bytes, cells_f16, j * B + s, Dk + i) + ape[s * Gw + i];
+            const float z = cell(s, Dk + i) + ape[s * Gw + i];
             a[s * Gw + i] = z;
             mx = fmaxf(mx, z);
         }
@@ -245,28 +230,17 @@ __global__ void pool_kernel(const uint8_t* cells, size_t cell_bytes, bool cells_
     for (int64_t i = threadIdx.x; i < Dk; i += blockDim.x) {
         const int64_t gi = Gw == 1 ? 0 : i;
         float acc = 0.0f;
-        for (int64_t s = 0; s < B; ++s)
-            acc +=
-                __fmul_rn(a[s * Gw + gi], cell_value(cells, cell_bytes, cells_f16, j * B + s, i));
+        for (int64_t s = 0; s < B; ++s) acc += __fmul_rn(a[s * Gw + gi], cell(s, i));
         pooled[i] = acc;
         sq += double(__fmul_rn(acc, acc));
     }
-    red[threadIdx.x] = sq;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
-        if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
-        __syncthreads();
-    }
-    const float mean = float(red[0] / double(Dk));
+    const float mean = float(block_sum(sq, red) / double(Dk));
     const float scale = 1.0f / sqrtf(mean + eps);
     uint8_t* row = pools + size_t(j) * pool_bytes;
     for (int64_t i = threadIdx.x; i < Dk; i += blockDim.x) {
         float v = __fmul_rn(pooled[i], scale);
         if (norm_w) v = __fmul_rn(v, norm_w[i]);
-        if (pools_f16)
-            reinterpret_cast<__half*>(row)[i] = __float2half_rn(v);
-        else
-            reinterpret_cast<float*>(row)[i] = v;
+        store_value(row, i, v, pools_f16);
     }
 }
 
@@ -275,7 +249,7 @@ __global__ void pool_cells_kernel(const int32_t* picked, const int32_t* pos, int
     const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (t >= n_rows) return;
     const int64_t n_vis = int64_t(pos[t]) + 1;
-    if (!(n_vis / B > n_sel)) return;  // Selection::selects
+    if (!Backend::Selection::selects(n_vis, B, n_sel)) return;
     const int32_t* p = picked + t * n_sel;
     int32_t* r = rows + t * stride;
     int64_t n = 0;

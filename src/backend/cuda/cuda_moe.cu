@@ -21,7 +21,7 @@ __global__ void route_kernel(const float* logits, int64_t n_tok, int64_t n_exper
     const float* l = logits + t * n_expert;
     int32_t* id = ids + t * n_used;
     float* wt = weights + t * n_used;
-    auto prob = [&](int64_t e) { return 1.0f / (1.0f + expf(-l[e])); };
+    auto prob = [&](int64_t e) { return sigmoid_of(l[e]); };
     // A NaN logit ranks last (the CPU's sort would place it anywhere; here it must not
     // leave a pick empty).
     auto sel = [&](int64_t e) {
