@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_device.h"
 #include "core/error.h"
 #include "quant/quant.h"
+#include "quant_test_util.h"
 #include "util_model.h"
 
 namespace glm5 {
@@ -37,14 +38,6 @@ std::unique_ptr<Backend> cpu() {
     backend::BackendOptions bo;
     bo.n_threads = 2;
     return backend::make_cpu_backend(bo);
-}
-
-std::vector<float> randn(size_t n, uint32_t seed, float sigma = 1.f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d(0.f, sigma);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
 }
 
 template <class T>
@@ -83,7 +76,8 @@ double both(F run) {
 
 TEST(CudaOps, NormsRopeHadamardAndSwigluAgreeWithTheCpu) {
     const int64_t rows = 5, dim = 256;
-    const std::vector<float> x = randn(size_t(rows * dim), 1), w = randn(size_t(dim), 2);
+    const std::vector<float> x = test::normal_floats(size_t(rows * dim), 1),
+                             w = test::normal_floats(size_t(dim), 2);
     EXPECT_LT(both([&](Backend& be) {
                   auto dx = put(be, x), dy = be.scratch(x.size());
                   be.rms_norm(dx, dim, w.data(), rows, dim, 1e-6f, dy, dim);
@@ -121,8 +115,8 @@ TEST(CudaOps, NormsRopeHadamardAndSwigluAgreeWithTheCpu) {
 // selection of 64 of their cells.
 TEST(CudaOps, MlaAttentionDenseAndSelectedAgreesWithTheCpu) {
     const int64_t width = 576, v_width = 512, heads = 16, n = 300;
-    const std::vector<float> cells = randn(size_t(n * width), 3);
-    const std::vector<float> q = randn(size_t(4 * heads * width), 4, 0.05f);
+    const std::vector<float> cells = test::normal_floats(size_t(n * width), 3);
+    const std::vector<float> q = test::normal_floats(size_t(4 * heads * width), 4, 0.05f);
     const std::vector<int32_t> cell_pos = [&] {
         std::vector<int32_t> p(static_cast<size_t>(n));
         for (int64_t i = 0; i < n; ++i) p[size_t(i)] = int32_t(i);
@@ -151,9 +145,9 @@ TEST(CudaOps, MlaAttentionDenseAndSelectedAgreesWithTheCpu) {
 
 TEST(CudaOps, IndexerSelectsTheCpusRows) {
     const int64_t dim = 128, heads = 8, n = 500, top_k = 64;
-    const std::vector<float> keys = randn(size_t(n * dim), 5);
-    const std::vector<float> q = randn(size_t(3 * heads * dim), 6);
-    const std::vector<float> w = randn(size_t(3 * heads), 7);
+    const std::vector<float> keys = test::normal_floats(size_t(n * dim), 5);
+    const std::vector<float> q = test::normal_floats(size_t(3 * heads * dim), 6);
+    const std::vector<float> w = test::normal_floats(size_t(3 * heads), 7);
     std::vector<int32_t> cell_pos(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) cell_pos[size_t(i)] = int32_t(i);
     const std::vector<int32_t> pos = {100, 300, 499};
@@ -179,7 +173,7 @@ TEST(CudaOps, MixtureOfExpertsAgreesWithTheCpu) {
     const int K = 4;
     auto quantized = [](quant::Type t, int64_t cols, int64_t rows, int64_t slices, uint32_t seed,
                         std::vector<uint8_t>& keep) {
-        const std::vector<float> v = randn(size_t(cols * rows * slices), seed, 0.1f);
+        const std::vector<float> v = test::normal_floats(size_t(cols * rows * slices), seed, 0.1f);
         keep.resize(quant::row_size(t, cols) * size_t(rows * slices));
         quant::quantize_rows(t, v.data(), keep.data(), rows * slices, cols, nullptr);
         backend::Weight w;
@@ -203,8 +197,8 @@ TEST(CudaOps, MixtureOfExpertsAgreesWithTheCpu) {
     const backend::Weight sg = quantized(quant::Type::F16, E, F, 1, 14, b5);
     const backend::Weight su = quantized(quant::Type::F16, E, F, 1, 15, b6);
     const backend::Weight sd = quantized(quant::Type::F16, F, E, 1, 16, b7);
-    const std::vector<float> bias = randn(size_t(X), 17, 0.01f);
-    const std::vector<float> x = randn(size_t(T * E), 18);
+    const std::vector<float> bias = test::normal_floats(size_t(X), 17, 0.01f);
+    const std::vector<float> x = test::normal_floats(size_t(T * E), 18);
     std::vector<int32_t> ids_cpu, ids_gpu;
     auto run = [&](Backend& be, std::vector<int32_t>& ids_out) {
         backend::MoeWeights m;
@@ -234,7 +228,7 @@ TEST(CudaOps, MixtureOfExpertsAgreesWithTheCpu) {
 
 TEST(CudaOps, DraftPickIsTheCpus) {
     const int64_t V = 5000, rows = 3;
-    std::vector<float> l = randn(size_t(V * rows), 19, 3.f);
+    std::vector<float> l = test::normal_floats(size_t(V * rows), 19, 3.f);
     l[size_t(V + 17)] = l[size_t(V + 4000)] = 100.f;  // a tie: the lower id wins
     auto run = [&](Backend& be, std::vector<double>& p) {
         auto best = be.scratch_ids(size_t(rows));
@@ -254,12 +248,13 @@ TEST(CudaOps, DraftPickIsTheCpus) {
 
 TEST(CudaOps, LinearAttentionOpsAgreeWithTheCpu) {
     const int64_t H = 2, D = 32, C = H * D, K = 4;
-    const std::vector<float> x = randn(size_t(6 * C), 20), taps = randn(size_t(C * K), 21, 0.3f);
-    const std::vector<float> tail = randn(size_t((K - 1) * C), 22);
+    const std::vector<float> x = test::normal_floats(size_t(6 * C), 20),
+                             taps = test::normal_floats(size_t(C * K), 21, 0.3f);
+    const std::vector<float> tail = test::normal_floats(size_t((K - 1) * C), 22);
     // Two sequences, 5 tokens and 1, their tails updated in place.
     EXPECT_LT(both([&](Backend& be) {
                   auto dx = put(be, x), dy = be.scratch(x.size()), dy2 = be.scratch(x.size());
-                  auto t1 = put(be, tail), t2 = put(be, randn(tail.size(), 23));
+                  auto t1 = put(be, tail), t2 = put(be, test::normal_floats(tail.size(), 23));
                   // The first sequence again, its tail double-buffered (the model's form).
                   auto t1_in = put(be, tail), t1_out = be.scratch(tail.size());
                   const Backend::ConvSeq seqs[2] = {{dx, t1, dy, 5, nullptr},
@@ -276,8 +271,9 @@ TEST(CudaOps, LinearAttentionOpsAgreeWithTheCpu) {
                   return out;
               }),
               1e-5);
-    const std::vector<float> z = randn(size_t(3 * C), 24), bias = randn(size_t(C), 25),
-                             rate = randn(size_t(H), 26);
+    const std::vector<float> z = test::normal_floats(size_t(3 * C), 24),
+                             bias = test::normal_floats(size_t(C), 25),
+                             rate = test::normal_floats(size_t(H), 26);
     EXPECT_LT(both([&](Backend& be) {
                   auto g = be.scratch(z.size());
                   be.bounded_decay(put(be, z), bias.data(), rate.data(), 3, H, D, -5.f, g);
@@ -295,7 +291,8 @@ TEST(CudaOps, LinearAttentionOpsAgreeWithTheCpu) {
               1e-5);
     // The gated delta rule over 6 tokens, the state double-buffered.
     const int64_t T = 6;
-    std::vector<float> q = randn(size_t(T * C), 27), k = randn(size_t(T * C), 28);
+    std::vector<float> q = test::normal_floats(size_t(T * C), 27),
+                       k = test::normal_floats(size_t(T * C), 28);
     for (auto* v : {&q, &k})
         for (int64_t r = 0; r < T * H; ++r) {
             double n = 0;
@@ -303,7 +300,8 @@ TEST(CudaOps, LinearAttentionOpsAgreeWithTheCpu) {
                 n += double((*v)[size_t(r * D + i)]) * (*v)[size_t(r * D + i)];
             for (int64_t i = 0; i < D; ++i) (*v)[size_t(r * D + i)] /= float(std::sqrt(n));
         }
-    const std::vector<float> v = randn(size_t(T * C), 29), st = randn(size_t(H * D * D), 30, 0.1f);
+    const std::vector<float> v = test::normal_floats(size_t(T * C), 29),
+                             st = test::normal_floats(size_t(H * D * D), 30, 0.1f);
     std::vector<float> g(static_cast<size_t>(T * C)), beta(static_cast<size_t>(T * H));
     for (size_t i = 0; i < g.size(); ++i) g[i] = -0.05f * float(i % 7);
     for (size_t i = 0; i < beta.size(); ++i) beta[i] = 0.2f + 0.1f * float(i % 5);
@@ -323,9 +321,10 @@ TEST(CudaOps, LinearAttentionOpsAgreeWithTheCpu) {
 
 TEST(CudaOps, HyperConnectionsAgreeWithTheCpu) {
     const int64_t T = 3, S = 4, E = 64, M = (2 + S) * S;
-    const std::vector<float> mix = randn(size_t(T * M), 31), base = randn(size_t(M), 32),
-                             scale = {0.5f, 0.7f, 1.3f}, X = randn(size_t(T * S * E), 33),
-                             f = randn(size_t(T * E), 34);
+    const std::vector<float> mix = test::normal_floats(size_t(T * M), 31),
+                             base = test::normal_floats(size_t(M), 32), scale = {0.5f, 0.7f, 1.3f},
+                             X = test::normal_floats(size_t(T * S * E), 33),
+                             f = test::normal_floats(size_t(T * E), 34);
     EXPECT_LT(both([&](Backend& be) {
                   auto pre = be.scratch(size_t(T * S)), post = be.scratch(size_t(T * S)),
                        comb = be.scratch(size_t(T * S * S));
@@ -356,8 +355,9 @@ TEST(CudaOps, PooledKeysAndTheirCellsAgreeWithTheCpu) {
     const int64_t Dk = 32, B = 4, n = 23;
     for (int64_t Gw : {Dk, int64_t(1)}) {
         const int64_t W = Dk + Gw;
-        const std::vector<float> cells = randn(size_t(n * W), 35), ape = randn(size_t(B * Gw), 36),
-                                 norm = randn(size_t(Dk), 37);
+        const std::vector<float> cells = test::normal_floats(size_t(n * W), 35),
+                                 ape = test::normal_floats(size_t(B * Gw), 36),
+                                 norm = test::normal_floats(size_t(Dk), 37);
         std::vector<int32_t> pos(static_cast<size_t>(n));
         for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = int32_t(i);
         EXPECT_LT(both([&](Backend& be) {
