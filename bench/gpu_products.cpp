@@ -1,9 +1,9 @@
 // The GPU's matrix products against the hardware limit (run by scripts/device-check.sh
 // on a GPU machine): the vector form's weight bytes per second over a device-to-device
-// copy's bytes per second (read plus written), and the tiled form's multiply-adds per
-// second. Weights are random bytes (every bit pattern decodes; speed does not depend on
-// the values) in four matrices used in turn, together several times the L2, so the
-// vector form reads device memory, not the cache.
+// copy's bytes per second (read plus written), at 1, 8, 32 and 512 tokens. Weights are
+// random bytes (every bit pattern decodes; speed does not depend on the values) in four
+// matrices used in turn, together several times the L2, so the products read device
+// memory, not the cache.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -75,21 +75,15 @@ int main(int argc, char** argv) {
             for (auto& v : hx) v = nd(rng);
             dev.upload(x, hx.data(), hx.size() * 4);
             const std::string shape = std::to_string(rows) + " x " + std::to_string(cols);
-            for (int64_t n_tok : {1, 8, 32}) {
+            for (int64_t n_tok : {int64_t(1), int64_t(8), int64_t(32), max_tok}) {
                 const double s = seconds_per(dev, 50, [&](int i) {
-                    dev.matmul_vector(mats[size_t(i % 4)], 0, x, cols, n_tok, y, rows);
+                    dev.matmul(mats[size_t(i % 4)], 0, x, cols, n_tok, y, rows);
                 });
                 const double bw = double(host.size()) / s;
                 std::printf("%-8s %-14s %6lld %-7s %8.1f us %7.0f GB/s %9.2f\n",
                             glm5::quant::name(t), shape.c_str(), (long long)n_tok, "vector",
                             s * 1e6, bw / 1e9, bw / copy_bw);
             }
-            const double s = seconds_per(dev, 10, [&](int i) {
-                dev.matmul_tiled(mats[size_t(i % 4)], 0, x, cols, max_tok, y, rows);
-            });
-            std::printf("%-8s %-14s %6lld %-7s %8.1f us %6.1f TFLOP/s\n", glm5::quant::name(t),
-                        shape.c_str(), (long long)max_tok, "tiled", s * 1e6,
-                        2.0 * double(rows) * double(cols) * double(max_tok) / s / 1e12);
             for (auto& m : mats) dev.free_matrix(m);
             dev.free(x);
             dev.free(y);

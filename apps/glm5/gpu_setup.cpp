@@ -30,8 +30,12 @@ std::string gpu_unusable(int ordinal, std::string* found) {
     const backend::cuda::DeviceInfo& d = all[size_t(ordinal)];
     *found = "GPU " + std::to_string(d.ordinal) + " (" + d.name + ", sm_" +
              std::to_string(d.cc_major) + std::to_string(d.cc_minor) + ", " +
-             human_bytes(double(d.free_bytes)) + " free of " + human_bytes(double(d.total_bytes)) +
-             ")";
+             human_bytes(double(backend::cuda::device_free_bytes(ordinal))) + " free of " +
+             human_bytes(double(d.total_bytes)) + ")";
+    if (backend::cuda::simulated())
+        *found +=
+            ", simulated: this build runs the GPU's kernels on the CPU, for checking, not "
+            "for speed";
     return "";
 #else
     (void)ordinal;
@@ -65,7 +69,7 @@ uint64_t gpu_free_bytes(int ordinal) {
 #ifdef GLM5_HAVE_CUDA
     std::string why;
     const auto all = backend::cuda::list_devices(&why);
-    if (ordinal < int(all.size())) return all[size_t(ordinal)].free_bytes;
+    if (ordinal < int(all.size())) return backend::cuda::device_free_bytes(ordinal);
 #endif
     require_gpu(ordinal);  // throws the reason
     return 0;

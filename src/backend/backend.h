@@ -248,6 +248,15 @@ class Backend {
         (void)name;
         return w;
     }
+    // The weight vectors the ops take as `const float*` (norm weights, biases, taps), and
+    // the plain views an op reads at forward time (the token table), registered once at
+    // load: a device backend copies them into its memory then, so that a step copies no
+    // weights (a vector or view it was not told of is copied for the step that uses it). A
+    // later registration at the same address replaces the copy. The CPU reads them in place.
+    virtual void register_vector(const float* v, int64_t n, const std::string& name) {
+        (void)v, (void)n, (void)name;
+    }
+    virtual void register_view(const Weight& w, const std::string& name) { (void)w, (void)name; }
     // The bytes register_weight(copy = true) allocates for such a matrix (0: it keeps the
     // view): what the loader plans with before it asks.
     virtual size_t weight_copy_bytes(quant::Type t, int64_t cols, int64_t rows,

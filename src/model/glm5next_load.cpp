@@ -226,6 +226,7 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
         }
     }
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);
+    tensors_.register_view(tok_embd_, "token_embd.weight");
     output_norm_ = tensors_.vector("output_norm.weight", E);
     output_ = tensors_.has("output.weight") ? tensors_.matrix("output.weight", {E, V}) : tok_embd_;
 
@@ -274,13 +275,18 @@ const float* Glm5NextModel::load_floats(const std::string& name,
                                         std::initializer_list<int64_t> ne) {
     const backend::Weight w = tensors_.matrix(name, ne, TensorSource::Layout::Plain);
     if (!tensors_.holds(name)) return nullptr;  // another process's layer: never read
-    if (w.type == quant::Type::F32) return reinterpret_cast<const float*>(w.data);
-    std::vector<float>& out = converted_.emplace_back(size_t(w.cols * w.rows * w.slices));
-    for (int64_t s = 0; s < w.slices; ++s)
-        for (int64_t r = 0; r < w.rows; ++r)
-            quant::dequantize_row(w.type, w.row(r, s), out.data() + (s * w.rows + r) * w.cols,
-                                  w.cols);
-    return out.data();
+    const int64_t n = w.cols * w.rows * w.slices;
+    const float* v = reinterpret_cast<const float*>(w.data);
+    if (w.type != quant::Type::F32) {
+        std::vector<float>& out = converted_.emplace_back(size_t(n));
+        for (int64_t s = 0; s < w.slices; ++s)
+            for (int64_t r = 0; r < w.rows; ++r)
+                quant::dequantize_row(w.type, w.row(r, s), out.data() + (s * w.rows + r) * w.cols,
+                                      w.cols);
+        v = out.data();
+    }
+    tensors_.register_vector(v, n, name);
+    return v;
 }
 
 void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {

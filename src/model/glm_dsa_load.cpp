@@ -161,6 +161,7 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
         ff_local_ = es.n;
     }
     tok_embd_ = tensors_.matrix("token_embd.weight", {E, V}, TensorSource::Layout::Plain);
+    tensors_.register_view(tok_embd_, "token_embd.weight");
     output_norm_ = tensors_.vector("output_norm.weight", E);
     output_ = tensors_.has("output.weight") ? tensors_.matrix("output.weight", {E, V}) : tok_embd_;
 
@@ -189,9 +190,11 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
         load_layer(tensors_, il, nextn_->block, false);
         static_cast<NextNMix&>(*nextn_) = load_nextn_mix(tensors_, il, E, output_norm_);
         const std::string p = "blk." + std::to_string(il) + ".nextn.";
-        if (tensors_.has(p + "embed_tokens.weight"))
+        if (tensors_.has(p + "embed_tokens.weight")) {
             nextn_->embed =
                 tensors_.matrix(p + "embed_tokens.weight", {E, V}, TensorSource::Layout::Plain);
+            tensors_.register_view(nextn_->embed, p + "embed_tokens.weight");
+        }
         if (tensors_.has(p + "shared_head_head.weight"))
             nextn_->head = tensors_.matrix(p + "shared_head_head.weight", {E, V});
         info_.nextn_loaded = true;

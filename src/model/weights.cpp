@@ -190,10 +190,24 @@ const float* TensorSource::vector_any_shape(const std::string& name, int64_t n) 
         return nullptr;
     }
     bytes_used_ += t.nbytes;
-    if (t.type == quant::Type::F32) return reinterpret_cast<const float*>(place(t));
-    converted_.emplace_back(size_t(n));
-    quant::dequantize_row(t.type, t.data, converted_.back().data(), n);
-    return converted_.back().data();
+    const float* v;
+    if (t.type == quant::Type::F32) {
+        v = reinterpret_cast<const float*>(place(t));
+    } else {
+        converted_.emplace_back(size_t(n));
+        quant::dequantize_row(t.type, t.data, converted_.back().data(), n);
+        v = converted_.back().data();
+    }
+    if (be_) be_->register_vector(v, n, name);
+    return v;
+}
+
+void TensorSource::register_view(const backend::Weight& w, const std::string& name) {
+    if (be_ && w && holds(name)) be_->register_view(w, name);
+}
+
+void TensorSource::register_vector(const float* v, int64_t n, const std::string& name) {
+    if (be_ && v) be_->register_vector(v, n, name);
 }
 
 const float* TensorSource::vector(const std::string& name, int64_t n) {

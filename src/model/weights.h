@@ -74,7 +74,13 @@ class TensorSource {
     // weight format the engine computes with.
     backend::Weight matrix(const std::string& name, std::initializer_list<int64_t> ne,
                            Layout layout = Layout::Products);
-    // A vector of n values as F32 (converted when stored as F16/BF16).
+    // A plain matrix an op reads at forward time (the token table): registered with the
+    // backend (Backend::register_view), which a device answers with a copy of its own.
+    void register_view(const backend::Weight& w, const std::string& name);
+    // Values the model converted itself (n floats it keeps), registered like vector()'s.
+    void register_vector(const float* v, int64_t n, const std::string& name);
+    // A vector of n values as F32 (converted when stored as F16/BF16), registered with the
+    // backend (Backend::register_vector).
     const float* vector(const std::string& name, int64_t n);
     // As vector(), but any shape with n elements (e.g. {1, H}).
     const float* vector_any_shape(const std::string& name, int64_t n);

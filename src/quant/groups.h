@@ -412,22 +412,35 @@ GLM5_HD bool has_groups(Type t) {
     return group_block_bytes(t) != 0;
 }
 
-// Values 32g .. 32g+31 of a row of `t` starting at `row`. Returns false for a type
+// The values group g of a row of `cols` values holds: 32, but for the last group of a
+// float row whose length is not a multiple of 32 (the block formats' rows are whole groups).
+GLM5_HD int group_values(int64_t cols, int64_t g) {
+    const int64_t left = cols - kGroup * g;
+    return left < kGroup ? int(left) : kGroup;
+}
+// The groups of a row of `cols` values, the last one maybe partial.
+GLM5_HD int64_t row_groups(int64_t cols) {
+    return (cols + kGroup - 1) / kGroup;
+}
+
+// Values 32g .. 32g+n-1 of a row of `t` starting at `row` (n < 32 only for the last group
+// of a float row: values past it are neither read nor written). Returns false for a type
 // that is not a weight format here (the caller refuses such weights at registration).
-GLM5_HD bool decode_group(Type t, const uint8_t* row, int64_t g, const Tables& tab, float* y) {
+GLM5_HD bool decode_group(Type t, const uint8_t* row, int64_t g, const Tables& tab, float* y,
+                          int n = kGroup) {
     // The block holding group g, and g's place in it (K- and i-quant blocks hold 8).
     const int64_t per_block = group_block_values(t) <= 32 ? 1 : 8;
     const uint8_t* b = row + group_block_bytes(t) * (g / per_block);
     const int ib = int(g % per_block);
     switch (t) {
         case Type::F32:
-            for (int j = 0; j < 32; ++j) y[j] = bits_f32(u32(b + 4 * j));
+            for (int j = 0; j < n; ++j) y[j] = bits_f32(u32(b + 4 * j));
             return true;
         case Type::F16:
-            for (int j = 0; j < 32; ++j) y[j] = f16(u16(b + 2 * j));
+            for (int j = 0; j < n; ++j) y[j] = f16(u16(b + 2 * j));
             return true;
         case Type::BF16:
-            for (int j = 0; j < 32; ++j) y[j] = bf16(u16(b + 2 * j));
+            for (int j = 0; j < n; ++j) y[j] = bf16(u16(b + 2 * j));
             return true;
         case Type::Q4_0:
             group_q4_0(b, y);
@@ -491,10 +504,10 @@ GLM5_HD bool decode_group(Type t, const uint8_t* row, int64_t g, const Tables& t
     }
 }
 
-// One group's share of a row product: the 32 values against x[0..32) as a chain of
-// fused multiply-adds in order, from `acc`.
-GLM5_HD float group_dot(const float* w, const float* x, float acc) {
-    for (int j = 0; j < 32; ++j) acc = fma(w[j], x[j], acc);
+// One group's share of a row product: its n values against x[0..n) as a chain of fused
+// multiply-adds in order, from `acc`.
+GLM5_HD float group_dot(const float* w, const float* x, float acc, int n = kGroup) {
+    for (int j = 0; j < n; ++j) acc = fma(w[j], x[j], acc);
     return acc;
 }
 
@@ -503,16 +516,18 @@ GLM5_HD float group_dot(const float* w, const float* x, float acc) {
 // (lane i adds lane i ^ 16's sum, then i ^ 8's, ... i ^ 1's). The shape of the sum
 // depends on the row's length alone, never on how many rows or tokens share a
 // launch; this host form is what the device's results are checked against, bit for
-// bit. False for a type without groups.
+// bit. A float row whose length is not a multiple of 32 ends in a partial group. False for
+// a type without groups.
 GLM5_HD bool row_dot(Type t, const uint8_t* row, int64_t cols, const float* x, const Tables& tab,
                      float* out) {
     float lane[32];
     float w[32];
     for (int l = 0; l < 32; ++l) {
         float acc = 0.f;
-        for (int64_t g = l; g < cols / 32; g += 32) {
-            if (!decode_group(t, row, g, tab, w)) return false;
-            acc = group_dot(w, x + 32 * g, acc);
+        for (int64_t g = l; g < row_groups(cols); g += 32) {
+            const int n = group_values(cols, g);
+            if (!decode_group(t, row, g, tab, w, n)) return false;
+            acc = group_dot(w, x + 32 * g, acc, n);
         }
         lane[l] = acc;
     }

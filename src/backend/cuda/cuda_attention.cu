@@ -53,9 +53,9 @@ __global__ void indexer_scores_kernel(const IndexerRow* rows, const float* q, co
 // One block per query: the top_k rows by score (ties to the lower row), ascending.
 __global__ void top_k_kernel(const IndexerRow* rows, const float* scores, int64_t ld, int64_t top_k,
                              int32_t* out) {
-    __shared__ int hist[256];
-    __shared__ uint32_t prefix_sh;
-    __shared__ int64_t remaining_sh;
+    GLM5_SHARED(int, hist, 256);
+    GLM5_SHARED_VAR(uint32_t, prefix_sh);
+    GLM5_SHARED_VAR(int64_t, remaining_sh);
     const IndexerRow r = rows[blockIdx.x];
     const float* sc = scores + int64_t(blockIdx.x) * ld;
     const int64_t n = r.n_keys;
@@ -105,9 +105,9 @@ struct AttentionRow {
 __global__ void mla_kernel(const AttentionRow* rows, const float* q, int64_t n_heads, int64_t width,
                            int64_t v_width, size_t row_bytes, bool f16, float scale, float* scores,
                            int64_t ld, float* out) {
-    extern __shared__ float qs[];  // the query, rounded to F16 with an F16 cache
-    __shared__ double sh[kThreads];
-    __shared__ float red[kThreads];
+    GLM5_DYNAMIC_SHARED(float, qs);  // the query, rounded to F16 with an F16 cache
+    GLM5_SHARED(double, sh, kThreads);
+    GLM5_SHARED(float, red, kThreads);
     const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
     const AttentionRow a = rows[t];
     if (a.n == 0) return;  // a row of no segment: left alone, as on the CPU (whole block)
@@ -175,8 +175,8 @@ __device__ void insert_best(float* v, int32_t* id, float x, int32_t xi) {
 // among equal values), then thread 0 merges them.
 __global__ void draft_pick_kernel(const float* logits, int64_t n_vocab, int32_t* best,
                                   double* prob) {
-    __shared__ float val[kThreads * kPick];
-    __shared__ int32_t idx[kThreads * kPick];
+    GLM5_SHARED(float, val, kThreads* kPick);
+    GLM5_SHARED(int32_t, idx, kThreads * kPick);
     const float* l = logits + int64_t(blockIdx.x) * n_vocab;
     float v[kPick];
     int32_t id[kPick];
@@ -206,6 +206,7 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
                                  DevPtr<const int32_t> pos, std::span<const Segment> keys,
                                  int64_t pool, int64_t n_heads, int64_t dim, int64_t top_k,
                                  DevPtr<int32_t> out) {
+    Temporaries tmp(*this);
     int64_t T = 0;
     for (const Segment& s : keys) T = std::max(T, s.first + s.n);
     op("indexer_select", T);
@@ -238,18 +239,17 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
         const int64_t m = std::min(chunk, n - r0);
         const dim3 grid(unsigned(m), grid_for(most, 128));
-        indexer_scores_kernel<<<grid, 128, 0, stream()>>>(d_rows + r0, dev(q), dev(w), n_heads, dim,
-                                                          row_bytes, f16, scores, most);
-        launched("the indexer's scores");
-        top_k_kernel<<<unsigned(m), kThreads, 0, stream()>>>(d_rows + r0, scores, most, top_k,
-                                                             dev(out));
-        launched("the indexer's top k");
+        GLM5_LAUNCH(indexer_scores_kernel, grid, 128, 0, stream(), d_rows + r0, dev(q), dev(w),
+                    n_heads, dim, row_bytes, f16, scores, most);
+        GLM5_LAUNCH(top_k_kernel, unsigned(m), kThreads, 0, stream(), d_rows + r0, scores, most,
+                    top_k, dev(out));
     }
 }
 
 void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos,
                                 std::span<const Segment> segs, const Selection& sel,
                                 int64_t n_heads, int64_t v_width, float scale, DevPtr<float> out) {
+    Temporaries tmp(*this);
     int64_t T = 0;
     for (const Segment& s : segs) T = std::max(T, s.first + s.n);
     op("mla_attention", T);
@@ -286,10 +286,9 @@ void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos
         static_cast<float*>(scratch_bytes(size_t(std::min(chunk, T) * per_query) * sizeof(float)));
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
         const int64_t n = std::min(chunk, T - t0);
-        mla_kernel<<<unsigned(n * n_heads), kThreads, size_t(width) * sizeof(float), stream()>>>(
-            d_rows + t0, dev(q) + t0 * n_heads * width, n_heads, width, v_width, row_bytes, f16,
-            scale, scores, most, dev(out) + t0 * n_heads * v_width);
-        launched("mla_attention");
+        GLM5_LAUNCH(mla_kernel, unsigned(n * n_heads), kThreads, size_t(width) * sizeof(float),
+                    stream(), d_rows + t0, dev(q) + t0 * n_heads * width, n_heads, width, v_width,
+                    row_bytes, f16, scale, scores, most, dev(out) + t0 * n_heads * v_width);
     }
 }
 
@@ -297,9 +296,8 @@ void CudaBackend::draft_pick(DevPtr<const float> logits, int64_t n_rows, int64_t
                              DevPtr<int32_t> best, DevPtr<double> prob) {
     op("draft_pick", n_rows);
     if (n_rows <= 0) return;
-    draft_pick_kernel<<<unsigned(n_rows), kThreads, 0, stream()>>>(dev(logits), n_vocab, dev(best),
-                                                                   dev(prob));
-    launched("draft_pick");
+    GLM5_LAUNCH(draft_pick_kernel, unsigned(n_rows), kThreads, 0, stream(), dev(logits), n_vocab,
+                dev(best), dev(prob));
 }
 
 }  // namespace glm5::backend::cuda

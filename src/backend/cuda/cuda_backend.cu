@@ -16,17 +16,18 @@ namespace {
 
 __global__ void embed_kernel(quant::Type type, const uint8_t* table, size_t row_bytes, int64_t cols,
                              const int32_t* ids, int64_t n, float* out, quant::groups::Tables tab) {
-    const int64_t per_row = cols / quant::groups::kGroup;
+    const int64_t per_row = quant::groups::row_groups(cols);
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n * per_row) return;
     const int64_t t = i / per_row, g = i % per_row;
     quant::groups::decode_group(type, table + size_t(ids[t]) * row_bytes, g, tab,
-                                out + t * cols + g * quant::groups::kGroup);
+                                out + t * cols + g * quant::groups::kGroup,
+                                quant::groups::group_values(cols, g));
 }
 
 __global__ void rms_norm_kernel(const float* x, int64_t xs, const float* w, int64_t dim, float eps,
                                 float* y, int64_t ys) {
-    __shared__ double sh[kThreads];
+    GLM5_SHARED(double, sh, kThreads);
     const float* xr = x + int64_t(blockIdx.x) * xs;
     float* yr = y + int64_t(blockIdx.x) * ys;
     double acc = 0.0;
@@ -40,7 +41,7 @@ __global__ void rms_norm_kernel(const float* x, int64_t xs, const float* w, int6
 
 __global__ void layer_norm_kernel(const float* x, const float* w, const float* b, int64_t dim,
                                   float eps, float* y) {
-    __shared__ double sh[kThreads];
+    GLM5_SHARED(double, sh, kThreads);
     const float* xr = x + int64_t(blockIdx.x) * dim;
     float* yr = y + int64_t(blockIdx.x) * dim;
     double acc = 0.0;
@@ -81,7 +82,7 @@ __global__ void rope_kernel(float* x, int64_t n_tok, int64_t tok_stride, int64_t
 
 // One block per vector, in shared memory.
 __global__ void hadamard_kernel(float* x, int64_t dim) {
-    extern __shared__ float v[];
+    GLM5_DYNAMIC_SHARED(float, v);
     float* row = x + int64_t(blockIdx.x) * dim;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) v[i] = row[i];
     __syncthreads();
@@ -155,9 +156,10 @@ CudaBackend::~CudaBackend() {
     } catch (const Error&) {
         // A failed device has said so already: free what can be freed.
     }
+    dev_.bind();
     for (Block& b : blocks_) cudaFree(b.p);
     for (Matrix& m : weights_) cudaFree(const_cast<uint8_t*>(m.data));
-    for (auto& [host, m] : host_views_) cudaFree(const_cast<uint8_t*>(m.data));
+    for (auto& [host, v] : views_) cudaFree(v.dev);
     for (auto& [host, d] : vecs_) cudaFree(d.first);
 }
 
@@ -176,20 +178,58 @@ size_t CudaBackend::attention_scratch_bytes(int64_t n_heads, int64_t n_visible) 
 
 // ---- memory --------------------------------------------------------------
 
+namespace {
+constexpr size_t kAlign = 256;
+constexpr size_t kFirstBlock = size_t(4) << 20;
+}  // namespace
+
 void* CudaBackend::scratch_bytes(size_t bytes) {
-    constexpr size_t kAlign = 256;
-    bytes = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    const size_t asked = std::max<size_t>(bytes, 1);
+    bytes = (asked + kAlign - 1) / kAlign * kAlign;
     while (cur_ < blocks_.size() && blocks_[cur_].used + bytes > blocks_[cur_].cap) ++cur_;
     if (cur_ == blocks_.size()) {
+        // Each new block at least as large as those before it together: a step that
+        // outgrows the arena asks for few blocks, and reset_scratch makes them one.
+        size_t total = 0;
+        for (const Block& b : blocks_) total += b.cap;
         Block b;
-        b.cap = std::max<size_t>(bytes, size_t(64) << 20);
+        b.cap = std::max({bytes, total, kFirstBlock});
         b.p = static_cast<uint8_t*>(dev_.alloc(b.cap, "scratch activations"));
+#if defined(GLM5_CUDA_SIM)
+        cudasim::release(stream(), b.p, b.cap);  // watched until carved
+#endif
         blocks_.push_back(b);
     }
     Block& b = blocks_[cur_];
     void* p = b.p + b.used;
     b.used += bytes;
+    size_t held = 0;
+    for (const Block& x : blocks_) held += x.used;
+    high_water_ = std::max(high_water_, held);
+#if defined(GLM5_CUDA_SIM)
+    cudasim::carve(stream(), p, asked);  // the rounding stays watched
+#endif
     return p;
+}
+
+void CudaBackend::rewind(size_t block, size_t used) {
+    for (size_t i = blocks_.size(); i-- > block;) {
+        Block& b = blocks_[i];
+        const size_t keep = i == block ? used : 0;
+        if (b.used <= keep) continue;
+#if defined(GLM5_CUDA_SIM)
+        cudasim::release(stream(), b.p + keep, b.used - keep);
+#endif
+        b.used = keep;
+    }
+    cur_ = std::min(block, blocks_.size());
+}
+
+CudaBackend::Temporaries::Temporaries(CudaBackend& b)
+    : b_(b), block_(b.cur_), used_(b.cur_ < b.blocks_.size() ? b.blocks_[b.cur_].used : 0) {}
+
+CudaBackend::Temporaries::~Temporaries() {
+    b_.rewind(block_, used_);
 }
 
 DevPtr<float> CudaBackend::scratch(size_t n_floats) {
@@ -197,9 +237,21 @@ DevPtr<float> CudaBackend::scratch(size_t n_floats) {
 }
 
 void CudaBackend::reset_scratch() {
-    for (Block& b : blocks_) b.used = 0;
-    cur_ = 0;
+    rewind(0, 0);
     plan_pos_dev_ = nullptr;  // its memory is scratch
+    if (blocks_.size() > 1) {
+        // One block of what the steps so far have held at most: queued work may still read
+        // the old ones (cudaFree waits for it).
+        for (Block& b : blocks_) dev_.free(b.p);
+        blocks_.clear();
+        Block b;
+        b.cap = (high_water_ + kAlign - 1) / kAlign * kAlign;
+        b.p = static_cast<uint8_t*>(dev_.alloc(b.cap, "scratch activations"));
+#if defined(GLM5_CUDA_SIM)
+        cudasim::release(stream(), b.p, b.cap);
+#endif
+        blocks_.push_back(b);
+    }
 }
 
 DevPtr<uint8_t> CudaBackend::alloc_cache(size_t bytes) {
@@ -268,6 +320,36 @@ Weight CudaBackend::register_weight(const Weight& w, bool copy, const std::strin
     return d;
 }
 
+void CudaBackend::register_view(const Weight& w, const std::string& name) {
+    if (!w || w.repacked) return;
+    // The view's bytes as they lie (its strides kept), so that a view cut from it later
+    // is the same offset into the copy.
+    const size_t bytes = size_t(w.slices - 1) * w.slice_bytes + size_t(w.rows - 1) * w.row_bytes +
+                         quant::row_size(w.type, w.cols);
+    const auto start = uintptr_t(w.data);
+    auto it = views_.find(start);
+    if (it != views_.end()) {
+        dev_.free(it->second.dev);
+        views_.erase(it);
+    }
+    auto* d = static_cast<uint8_t*>(dev_.alloc(bytes, name));
+    check(cudaMemcpyAsync(d, w.data, bytes, cudaMemcpyHostToDevice, stream()), "upload");
+    dev_.synchronize();
+    views_[start] = ViewCopy{start + bytes, d};
+}
+
+void CudaBackend::register_vector(const float* v, int64_t n, const std::string& name) {
+    if (!v || n <= 0) return;
+    auto it = vecs_.find(v);
+    if (it != vecs_.end()) {
+        dev_.free(it->second.first);
+        vecs_.erase(it);
+    }
+    auto* d = static_cast<float*>(dev_.alloc(size_t(n) * sizeof(float), name));
+    dev_.upload(d, v, size_t(n) * sizeof(float));
+    vecs_[v] = {d, n};
+}
+
 size_t CudaBackend::weight_copy_bytes(quant::Type t, int64_t cols, int64_t rows,
                                       int64_t slices) const {
     (void)t, (void)cols, (void)rows, (void)slices;
@@ -286,32 +368,41 @@ Matrix CudaBackend::matrix(const Weight& w, const char* op) {
     m.row_bytes = w.row_bytes;
     m.slice_bytes = w.slice_bytes;
     m.data = w.data;
+    const auto a = uintptr_t(w.data);
     // Inside a registered upload (a view cut from one too): device memory.
-    auto it = registered_.upper_bound(uintptr_t(w.data));
+    auto it = registered_.upper_bound(a);
     if (it != registered_.begin()) {
         --it;
-        if (uintptr_t(w.data) < it->first + it->second) return m;
+        if (a < it->first + it->second) return m;
     }
-    const auto key =
-        std::make_tuple(w.data, int(w.type), w.cols, w.rows, w.slices, w.row_bytes, w.slice_bytes);
-    auto hv = host_views_.find(key);
-    if (hv == host_views_.end())
-        hv = host_views_.emplace(key, dev_.upload_matrix(w, std::string(op) + "'s weight")).first;
-    return hv->second;
+    // Inside a registered view of the host's: the same place in its copy.
+    auto v = views_.upper_bound(a);
+    if (v != views_.begin()) {
+        --v;
+        if (a < v->second.end) {
+            m.data = v->second.dev + (a - v->first);
+            return m;
+        }
+    }
+    // A view nobody registered: copied for this step (packed rows).
+    const size_t row = quant::row_size(w.type, w.cols);
+    auto* d = static_cast<uint8_t*>(scratch_bytes(row * size_t(w.rows * w.slices)));
+    for (int64_t s = 0; s < w.slices; ++s)
+        check(cudaMemcpy2DAsync(d + size_t(s * w.rows) * row, row, w.row(0, s), w.row_bytes, row,
+                                size_t(w.rows), cudaMemcpyHostToDevice, stream()),
+              "upload");
+    m.data = d;
+    m.row_bytes = row;
+    m.slice_bytes = row * size_t(w.rows);
+    return m;
 }
 
 const float* CudaBackend::vec(const float* host, int64_t n) {
     if (!host) return nullptr;
     auto it = vecs_.find(host);
     if (it != vecs_.end() && it->second.second >= n) return it->second.first;
-    if (it != vecs_.end()) {
-        dev_.synchronize();
-        dev_.free(it->second.first);
-        vecs_.erase(it);
-    }
-    auto* d = static_cast<float*>(dev_.alloc(size_t(n) * sizeof(float), "a weight vector"));
+    auto* d = static_cast<float*>(scratch_bytes(size_t(n) * sizeof(float)));
     dev_.upload(d, host, size_t(n) * sizeof(float));
-    vecs_[host] = {d, n};
     return d;
 }
 
@@ -342,31 +433,31 @@ void CudaBackend::send_rows(RowChannel& to, DevPtr<const float> x, size_t n) {
 
 void CudaBackend::embed(const Weight& table, DevPtr<const int32_t> ids, int64_t n,
                         DevPtr<float> out) {
+    Temporaries tmp(*this);
     op("embed", n);
     const Matrix m = matrix(table, "embed");
-    const int64_t total = n * (m.cols / quant::groups::kGroup);
+    const int64_t total = n * quant::groups::row_groups(m.cols);
     if (total == 0) return;
-    embed_kernel<<<grid_for(total), kThreads, 0, stream()>>>(m.type, m.data, m.row_bytes, m.cols,
-                                                             dev(ids), n, dev(out), dev_.tables());
-    launched("embed");
+    GLM5_LAUNCH(embed_kernel, grid_for(total), kThreads, 0, stream(), m.type, m.data, m.row_bytes,
+                m.cols, dev(ids), n, dev(out), dev_.tables());
 }
 
 void CudaBackend::rms_norm(DevPtr<const float> x, int64_t x_stride, const float* w, int64_t n_rows,
                            int64_t dim, float eps, DevPtr<float> y, int64_t y_stride) {
+    Temporaries tmp(*this);
     op("rms_norm", n_rows);
     if (n_rows <= 0) return;
-    rms_norm_kernel<<<unsigned(n_rows), kThreads, 0, stream()>>>(dev(x), x_stride, vec(w, dim), dim,
-                                                                 eps, dev(y), y_stride);
-    launched("rms_norm");
+    GLM5_LAUNCH(rms_norm_kernel, unsigned(n_rows), kThreads, 0, stream(), dev(x), x_stride,
+                vec(w, dim), dim, eps, dev(y), y_stride);
 }
 
 void CudaBackend::layer_norm(DevPtr<const float> x, const float* w, const float* b, int64_t n_rows,
                              int64_t dim, float eps, DevPtr<float> y) {
+    Temporaries tmp(*this);
     op("layer_norm", n_rows);
     if (n_rows <= 0) return;
-    layer_norm_kernel<<<unsigned(n_rows), kThreads, 0, stream()>>>(dev(x), vec(w, dim), vec(b, dim),
-                                                                   dim, eps, dev(y));
-    launched("layer_norm");
+    GLM5_LAUNCH(layer_norm_kernel, unsigned(n_rows), kThreads, 0, stream(), dev(x), vec(w, dim),
+                vec(b, dim), dim, eps, dev(y));
 }
 
 void CudaBackend::rope(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
@@ -377,47 +468,41 @@ void CudaBackend::rope(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64
     if (total == 0) return;
     // The host's pow, as the CPU computes the angle step.
     const float theta_scale = std::pow(freq_base, -2.0f / float(n_rot));
-    rope_kernel<<<grid_for(total), kThreads, 0, stream()>>>(
-        dev(x), n_tok, tok_stride, n_heads, head_stride, n_rot, dev(pos), theta_scale);
-    launched("rope");
+    GLM5_LAUNCH(rope_kernel, grid_for(total), kThreads, 0, stream(), dev(x), n_tok, tok_stride,
+                n_heads, head_stride, n_rot, dev(pos), theta_scale);
 }
 
 void CudaBackend::hadamard(DevPtr<float> x, int64_t n_vec, int64_t dim) {
     op("hadamard", n_vec);
     if (n_vec <= 0) return;
     if (dim > 8192) throw Error("hadamard: vectors of " + std::to_string(dim) + " values");
-    hadamard_kernel<<<unsigned(n_vec), kThreads, size_t(dim) * sizeof(float), stream()>>>(dev(x),
-                                                                                          dim);
-    launched("hadamard");
+    GLM5_LAUNCH(hadamard_kernel, unsigned(n_vec), kThreads, size_t(dim) * sizeof(float), stream(),
+                dev(x), dim);
 }
 
 void CudaBackend::copy_rows(DevPtr<const float> src, int64_t src_stride, DevPtr<const int32_t> rows,
                             int64_t n_rows, int64_t n_cols, DevPtr<float> dst, int64_t dst_stride) {
     if (n_rows * n_cols <= 0) return;
-    copy_rows_kernel<<<grid_for(n_rows * n_cols), kThreads, 0, stream()>>>(
-        dev(src), src_stride, dev(rows), n_rows, n_cols, dev(dst), dst_stride);
-    launched("copy_rows");
+    GLM5_LAUNCH(copy_rows_kernel, grid_for(n_rows * n_cols), kThreads, 0, stream(), dev(src),
+                src_stride, dev(rows), n_rows, n_cols, dev(dst), dst_stride);
 }
 
 void CudaBackend::add(DevPtr<float> y, DevPtr<const float> x, int64_t n) {
     if (n <= 0) return;
-    add_kernel<<<grid_for(n), kThreads, 0, stream()>>>(dev(y), dev(x), n);
-    launched("add");
+    GLM5_LAUNCH(add_kernel, grid_for(n), kThreads, 0, stream(), dev(y), dev(x), n);
 }
 
 void CudaBackend::scale(DevPtr<float> y, float s, int64_t n) {
     if (n <= 0) return;
-    scale_kernel<<<grid_for(n), kThreads, 0, stream()>>>(dev(y), s, n);
-    launched("scale");
+    GLM5_LAUNCH(scale_kernel, grid_for(n), kThreads, 0, stream(), dev(y), s, n);
 }
 
 void CudaBackend::swiglu(DevPtr<const float> g, DevPtr<const float> u, int64_t n_rows, int64_t n,
                          int64_t in_stride, float clamp, DevPtr<float> out) {
     op("swiglu", n_rows);
     if (n_rows * n <= 0) return;
-    swiglu_kernel<<<grid_for(n_rows * n), kThreads, 0, stream()>>>(dev(g), dev(u), n_rows, n,
-                                                                   in_stride, clamp, dev(out));
-    launched("swiglu");
+    GLM5_LAUNCH(swiglu_kernel, grid_for(n_rows * n), kThreads, 0, stream(), dev(g), dev(u), n_rows,
+                n, in_stride, clamp, dev(out));
 }
 
 void CudaBackend::cache_store(const CacheRows& c, DevPtr<const float> x, int64_t x_stride,
@@ -426,16 +511,16 @@ void CudaBackend::cache_store(const CacheRows& c, DevPtr<const float> x, int64_t
     if (c.type == CacheType::BF16)
         throw Error("cache_store: BF16 caches are the CPU's --attn-bf16");
     if (n_tok * c.width <= 0) return;
-    cache_store_kernel<<<grid_for(n_tok * c.width), kThreads, 0, stream()>>>(
-        dev(c.data), c.row_bytes(), c.width, c.type == CacheType::F16, dev(x), x_stride, n_tok,
-        dev(pos));
-    launched("cache_store");
+    GLM5_LAUNCH(cache_store_kernel, grid_for(n_tok * c.width), kThreads, 0, stream(), dev(c.data),
+                c.row_bytes(), c.width, c.type == CacheType::F16, dev(x), x_stride, n_tok,
+                dev(pos));
 }
 
 // ---- products ----------------------------------------------------------------
 
 void CudaBackend::matmul(const Weight& w, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
                          DevPtr<float> y, int64_t y_stride) {
+    Temporaries tmp(*this);
     op("matmul", n_tok);
     dev_.matmul(matrix(w, "matmul"), 0, dev(x), x_stride, n_tok, dev(y), y_stride);
     ++matmul_calls_;
@@ -443,6 +528,7 @@ void CudaBackend::matmul(const Weight& w, DevPtr<const float> x, int64_t x_strid
 
 void CudaBackend::matmuls(std::span<const MatmulOut> outs, DevPtr<const float> x, int64_t x_stride,
                           int64_t n_tok) {
+    Temporaries tmp(*this);
     op("matmuls", n_tok);
     for (const MatmulOut& o : outs)
         dev_.matmul(matrix(*o.w, "matmuls"), 0, dev(x), x_stride, n_tok, dev(o.y), o.y_stride);
@@ -452,6 +538,7 @@ void CudaBackend::matmuls(std::span<const MatmulOut> outs, DevPtr<const float> x
 void CudaBackend::matmul_slices(const Weight& w, DevPtr<const float> x, int64_t x_tok,
                                 int64_t x_slice, int64_t n_tok, DevPtr<float> y, int64_t y_tok,
                                 int64_t y_slice) {
+    Temporaries tmp(*this);
     op("matmul_slices", n_tok);
     dev_.matmul_slices(matrix(w, "matmul_slices"), dev(x), x_tok, x_slice, n_tok, dev(y), y_tok,
                        y_slice);

@@ -78,6 +78,8 @@ class CudaBackend final : public Backend {
     void read_bytes(DevPtr<const uint8_t> src, void* host_dst, size_t bytes) override;
     void write_bytes(DevPtr<uint8_t> dst, const void* host_src, size_t bytes) override;
     Weight register_weight(const Weight& w, bool copy, const std::string& name) override;
+    void register_vector(const float* v, int64_t n, const std::string& name) override;
+    void register_view(const Weight& w, const std::string& name) override;
     size_t weight_copy_bytes(quant::Type t, int64_t cols, int64_t rows,
                              int64_t slices) const override;
     void read_async(DevPtr<const uint8_t> src, void* host_dst, size_t bytes) override;
@@ -166,17 +168,19 @@ class CudaBackend final : public Backend {
     using Backend::owned;
     cudaStream_t stream() const { return static_cast<cudaStream_t>(dev_.stream()); }
     Device& device() { return dev_; }
-    // The device view of a weight: a registered one as it is; a view of the host's
-    // (the loader keeps the token table and matrices that are cut later as plain views)
-    // uploaded on first use and kept, keyed by its address.
+    // The device view of a weight: a registered one as it is; a view of the host's (the
+    // loader keeps the token table, and matrices that are cut later, as plain views) in the
+    // copy register_view made of it; any other host view copied into scratch for this step.
     Matrix matrix(const Weight& w, const char* op);
-    // The device copy of a weight vector of n floats (null stays null).
+    // The device copy of a weight vector of n floats (null stays null): the one
+    // register_vector made, or a copy in scratch for this step.
     const float* vec(const float* host, int64_t n);
     // The step's positions on the host, rows [0, n): the plan's copy, or read back. The
     // attention ops size their launches from them, so a step captured as a CUDA graph
     // would replay stale sizes: capture needs bounds the kernels read on the device.
     const int32_t* host_positions(DevPtr<const int32_t> pos, int64_t n);
-    // Scratch of `bytes` on the device, valid until reset_scratch().
+    // Scratch of `bytes` on the device, valid until reset_scratch() (or the end of the
+    // Temporaries scope it was taken in).
     void* scratch_bytes(size_t bytes);
     // A host array copied into scratch (descriptors of an op's rows).
     template <class T>
@@ -185,7 +189,20 @@ class CudaBackend final : public Backend {
         dev_.upload(d, host.data(), host.size() * sizeof(T));
         return d;
     }
-    void launched(const char* what) { check(cudaGetLastError(), what); }
+    // An op's temporaries: the scratch taken while one is alive is given back when it ends
+    // (the stream runs in order, so the op's kernels are queued before anything that reuses
+    // it), so that a step's scratch is one layer's worth, not every layer's.
+    class Temporaries {
+      public:
+        explicit Temporaries(CudaBackend& b);
+        ~Temporaries();
+        Temporaries(const Temporaries&) = delete;
+        Temporaries& operator=(const Temporaries&) = delete;
+
+      private:
+        CudaBackend& b_;
+        size_t block_, used_;
+    };
     void op(const char* name, int64_t rows) {
         if (fault_hook_) fault_hook_(name, rows);
     }
@@ -194,18 +211,29 @@ class CudaBackend final : public Backend {
     uint64_t matmul_calls_ = 0;
 
   private:
+    // Gives back the scratch taken after (block, used).
+    void rewind(size_t block, size_t used);
+
     Device dev_;
+    // The scratch arena: blocks of device memory, bump-allocated; at reset the blocks of a
+    // step that needed more than one become one block of the step's size.
     struct Block {
         uint8_t* p = nullptr;
         size_t cap = 0, used = 0;
     };
     std::vector<Block> blocks_;
     size_t cur_ = 0;
+    size_t high_water_ = 0;  // the most scratch a step has held at once
     std::vector<Matrix> weights_;
     std::map<uintptr_t, size_t> registered_;  // device ranges of weights_: start -> bytes
-    // Plain views of the host's, uploaded on first use: by address and shape.
-    std::map<std::tuple<const uint8_t*, int, int64_t, int64_t, int64_t, size_t, size_t>, Matrix>
-        host_views_;
+    // register_view's copies: host range start -> (end, device start). A later registration
+    // of the same start replaces the copy (a model loaded where another was).
+    struct ViewCopy {
+        uintptr_t end;
+        uint8_t* dev;
+    };
+    std::map<uintptr_t, ViewCopy> views_;
+    // register_vector's copies, by host address (replaced likewise).
     std::unordered_map<const float*, std::pair<float*, int64_t>> vecs_;
     std::vector<int32_t> plan_pos_;
     const int32_t* plan_pos_dev_ = nullptr;

@@ -1,8 +1,12 @@
-// The device: discovery, memory, uploads and the i-quant tables. Every CUDA call is
-// checked; a failure becomes a glm5::Error naming the call and the runtime's reason
-// (an out-of-memory a glm5::ResourceError with the numbers).
-#include <cublas_v2.h>
+// The device: discovery, memory, copies, uploads and the i-quant tables. Every CUDA call is
+// checked; a failure becomes a glm5::Error naming the call and the runtime's reason (an
+// out-of-memory a glm5::ResourceError with the numbers). Every entry point binds the device
+// first: a model's steps run on the engine's thread, not the one that opened it.
 #include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "core/format.h"
@@ -16,21 +20,41 @@ void check(cudaError_t e, const char* what) {
                 cudaGetErrorString(e) + ")");
 }
 
-void check_blas(cublasStatus_t s, const char* what) {
-    if (s == CUBLAS_STATUS_SUCCESS) return;
-    throw Error(std::string("cublas: ") + what + ": " + cublasGetStatusName(s) + " (" +
-                cublasGetStatusString(s) + ")");
+void launched(const char* kernel, cudaStream_t s) {
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        throw Error(std::string("cuda: launching ") + kernel + ": " + cudaGetErrorName(e) + " (" +
+                    cudaGetErrorString(e) + ")");
+    static const bool sync = [] {
+        const char* v = std::getenv("GLM5_CUDA_SYNC");
+        return v && std::string(v) == "1";
+    }();
+    if (sync) {
+        const cudaError_t r = cudaStreamSynchronize(s);
+        if (r != cudaSuccess)
+            throw Error(std::string("cuda: kernel ") + kernel + " failed: " + cudaGetErrorName(r) +
+                        " (" + cudaGetErrorString(r) + ")");
+    }
 }
 
 std::string built_architectures() {
     return GLM5_CUDA_ARCHS;
 }
 
+bool simulated() {
+#if defined(GLM5_CUDA_SIM)
+    return true;
+#else
+    return false;
+#endif
+}
+
 std::vector<DeviceInfo> list_devices(std::string* why) {
     std::vector<DeviceInfo> out;
-    int n = 0, current = -1;
+    int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
+        cudaGetLastError();
         if (why) {
             *why = std::string(cudaGetErrorString(e)) + " (" + cudaGetErrorName(e) + ")";
             if (e == cudaErrorInsufficientDriver)
@@ -39,8 +63,8 @@ std::vector<DeviceInfo> list_devices(std::string* why) {
         }
         return out;
     }
-    cudaGetDevice(&current);
     for (int i = 0; i < n; ++i) {
+        // Properties need no context: listing touches no device's memory.
         cudaDeviceProp p{};
         if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
         DeviceInfo d;
@@ -49,14 +73,81 @@ std::vector<DeviceInfo> list_devices(std::string* why) {
         d.cc_major = p.major;
         d.cc_minor = p.minor;
         d.total_bytes = p.totalGlobalMem;
-        size_t free = 0, total = 0;
-        if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess)
-            d.free_bytes = free;
         out.push_back(d);
     }
-    if (current >= 0) cudaSetDevice(current);  // as the caller had it
     if (out.empty() && why) *why = "no CUDA device is visible";
     return out;
+}
+
+uint64_t device_free_bytes(int ordinal) {
+    // On a thread of its own: the caller's current device stays as it was, and no context
+    // is opened but this device's.
+    size_t free = 0, total = 0;
+    cudaError_t e = cudaSuccess;
+    std::thread([&] {
+        e = cudaSetDevice(ordinal);
+        if (e == cudaSuccess) e = cudaMemGetInfo(&free, &total);
+    }).join();
+    check(e, ("reading the free memory of GPU " + std::to_string(ordinal)).c_str());
+    return free;
+}
+
+// ---- pinned staging -------------------------------------------------------------------------
+
+StagingRing::StagingRing(cudaStream_t s, size_t bytes) : stream_(s), bytes_(bytes) {
+    void* p = nullptr;
+    check(cudaMallocHost(&p, bytes), "cudaMallocHost (staging)");
+    base_ = static_cast<uint8_t*>(p);
+}
+
+StagingRing::~StagingRing() {
+    // Teardown: what was queued is waited for, nothing is delivered.
+    for (Piece& p : pieces_) {
+        cudaEventSynchronize(p.done);
+        cudaEventDestroy(p.done);
+    }
+    for (cudaEvent_t e : spare_) cudaEventDestroy(e);
+    cudaFreeHost(base_);
+}
+
+void StagingRing::retire_oldest(bool stream_done) {
+    Piece p = pieces_.front();
+    pieces_.erase(pieces_.begin());
+    if (!stream_done) check(cudaEventSynchronize(p.done), "a staged copy");
+    if (p.host) std::memcpy(p.host, base_ + p.at, p.host_bytes);
+    spare_.push_back(p.done);
+}
+
+void StagingRing::complete() {
+    while (!pieces_.empty()) retire_oldest(true);
+    head_ = 0;
+}
+
+void* StagingRing::take(size_t bytes) {
+    bytes = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+    if (bytes > bytes_ / 2) return nullptr;
+    if (head_ + bytes > bytes_) head_ = 0;  // wrap: the tail of the ring stays unused
+    const size_t at = head_;
+    // Wait for the oldest copies until none still uses [at, at + bytes).
+    auto overlaps = [&](const Piece& p) { return p.at < at + bytes && at < p.at + p.bytes; };
+    while (std::any_of(pieces_.begin(), pieces_.end(), overlaps)) retire_oldest(false);
+    head_ = at + bytes;
+    pending_ = Piece{at, bytes, nullptr, nullptr, 0};
+    return base_ + at;
+}
+
+void StagingRing::queued(void* host_dst, size_t bytes) {
+    pending_.host = host_dst;
+    pending_.host_bytes = bytes;
+    if (spare_.empty()) {
+        cudaEvent_t e = nullptr;
+        check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+        spare_.push_back(e);
+    }
+    pending_.done = spare_.back();
+    spare_.pop_back();
+    check(cudaEventRecord(pending_.done, stream_), "cudaEventRecord");
+    pieces_.push_back(pending_);
 }
 
 namespace {
@@ -70,6 +161,8 @@ size_t place(uint8_t* base, size_t at, const T (&host)[N], const T** dst,
     *dst = reinterpret_cast<const T*>(base + at);
     return at + sizeof(host);
 }
+
+constexpr size_t kStagingBytes = size_t(16) << 20;
 
 }  // namespace
 
@@ -85,8 +178,7 @@ Device::Device(int ordinal) : impl_(std::make_unique<Impl>()) {
     impl_->ordinal = ordinal;
     check(cudaSetDevice(ordinal), "cudaSetDevice");
     check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_blas(cublasCreate(&impl_->blas), "cublasCreate");
-    check_blas(cublasSetStream(impl_->blas, impl_->stream), "cublasSetStream");
+    impl_->staging = std::make_unique<StagingRing>(impl_->stream, kStagingBytes);
 
     using namespace quant::iq;
     const size_t bytes = 64 * 8 + sizeof(iq2xxs_grid) + sizeof(iq2xs_grid) + sizeof(iq2s_grid) +
@@ -112,10 +204,10 @@ Device::Device(int ordinal) : impl_(std::make_unique<Impl>()) {
 Device::~Device() {
     if (!impl_) return;
     // Teardown reports nothing: a device that failed has said so already.
+    cudaSetDevice(impl_->ordinal);
     cudaStreamSynchronize(impl_->stream);
-    for (auto& s : impl_->scratch) cudaFree(s.p);
+    impl_->staging.reset();
     if (impl_->table_memory) cudaFree(impl_->table_memory);
-    if (impl_->blas) cublasDestroy(impl_->blas);
     if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
@@ -161,12 +253,26 @@ void Device::free(void* p) {
 void Device::upload(void* dst, const void* host_src, size_t bytes) {
     bind();
     if (bytes == 0) return;
+    if (void* pinned = impl_->staging->take(bytes)) {
+        std::memcpy(pinned, host_src, bytes);
+        check(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
+        impl_->staging->queued();
+        return;
+    }
+    // Larger than the ring: the driver stages pageable memory itself.
     check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
 }
 
 void Device::download(void* host_dst, const void* src, size_t bytes) {
     bind();
     if (bytes == 0) return;
+    if (void* pinned = impl_->staging->take(bytes)) {
+        check(cudaMemcpyAsync(pinned, src, bytes, cudaMemcpyDeviceToHost, impl_->stream),
+              "download");
+        impl_->staging->queued(host_dst, bytes);
+        return;
+    }
+    // Into pageable memory: the copy returns once it is done.
     check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream), "download");
 }
 
@@ -179,13 +285,15 @@ void Device::copy(void* dst, const void* src, size_t bytes) {
 void Device::synchronize() {
     bind();
     check(cudaStreamSynchronize(impl_->stream), "a queued op");
+    impl_->staging->complete();
 }
 
 Matrix Device::upload_matrix(const Weight& w, const std::string& name) {
     bind();
     if (w.repacked)
         throw Error(name + ": a repacked view cannot be uploaded (the GPU reads GGUF blocks)");
-    if (!quant::groups::has_groups(w.type) || w.cols % 32 != 0)
+    const bool floats = quant::groups::group_block_values(w.type) == 1;
+    if (!quant::groups::has_groups(w.type) || (!floats && w.cols % quant::groups::kGroup != 0))
         throw Error(name + ": " + quant::name(w.type) + " with " + std::to_string(w.cols) +
                     " columns has no GPU product");
     Matrix m;
@@ -211,28 +319,6 @@ Matrix Device::upload_matrix(const Weight& w, const std::string& name) {
 void Device::free_matrix(Matrix& m) {
     free(const_cast<uint8_t*>(m.data));
     m.data = nullptr;
-}
-
-void* Device::Impl::scratch_bytes(int slot, size_t bytes) {
-    if (scratch.size() <= size_t(slot)) scratch.resize(size_t(slot) + 1);
-    Scratch& s = scratch[size_t(slot)];
-    if (s.cap < bytes) {
-        // The old buffer may still be read by queued work.
-        check(cudaStreamSynchronize(stream), "a queued op");
-        if (s.p) check(cudaFree(s.p), "cudaFree");
-        s.p = nullptr;
-        s.cap = 0;
-        const cudaError_t e = cudaMalloc(&s.p, bytes);
-        if (e == cudaErrorMemoryAllocation) {
-            cudaGetLastError();
-            throw ResourceError("GPU " + std::to_string(info.ordinal) +
-                                ": the products' scratch needs " + human_bytes(double(bytes)) +
-                                " more");
-        }
-        check(e, "cudaMalloc (scratch)");
-        s.cap = bytes;
-    }
-    return s.p;
 }
 
 void* Device::stream() const {

@@ -5,14 +5,10 @@
 // runtime stays inside the .cu files, so the apps and the tests include this header
 // from plain C++.
 //
-// Products, y[t][0..rows) = W[slice] . x[t] for t < n_tok:
-// - the vector form (every product of the forward): a warp per
-//   weight row; each lane decodes its groups once for eight tokens at a time and
-//   keeps a chain of FMAs per token; the lanes meet in a fixed butterfly. A token's
-//   result is quant::groups::row_dot's, bit for bit, whatever the token count.
-// - the tiled form (for prefill, once it keeps the vector form's order): the weight rows
-//   decoded to F16 tiles and the tokens rounded to F16, multiplied by cuBLAS on tensor cores with
-//   F32 accumulation (llama.cpp's cuBLAS path rounds the same way).
+// Products, y[t][0..rows) = W[slice] . x[t] for t < n_tok, in the vector form: a warp per
+// weight row; each lane decodes its groups once for eight tokens at a time and keeps a chain
+// of FMAs per token; the lanes meet in a fixed butterfly. A token's result is
+// quant::groups::row_dot's, bit for bit, whatever the token count.
 #pragma once
 
 #include <cstddef>
@@ -31,18 +27,25 @@ struct DeviceInfo {
     std::string name;
     int cc_major = 0, cc_minor = 0;
     uint64_t total_bytes = 0;
-    uint64_t free_bytes = 0;  // when listed
 };
 
 // The devices this process can use. Empty, with the CUDA runtime's reason in `why`
-// (no driver, no device, a device this build has no code for), when there are none.
+// (no driver, no device, a device this build has no code for), when there are none. Opens
+// no device (a context costs memory on every GPU it touches).
 std::vector<DeviceInfo> list_devices(std::string* why);
+// The free memory of device `ordinal` now (its context opened, no other's); throws
+// glm5::Error with the reason when it cannot be read.
+uint64_t device_free_bytes(int ordinal);
+
+// Whether this build runs kernels in the CUDA simulator (GLM5_CUDA_SIM) rather than on a GPU.
+bool simulated();
 
 // The GPU architectures this build carries code for ("80 89 90").
 std::string built_architectures();
 
 // A matrix, or a stack of slices, in device memory in its storage format: row r of
-// slice s at data + s * slice_bytes + r * row_bytes.
+// slice s at data + s * slice_bytes + r * row_bytes. A float matrix may have any number of
+// columns: the products decode the values of a row's last group, partial or whole, only.
 struct Matrix {
     quant::Type type = quant::Type::F32;
     int64_t cols = 0, rows = 0, slices = 1;
@@ -52,7 +55,7 @@ struct Matrix {
 
 class Device {
   public:
-    // Opens device `ordinal` (cudaSetDevice, a stream, cuBLAS, the i-quant tables);
+    // Opens device `ordinal` (cudaSetDevice, a stream, pinned staging, the i-quant tables);
     // throws glm5::Error naming the device and the reason.
     explicit Device(int ordinal);
     ~Device();
@@ -71,12 +74,15 @@ class Device {
     // bytes asked, the bytes free and `what` it was for.
     void* alloc(size_t bytes, const std::string& what);
     void free(void* p);
-    // Copies queued on the device's stream, in order with its ops.
+    // Copies queued on the device's stream, in order with its ops. An upload has taken the
+    // host's bytes when it returns; a download has filled host_dst when synchronize() has
+    // returned, and the caller leaves host_dst alone until then.
     void upload(void* dst, const void* host_src, size_t bytes);
     void download(void* host_dst, const void* src, size_t bytes);
     // Device memory to device memory, queued likewise.
     void copy(void* dst, const void* src, size_t bytes);
-    // Waits for everything queued; a failed op surfaces here as glm5::Error.
+    // Waits for everything queued and completes the downloads; a failed op surfaces here as
+    // glm5::Error.
     void synchronize();
 
     // ---- weights -----------------------------------------------------------
@@ -88,15 +94,9 @@ class Device {
     // ---- products ----------------------------------------------------------
     // y[t * y_stride + r] = W[slice] row r . x[t * x_stride ..] for r < rows, t < n_tok
     // (device memory). The vector form at every token count, so a row's result is the
-    // same whatever shares its step (a decode row beside a prompt chunk too); the tiled
-    // form does not keep that order yet, and the forward does not use it.
+    // same whatever shares its step (a decode row beside a prompt chunk too).
     void matmul(const Matrix& w, int64_t slice, const float* x, int64_t x_stride, int64_t n_tok,
                 float* y, int64_t y_stride);
-    // The forms by name, for the tests: the vector form takes any token count.
-    void matmul_vector(const Matrix& w, int64_t slice, const float* x, int64_t x_stride,
-                       int64_t n_tok, float* y, int64_t y_stride);
-    void matmul_tiled(const Matrix& w, int64_t slice, const float* x, int64_t x_stride,
-                      int64_t n_tok, float* y, int64_t y_stride);
 
     // Per-slice products, slices s < w.slices: y[t * y_tok + s * y_slice + r] =
     // W[s] row r . x[t * x_tok + s * x_slice ..] (the vector form).

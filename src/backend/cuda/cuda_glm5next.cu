@@ -14,7 +14,7 @@ namespace glm5::backend::cuda {
 namespace {
 
 __global__ void l2_norm_kernel(const float* x, int64_t dim, float eps, float* y) {
-    __shared__ double sh[kThreads];
+    GLM5_SHARED(double, sh, kThreads);
     const float* xr = x + int64_t(blockIdx.x) * dim;
     float* yr = y + int64_t(blockIdx.x) * dim;
     double acc = 0.0;
@@ -77,7 +77,7 @@ struct DeltaDesc {
 // Block (sequence, head), thread j: column j of the state S[i][j] (key i, value j),
 // walked token by token; a column's sums run over i in order, as the CPU's loops.
 __global__ void delta_rule_kernel(const DeltaDesc* seqs, int64_t H, int64_t D, float scale) {
-    extern __shared__ float sh[];  // decay, k, q of the token: 3 D floats
+    GLM5_DYNAMIC_SHARED(float, sh);  // decay, k, q of the token: 3 D floats
     float* decay = sh;
     float* kk = sh + D;
     float* qq = sh + 2 * D;
@@ -202,8 +202,8 @@ __global__ void hc_expand_kernel(const float* X, const float* f, const float* po
 __global__ void pool_kernel(const uint8_t* cells, size_t cell_bytes, bool cells_f16, int64_t Dk,
                             int64_t Gw, int64_t B, const float* ape, const float* norm_w, float eps,
                             uint8_t* pools, size_t pool_bytes, bool pools_f16, int64_t first) {
-    extern __shared__ float sm[];  // weights [B][Gw], then the pooled key [Dk]
-    __shared__ double red[kThreads];
+    GLM5_DYNAMIC_SHARED(float, sm);  // weights [B][Gw], then the pooled key [Dk]
+    GLM5_SHARED(double, red, kThreads);
     float* a = sm;
     float* pooled = sm + B * Gw;
     const int64_t j = first + blockIdx.x;
@@ -264,24 +264,22 @@ void CudaBackend::l2_norm(DevPtr<const float> x, int64_t n_rows, int64_t dim, fl
                           DevPtr<float> y) {
     op("l2_norm", n_rows);
     if (n_rows <= 0) return;
-    l2_norm_kernel<<<unsigned(n_rows), kThreads, 0, stream()>>>(dev(x), dim, eps, dev(y));
-    launched("l2_norm");
+    GLM5_LAUNCH(l2_norm_kernel, unsigned(n_rows), kThreads, 0, stream(), dev(x), dim, eps, dev(y));
 }
 
 void CudaBackend::apply_sigmoid(DevPtr<float> y, int64_t n) {
     if (n <= 0) return;
-    sigmoid_kernel<<<grid_for(n), kThreads, 0, stream()>>>(dev(y), nullptr, n);
-    launched("apply_sigmoid");
+    GLM5_LAUNCH(sigmoid_kernel, grid_for(n), kThreads, 0, stream(), dev(y), nullptr, n);
 }
 
 void CudaBackend::mul_sigmoid(DevPtr<float> y, DevPtr<const float> gate, int64_t n) {
     if (n <= 0) return;
-    sigmoid_kernel<<<grid_for(n), kThreads, 0, stream()>>>(dev(y), dev(gate), n);
-    launched("mul_sigmoid");
+    GLM5_LAUNCH(sigmoid_kernel, grid_for(n), kThreads, 0, stream(), dev(y), dev(gate), n);
 }
 
 void CudaBackend::causal_conv(std::span<const ConvSeq> seqs, int64_t channels, const float* taps,
                               int64_t kernel, int64_t x_stride, int64_t y_stride, bool silu) {
+    Temporaries tmp(*this);
     int64_t rows = 0;
     std::vector<ConvDesc> d;
     for (const ConvSeq& s : seqs) {
@@ -292,23 +290,23 @@ void CudaBackend::causal_conv(std::span<const ConvSeq> seqs, int64_t channels, c
     if (d.empty() || channels <= 0) return;
     if (d.size() > 65535) throw Error("causal_conv: more than 65535 sequences in one step");
     const dim3 grid(grid_for(channels), unsigned(d.size()));
-    conv_kernel<<<grid, kThreads, 0, stream()>>>(stage(d), channels, vec(taps, channels * kernel),
-                                                 kernel, x_stride, y_stride, silu);
-    launched("causal_conv");
+    GLM5_LAUNCH(conv_kernel, grid, kThreads, 0, stream(), stage(d), channels,
+                vec(taps, channels * kernel), kernel, x_stride, y_stride, silu);
 }
 
 void CudaBackend::bounded_decay(DevPtr<const float> z, const float* bias, const float* rate,
                                 int64_t n_tok, int64_t n_heads, int64_t dim, float lower,
                                 DevPtr<float> g) {
+    Temporaries tmp(*this);
     const int64_t n = n_tok * n_heads * dim;
     if (n <= 0) return;
-    decay_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
-        dev(z), vec(bias, n_heads * dim), vec(rate, n_heads), n_tok, n_heads, dim, lower, dev(g));
-    launched("bounded_decay");
+    GLM5_LAUNCH(decay_kernel, grid_for(n), kThreads, 0, stream(), dev(z), vec(bias, n_heads * dim),
+                vec(rate, n_heads), n_tok, n_heads, dim, lower, dev(g));
 }
 
 void CudaBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n_heads, int64_t dim,
                                    float scale) {
+    Temporaries tmp(*this);
     int64_t rows = 0;
     std::vector<DeltaDesc> d;
     for (const DeltaRuleSeq& s : seqs) {
@@ -322,32 +320,29 @@ void CudaBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n
         throw Error("gated_delta_rule: heads of " + std::to_string(dim) + " values");
     cache_bytes_ += uint64_t(d.size()) * uint64_t(n_heads * dim * dim) * sizeof(float);
     const int threads = int(std::min<int64_t>(kThreads, (dim + 31) / 32 * 32));
-    delta_rule_kernel<<<unsigned(int64_t(d.size()) * n_heads), threads,
-                        size_t(3 * dim) * sizeof(float), stream()>>>(stage(d), n_heads, dim, scale);
-    launched("gated_delta_rule");
+    GLM5_LAUNCH(delta_rule_kernel, unsigned(int64_t(d.size()) * n_heads), threads,
+                size_t(3 * dim) * sizeof(float), stream(), stage(d), n_heads, dim, scale);
 }
 
 void CudaBackend::hc_coefficients(DevPtr<const float> mix, int64_t n_tok, int64_t n_streams,
                                   const float* base, const float* scale, float eps,
                                   int64_t iterations, DevPtr<float> pre, DevPtr<float> post,
                                   DevPtr<float> comb) {
+    Temporaries tmp(*this);
     if (n_tok <= 0) return;
     if (n_streams > kMaxStreams)
         throw Error("hc_coefficients: " + std::to_string(n_streams) + " streams (at most " +
                     std::to_string(kMaxStreams) + " on the GPU)");
     const int64_t M = (2 + n_streams) * n_streams;
-    hc_coeff_kernel<<<grid_for(n_tok, 64), 64, 0, stream()>>>(
-        dev(mix), n_tok, n_streams, vec(base, M), vec(scale, 3), eps, iterations, dev(pre),
-        dev(post), dev(comb));
-    launched("hc_coefficients");
+    GLM5_LAUNCH(hc_coeff_kernel, grid_for(n_tok, 64), 64, 0, stream(), dev(mix), n_tok, n_streams,
+                vec(base, M), vec(scale, 3), eps, iterations, dev(pre), dev(post), dev(comb));
 }
 
 void CudaBackend::hc_reduce(DevPtr<const float> X, DevPtr<const float> w, int64_t n_tok,
                             int64_t n_streams, int64_t dim, DevPtr<float> y) {
     if (n_tok * dim <= 0) return;
-    hc_reduce_kernel<<<grid_for(n_tok * dim), kThreads, 0, stream()>>>(dev(X), dev(w), n_tok,
-                                                                       n_streams, dim, dev(y));
-    launched("hc_reduce");
+    GLM5_LAUNCH(hc_reduce_kernel, grid_for(n_tok * dim), kThreads, 0, stream(), dev(X), dev(w),
+                n_tok, n_streams, dim, dev(y));
 }
 
 void CudaBackend::hc_expand(DevPtr<const float> X, DevPtr<const float> f, DevPtr<const float> post,
@@ -355,14 +350,14 @@ void CudaBackend::hc_expand(DevPtr<const float> X, DevPtr<const float> f, DevPtr
                             DevPtr<float> out) {
     const int64_t n = n_tok * n_streams * dim;
     if (n <= 0) return;
-    hc_expand_kernel<<<grid_for(n), kThreads, 0, stream()>>>(dev(X), dev(f), dev(post), dev(comb),
-                                                             n_tok, n_streams, dim, dev(out));
-    launched("hc_expand");
+    GLM5_LAUNCH(hc_expand_kernel, grid_for(n), kThreads, 0, stream(), dev(X), dev(f), dev(post),
+                dev(comb), n_tok, n_streams, dim, dev(out));
 }
 
 void CudaBackend::pool_compress(const CacheRows& cells, int64_t key_width, int64_t gate_width,
                                 int64_t pool_size, const float* ape, const float* norm_w, float eps,
                                 const CacheRows& pools, DevPtr<const int32_t> pos, int64_t n_rows) {
+    Temporaries tmp(*this);
     op("pool_compress", n_rows);
     if (n_rows <= 0) return;
     if (cells.type == CacheType::BF16 || pools.type == CacheType::BF16)
@@ -375,20 +370,18 @@ void CudaBackend::pool_compress(const CacheRows& cells, int64_t key_width, int64
     if (shared + kThreads * sizeof(double) > 48 * 1024)  // beside the kernel's own sums
         throw Error("pool_compress: pools of " + std::to_string(pool_size) + " x " +
                     std::to_string(gate_width) + " gates do not fit a block's shared memory");
-    pool_kernel<<<unsigned(n_pools), kThreads, shared, stream()>>>(
-        dev(cells.data), cells.row_bytes(), cells.type == CacheType::F16, key_width, gate_width,
-        pool_size, vec(ape, pool_size * gate_width), vec(norm_w, key_width), eps, dev(pools.data),
-        pools.row_bytes(), pools.type == CacheType::F16, first);
-    launched("pool_compress");
+    GLM5_LAUNCH(pool_kernel, unsigned(n_pools), kThreads, shared, stream(), dev(cells.data),
+                cells.row_bytes(), cells.type == CacheType::F16, key_width, gate_width, pool_size,
+                vec(ape, pool_size * gate_width), vec(norm_w, key_width), eps, dev(pools.data),
+                pools.row_bytes(), pools.type == CacheType::F16, first);
 }
 
 void CudaBackend::pool_cells(DevPtr<const int32_t> picked, DevPtr<const int32_t> pos,
                              int64_t n_rows, int64_t n_sel, int64_t pool_size, DevPtr<int32_t> rows,
                              int64_t stride) {
     if (n_rows <= 0) return;
-    pool_cells_kernel<<<grid_for(n_rows, 64), 64, 0, stream()>>>(
-        dev(picked), dev(pos), n_rows, n_sel, pool_size, dev(rows), stride);
-    launched("pool_cells");
+    GLM5_LAUNCH(pool_cells_kernel, grid_for(n_rows, 64), 64, 0, stream(), dev(picked), dev(pos),
+                n_rows, n_sel, pool_size, dev(rows), stride);
 }
 
 }  // namespace glm5::backend::cuda

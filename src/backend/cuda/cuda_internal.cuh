@@ -1,13 +1,13 @@
 // What the device's .cu files share: the state behind Device and the checks.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstring>
 #include <vector>
 
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_kernel.cuh"
 #include "core/error.h"
 #include "quant/groups.h"
 
@@ -15,22 +15,48 @@ namespace glm5::backend::cuda {
 
 // Throws glm5::Error naming `what` and the runtime's reason.
 void check(cudaError_t e, const char* what);
-void check_blas(cublasStatus_t s, const char* what);
+
+// Pinned host memory that copies between the host and the device pass through, so that a
+// copy is queued and the host goes on (from pageable memory a copy to the host waits for
+// the device, and one to the device is staged by the driver first). Regions are handed out
+// in turn around a ring; one is reused once the copy that read or wrote it has finished.
+class StagingRing {
+  public:
+    StagingRing(cudaStream_t s, size_t bytes);
+    ~StagingRing();
+    // `bytes` of pinned memory for a copy about to be queued, or null when the request is
+    // larger than half the ring (the caller copies from pageable memory instead).
+    void* take(size_t bytes);
+    // The copy that uses the region take() just gave is queued: its region is free again
+    // once the stream passes this point. A download names where its bytes go: they are
+    // copied there once the copy has finished (at the latest by complete()).
+    void queued(void* host_dst = nullptr, size_t bytes = 0);
+    // After the stream has been synchronised: every download delivered, every region free.
+    void complete();
+
+  private:
+    struct Piece {
+        size_t at, bytes;
+        cudaEvent_t done;
+        void* host;  // a download's destination
+        size_t host_bytes;
+    };
+    void retire_oldest(bool stream_done);
+    cudaStream_t stream_;
+    uint8_t* base_ = nullptr;
+    size_t bytes_ = 0, head_ = 0;
+    std::vector<Piece> pieces_;  // oldest first
+    std::vector<cudaEvent_t> spare_;
+    Piece pending_{};
+};
 
 struct Device::Impl {
     DeviceInfo info;
     int ordinal = 0;
     cudaStream_t stream = nullptr;
-    cublasHandle_t blas = nullptr;
     quant::groups::Tables tables;  // device pointers
     void* table_memory = nullptr;
-    // Scratch buffers the products reuse, one per slot, grown when too small.
-    struct Scratch {
-        void* p = nullptr;
-        size_t cap = 0;
-    };
-    std::vector<Scratch> scratch;
-    void* scratch_bytes(int slot, size_t bytes);
+    std::unique_ptr<StagingRing> staging;
     uint64_t weight_bytes = 0;
 };
 

@@ -74,21 +74,21 @@ __global__ void combine_kernel(const float* rows, const float* weights, int64_t 
 
 void CudaBackend::moe_route(const MoeRouter& r, DevPtr<const float> x, int64_t n_tok,
                             DevPtr<int32_t> ids, DevPtr<float> weights) {
+    Temporaries tmp(*this);
     op("moe.router", n_tok);
     if (n_tok <= 0) return;
     const int64_t X = r.router.rows;
     auto* logits = static_cast<float*>(scratch_bytes(size_t(n_tok * X) * sizeof(float)));
     dev_.matmul(matrix(r.router, "moe_route"), 0, dev(x), r.router.cols, n_tok, logits, X);
-    route_kernel<<<grid_for(n_tok, 64), 64, 0, stream()>>>(logits, n_tok, X, r.n_used,
-                                                           vec(r.bias, X), r.norm_weights,
-                                                           r.weights_scale, dev(ids), dev(weights));
-    launched("moe_route");
+    GLM5_LAUNCH(route_kernel, grid_for(n_tok, 64), 64, 0, stream(), logits, n_tok, X, r.n_used,
+                vec(r.bias, X), r.norm_weights, r.weights_scale, dev(ids), dev(weights));
 }
 
 void CudaBackend::moe_experts(const MoeFfn& routed, DevPtr<const float> x_, int64_t T,
                               DevPtr<const int32_t> ids_, DevPtr<const float> wts_, int n_used,
                               const MoeFfn* shared, DevPtr<const float> shared_rows,
                               DevPtr<float> out) {
+    Temporaries tmp(*this);
     op("moe", T);
     if (T <= 0) return;
     const float* x = dev(x_);
@@ -125,9 +125,8 @@ void CudaBackend::moe_experts(const MoeFfn& routed, DevPtr<const float> x_, int6
         matmul_calls_ += 3;
         sh = so;
     }
-    combine_kernel<<<grid_for(T * E), kThreads, 0, stream()>>>(eo, dev(wts_), T, K, E, sh,
-                                                               dev(out));
-    launched("the experts' combine");
+    GLM5_LAUNCH(combine_kernel, grid_for(T * E), kThreads, 0, stream(), eo, dev(wts_), T, K, E, sh,
+                dev(out));
 }
 
 void CudaBackend::moe_shared(const MoeFfn& shared, DevPtr<const float> x, int64_t n_tok,

@@ -1,0 +1,3 @@
+// The simulation build's stand-in for the CUDA toolkit's header (cudasim/fp16.h).
+#pragma once
+#include "cudasim/fp16.h"
