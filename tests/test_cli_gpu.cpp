@@ -1,6 +1,7 @@
 // The GPU's command line: --device cuda[:N] and llama.cpp's -ngl, on the suite's machines
-// (no GPU: refusals and warnings); on a machine with a GPU the same commands run there,
-// which these tests assert instead (no test here is skipped).
+// (no GPU: refusals and warnings; the simulation build's simulator is told to show none,
+// GLM5_SIM_DEVICES=0); on a machine with a GPU the same commands run there, which these
+// tests assert instead (no test here is skipped). test_cuda_cli runs the model on a GPU.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -13,6 +14,8 @@ using namespace glm5::test;
 namespace {
 
 const std::string kTiny = data_path("glm-dsa/tiny.gguf");
+// A simulation build's simulator then has no device (a build with CUDA or without ignores it).
+const std::string kNoSimulatedGpu = "GLM5_SIM_DEVICES=0";
 
 // The NVIDIA driver's control node: without it no process here can reach a GPU.
 bool driver_present() {
@@ -21,7 +24,8 @@ bool driver_present() {
 
 TEST(CliGpu, DeviceCudaWithoutAUsableGpuExitsTwoWithTheReason) {
     for (const char* dev : {"cuda", "cuda:1"}) {
-        const CliResult r = run_glm5("run --model " + kTiny + " --tokens 1,2 -n 2 --device " + dev);
+        const CliResult r = run_glm5("run --model " + kTiny + " --tokens 1,2 -n 2 --device " + dev,
+                                     "", kNoSimulatedGpu);
         EXPECT_TRUE(r.out.empty()) << r.out;
         if (!driver_present()) {
             EXPECT_EQ(r.code, 2) << r.err;
@@ -63,11 +67,11 @@ TEST(CliGpu, PartialLayerOffloadIsRefusedNamingNCpuMoe) {
 // warning, and the CPU's tokens, the same as without the flag.
 TEST(CliGpu, WholeModelOffloadWithoutAGpuWarnsAndRunsOnTheCpu) {
     const std::string args = "run --model " + kTiny + " --tokens 1,2,3 -n 6 --temp 0";
-    const CliResult plain = run_glm5(args);
+    const CliResult plain = run_glm5(args, "", kNoSimulatedGpu);
     ASSERT_EQ(plain.code, 0) << plain.err;
     for (const char* n : {"99", "-1", "all", "--n-gpu-layers=7"}) {
         const std::string flag = n[0] == '-' && n[1] == '-' ? n : std::string("-ngl ") + n;
-        const CliResult r = run_glm5(args + " " + flag);
+        const CliResult r = run_glm5(args + " " + flag, "", kNoSimulatedGpu);
         ASSERT_EQ(r.code, 0) << flag << "\n" << r.err;
         if (driver_present()) {
             // A GPU machine: the whole model on it, or why not.
@@ -80,7 +84,7 @@ TEST(CliGpu, WholeModelOffloadWithoutAGpuWarnsAndRunsOnTheCpu) {
         EXPECT_NE(r.err.find("the CPU runs the model"), std::string::npos) << flag << "\n" << r.err;
     }
     // 0, the default, says nothing.
-    const CliResult zero = run_glm5(args + " -ngl 0");
+    const CliResult zero = run_glm5(args + " -ngl 0", "", kNoSimulatedGpu);
     EXPECT_EQ(zero.out, plain.out);
     EXPECT_EQ(zero.err.find("-ngl"), std::string::npos) << zero.err;
 }

@@ -266,7 +266,10 @@ TEST(HybridExperts, DeviceMemoryDecidesTheSmallestPlacement) {
         << none.err;
     // Flags that mean nothing or cannot work are refused with the reason.
     EXPECT_EQ(run_glm5("logits --model " + kDsa + " --tokens 1 --device-mem 1G").code, 2);
-    EXPECT_EQ(run_glm5("logits --model " + kDsa + " --tokens 1 --device cuda").code, 2);
+    EXPECT_EQ(
+        run_glm5("logits --model " + kDsa + " --tokens 1 --device cuda", "", "GLM5_SIM_DEVICES=0")
+            .code,
+        2);
     const CliResult bad = run_glm5(args + " -ot attn_norm=CPU");
     EXPECT_EQ(bad.code, 2);
     EXPECT_NE(bad.err.find("not a routed expert"), std::string::npos) << bad.err;

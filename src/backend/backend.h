@@ -157,6 +157,9 @@ struct Counters {
     // handings that waited until every thread had met.
     uint64_t parallel_ops = 0;
     uint64_t rendezvous = 0;
+    // The most scratch memory held at once (bytes; a device backend's arena; 0 where the
+    // backend does not count it): what the memory plan's scratch figure must cover.
+    uint64_t scratch_peak = 0;
     // Two backends' reads together (a device and the CPU beside it).
     Counters& operator+=(const Counters& o) {
         weight_bytes += o.weight_bytes;
@@ -164,6 +167,7 @@ struct Counters {
         cache_bytes += o.cache_bytes;
         parallel_ops += o.parallel_ops;
         rendezvous += o.rendezvous;
+        scratch_peak = std::max(scratch_peak, o.scratch_peak);
         return *this;
     }
 };

@@ -273,6 +273,10 @@ struct Executor::Impl {
     Where bar_at;
     // Addresses ThreadSanitizer orders through.
     char launch_token = 0, done_token = 0, bar_token[2] = {0, 0};
+    // Every fiber at each switch: what it did comes before what the scheduler does once it
+    // has control back (reading a fault's message, abandoning the threads a fault stopped).
+    // The scheduler never orders a fiber after itself mid-block, so fibers stay unordered.
+    char back_token = 0;
     char warp_token[32][2] = {};
     uint64_t warp_gen[32] = {};
     // Each warp's lanes that have exited or wait at the barrier, and the collectives its
@@ -283,7 +287,10 @@ struct Executor::Impl {
     };
     struct Warp {
         unsigned exited = 0, at_barrier = 0;
-        std::vector<Group> groups;
+        // At most one group per lane; fixed, so that no fiber allocates the simulator's
+        // state (ThreadSanitizer would see another fiber free it).
+        Group groups[32];
+        int n_groups = 0;
     };
     std::vector<Warp> warps;
     // Shared memory: the launch's dynamic part first, then the static arrays in the order the
@@ -299,7 +306,9 @@ struct Executor::Impl {
     void init_stack(Fiber& f);
     void resume(int i);
     void yield();
-    [[noreturn]] void fail(const std::string& why);
+    // A fault: set_fault(why) in a statement of its own, then stop() (FAIL does both).
+    void set_fault(const std::string& why);
+    [[noreturn]] void stop();
     static void fiber_main(void* arg);
     void thread_main(Fiber& f);
 
@@ -315,6 +324,12 @@ struct Executor::Impl {
                         const Where& at);
     void* shared(const void* key, size_t bytes, size_t align);
 };
+
+#define FAIL(why)       \
+    do {                \
+        set_fault(why); \
+        stop();         \
+    } while (0)
 
 namespace {
 thread_local Executor::Impl* tl_exec = nullptr;
@@ -384,6 +399,11 @@ void Executor::Impl::drop_fiber(int slot) {
 #if defined(CUDASIM_TSAN)
     __tsan_destroy_fiber(f->tsan);
 #endif
+#if defined(CUDASIM_ASAN)
+    // The kernels' stack frames leave their redzones poisoned: memory mapped here later
+    // (a model file) must not inherit them.
+    __asan_unpoison_memory_region(f->lo, f->size);
+#endif
     munmap(f->map, f->map_bytes);
     f.reset();
 }
@@ -406,6 +426,7 @@ void Executor::Impl::resume(int i) {
 #if defined(CUDASIM_ASAN)
     __sanitizer_finish_switch_fiber(sched_fake, nullptr, nullptr);
 #endif
+    tsan_acquire(&back_token);
 }
 
 void Executor::Impl::yield() {
@@ -417,6 +438,7 @@ void Executor::Impl::yield() {
         cur = next;
         tl_ids = &lanes[size_t(next)].ids;
     }
+    tsan_release(&back_token);
 #if defined(CUDASIM_TSAN)
     __tsan_switch_to_fiber(to ? to->tsan : sched_tsan, __tsan_switch_to_fiber_no_sync);
 #endif
@@ -458,8 +480,8 @@ void Executor::Impl::thread_main(Fiber& f) {
                 std::to_string(bar_count) + " threads wait at __syncthreads (" + where(bar_at) +
                 "), which it never reaches";
     // Lanes of its warp waiting for it in a collective never get it either.
-    for (const Group& g : w.groups)
-        if (fault.empty() && (g.mask >> (me - base) & 1)) {
+    for (int k = 0; k < w.n_groups; ++k)
+        if (const Group& g = w.groups[k]; fault.empty() && (g.mask >> (me - base) & 1)) {
             const int j = __builtin_ctz(g.arrived);
             const Lane& o = lanes[size_t(base + j)];
             fault = prefix() + "lane " + std::to_string(me - base) + " of warp " +
@@ -470,8 +492,13 @@ void Executor::Impl::thread_main(Fiber& f) {
     yield();
 }
 
-[[noreturn]] void Executor::Impl::fail(const std::string& why) {
+void Executor::Impl::set_fault(const std::string& why) {
     if (fault.empty()) fault = prefix() + why;
+}
+
+[[noreturn]] void Executor::Impl::stop() {
+    // (Nothing owned may live in the frames below: they are abandoned, not unwound. The
+    // message was made by set_fault in a statement of its own.)
     lanes[size_t(cur)].state = State::Faulted;
     yield();
     std::abort();  // a faulted thread is never resumed
@@ -493,6 +520,9 @@ void Executor::Impl::reset_shared() {
         dirty = arena_bytes;
     }
     // Shared memory holds what the last block left: NaN here, so a read before a write shows.
+#if defined(CUDASIM_ASAN)
+    __asan_unpoison_memory_region(arena, dirty);
+#endif
     std::memset(arena, 0xff, dirty);
 #if defined(CUDASIM_ASAN)
     __asan_poison_memory_region(arena, arena_bytes);
@@ -513,14 +543,14 @@ void* Executor::Impl::shared(const void* key, size_t bytes, size_t align) {
     const size_t allowed =
         max_dynamic ? std::min(kSharedOptin, static_bytes + max_dynamic) : kSharedDefault;
     if (static_bytes > kSharedDefault)
-        fail(std::to_string(static_bytes) +
+        FAIL(std::to_string(static_bytes) +
              " bytes of static shared memory: over the 48 KiB a kernel may declare");
     if (static_bytes + dyn > allowed)
-        fail(std::to_string(static_bytes) + " bytes of static and " + std::to_string(dyn) +
+        FAIL(std::to_string(static_bytes) + " bytes of static and " + std::to_string(dyn) +
              " of dynamic shared memory: over the " + std::to_string(allowed) +
              " bytes a launch of this kernel gets" +
              (max_dynamic ? "" : " (cudaFuncSetAttribute opts in to up to 227 KiB)"));
-    if (off + bytes + 32 > arena_bytes) fail("more shared memory arrays than the simulator holds");
+    if (off + bytes + 32 > arena_bytes) FAIL("more shared memory arrays than the simulator holds");
 #if defined(CUDASIM_ASAN)
     __asan_unpoison_memory_region(arena + off, bytes);
 #endif
@@ -596,13 +626,13 @@ void Executor::Impl::syncthreads(const Where& at) {
         std::vector<int> gone;
         for (int i = 0; i < n; ++i)
             if (lanes[size_t(i)].state == State::Done) gone.push_back(i);
-        fail("thread " + std::to_string(cur) + " reaches __syncthreads (" + where(at) +
+        FAIL("thread " + std::to_string(cur) + " reaches __syncthreads (" + where(at) +
              ") after threads " + ranges(gone) + " have exited: they never will");
     }
     if (bar_count == 0) {
         bar_at = at;
     } else if (!same_place(at, bar_at)) {
-        fail("threads wait at different __syncthreads: " + where(bar_at) + " and, thread " +
+        FAIL("threads wait at different __syncthreads: " + where(bar_at) + " and, thread " +
              std::to_string(cur) + ", " + where(at));
     }
     const uint64_t g = bar_gen;
@@ -631,35 +661,36 @@ uint64_t Executor::Impl::collective(int kind, unsigned mask, uint64_t bits, int 
         return std::string(kind_name(kind)) + "(mask " + hex(mask) + ") at " + where(at) +
                ", lane " + std::to_string(lane) + " of warp " + std::to_string(wi);
     };
-    if (!(mask >> lane & 1)) fail(what() + ": the mask leaves out the lane that calls it");
+    if (!(mask >> lane & 1)) FAIL(what() + ": the mask leaves out the lane that calls it");
     if (lanes_here < 32 && (mask >> lanes_here) != 0)
-        fail(what() + ": the mask names lanes this warp of " + std::to_string(lanes_here) +
+        FAIL(what() + ": the mask names lanes this warp of " + std::to_string(lanes_here) +
              " threads does not have");
     if (kind <= kXor && (width < 1 || width > 32 || (width & (width - 1)) != 0))
-        fail(what() + ": width " + std::to_string(width) + " is not a power of two up to 32");
+        FAIL(what() + ": width " + std::to_string(width) + " is not a power of two up to 32");
     if (const unsigned gone = mask & w.exited)
-        fail(what() + ": lane " + std::to_string(__builtin_ctz(gone)) + " of the mask has exited");
+        FAIL(what() + ": lane " + std::to_string(__builtin_ctz(gone)) + " of the mask has exited");
     if (const unsigned waiting = mask & w.at_barrier)
-        fail(what() + ": lane " + std::to_string(__builtin_ctz(waiting)) +
+        FAIL(what() + ": lane " + std::to_string(__builtin_ctz(waiting)) +
              " of the mask waits at __syncthreads (" + where(bar_at) + ")");
     Group* grp = nullptr;
-    for (Group& g : w.groups) {
+    for (int k = 0; k < w.n_groups; ++k) {
+        Group& g = w.groups[k];
         if (g.mask == mask) {
             grp = &g;
         } else if (g.mask & mask) {
             const Lane& o = lanes[size_t(base + __builtin_ctz(g.arrived))];
-            fail(what() + ": lane " + std::to_string(__builtin_ctz(g.arrived)) + " waits in " +
+            FAIL(what() + ": lane " + std::to_string(__builtin_ctz(g.arrived)) + " waits in " +
                  kind_name(o.kind) + "(mask " + hex(o.mask) + ") at " + where(o.at));
         }
     }
     if (grp && grp->kind != kind) {
         const Lane& o = lanes[size_t(base + __builtin_ctz(grp->arrived))];
-        fail(what() + ": lane " + std::to_string(__builtin_ctz(grp->arrived)) + " waits in " +
+        FAIL(what() + ": lane " + std::to_string(__builtin_ctz(grp->arrived)) + " waits in " +
              kind_name(o.kind) + "(mask " + hex(o.mask) + ") at " + where(o.at));
     }
     if (!grp) {
-        w.groups.push_back(Group{kind, mask, 0});
-        grp = &w.groups.back();
+        grp = &w.groups[w.n_groups++];
+        *grp = Group{kind, mask, 0};
     }
     grp->arrived |= 1u << lane;
     Lane& l = lanes[size_t(me)];
@@ -672,7 +703,7 @@ uint64_t Executor::Impl::collective(int kind, unsigned mask, uint64_t bits, int 
     const uint64_t g = warp_gen[wi];
     if (kind == kSyncwarp) tsan_release(&warp_token[wi][g & 1]);
     if (grp->arrived == mask) {
-        w.groups.erase(w.groups.begin() + (grp - w.groups.data()));
+        *grp = w.groups[--w.n_groups];
         unsigned ballot = 0;
         if (kind >= kBallot)
             for (int j = 0; j < lanes_here; ++j)
@@ -708,7 +739,7 @@ uint64_t Executor::Impl::collective(int kind, unsigned mask, uint64_t bits, int 
                 }
                 if (!ok) j = p;
                 if (j < 0 || j >= lanes_here || !(mask >> j & 1))
-                    fail(std::string(kind_name(kind)) + "(mask " + hex(mask) + ") at " + where(at) +
+                    FAIL(std::string(kind_name(kind)) + "(mask " + hex(mask) + ") at " + where(at) +
                          ": lane " + std::to_string(p) + " of warp " + std::to_string(wi) +
                          " reads lane " + std::to_string(j) + ", which the mask leaves out");
                 o.result = lanes[size_t(base + j)].bits;

@@ -337,7 +337,8 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, size_t rows, size_t d
         from = staged->data();
         spitch = bytes;
     }
-    enqueue(s, {[d, from, bytes, rows, dpitch, spitch, staged] {
+    // (The op alone owns the staged copy: the stream's thread, which reads it, frees it.)
+    enqueue(s, {[d, from, bytes, rows, dpitch, spitch, staged = std::move(staged)] {
                 for (size_t r = 0; r < rows; ++r)
                     std::memcpy(d + r * dpitch, from + r * spitch, bytes);
             }});
@@ -847,7 +848,7 @@ cudaError_t launch_kernel(std::shared_ptr<const Kernel> k, cudaStream_t stream) 
     if (k->shared > (max_dynamic ? max_dynamic : kSharedDefault))
         return fail(cudaErrorInvalidValue);
     if (faulted(d)) return fail(cudaErrorLaunchFailure);
-    enqueue(s, {[k, d, max_dynamic] {
+    enqueue(s, {[k = std::move(k), d, max_dynamic] {
                 count(d, &Counts::kernels);
                 const std::string f = tl_executor->run(*k, max_dynamic);
                 if (!f.empty()) set_fault(d, f);
@@ -867,6 +868,9 @@ void carve(cudaStream_t stream, const void* p, size_t bytes) {
 void release(cudaStream_t stream, const void* p, size_t bytes) {
     if (bytes == 0) return;
     enqueue(resolve(stream), {[p, bytes] {
+#if defined(CUDASIM_ASAN)
+                                  __asan_unpoison_memory_region(p, bytes);
+#endif
                                   std::memset(const_cast<void*>(p), 0xff, bytes);
 #if defined(CUDASIM_ASAN)
                                   __asan_poison_memory_region(p, bytes);

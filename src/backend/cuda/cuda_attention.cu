@@ -150,11 +150,14 @@ __global__ void mla_kernel(const AttentionRow* rows, const float* q, int64_t n_h
     }
 }
 
-// The scores an op keeps at once: its rows go in chunks of what fits (a dense prompt
-// deep in a context would otherwise ask for rows x heads x depth floats).
-constexpr size_t kScoreBytes = size_t(256) << 20;
+// The scores an op keeps at once: its query rows go in chunks of at most kChunkRows, and of
+// no more than kScoreBytes of scores (a dense prompt deep in a context would otherwise ask
+// for rows x heads x depth floats), each chunk's row descriptors staged with it.
+constexpr size_t kScoreBytes = size_t(64) << 20;
+constexpr int64_t kChunkRows = 256;
 int64_t rows_per_chunk(int64_t floats_per_row) {
-    return std::max<int64_t>(1, int64_t(kScoreBytes / (size_t(floats_per_row) * sizeof(float))));
+    return std::clamp<int64_t>(int64_t(kScoreBytes / (size_t(floats_per_row) * sizeof(float))), 1,
+                               kChunkRows);
 }
 
 constexpr int kPick = 10;
@@ -232,17 +235,18 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
         }
     }
     if (rows.empty()) return;
-    const IndexerRow* d_rows = stage(rows);
     const int64_t n = int64_t(rows.size()), chunk = rows_per_chunk(most);
-    auto* scores =
-        static_cast<float*>(scratch_bytes(size_t(std::min(chunk, n) * most) * sizeof(float)));
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+        Temporaries part(*this);
         const int64_t m = std::min(chunk, n - r0);
+        const IndexerRow* d_rows =
+            stage(std::vector<IndexerRow>(rows.begin() + r0, rows.begin() + r0 + m));
+        auto* scores = static_cast<float*>(scratch_bytes(size_t(m * most) * sizeof(float)));
         const dim3 grid(unsigned(m), grid_for(most, 128));
-        GLM5_LAUNCH(indexer_scores_kernel, grid, 128, 0, stream(), d_rows + r0, dev(q), dev(w),
-                    n_heads, dim, row_bytes, f16, scores, most);
-        GLM5_LAUNCH(top_k_kernel, unsigned(m), kThreads, 0, stream(), d_rows + r0, scores, most,
-                    top_k, dev(out));
+        GLM5_LAUNCH(indexer_scores_kernel, grid, 128, 0, stream(), d_rows, dev(q), dev(w), n_heads,
+                    dim, row_bytes, f16, scores, most);
+        GLM5_LAUNCH(top_k_kernel, unsigned(m), kThreads, 0, stream(), d_rows, scores, most, top_k,
+                    dev(out));
     }
 }
 
@@ -280,16 +284,26 @@ void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos
             cache_bytes_ += uint64_t(a.n) * row_bytes;
         }
     }
-    const AttentionRow* d_rows = stage(rows);
     const int64_t per_query = n_heads * most, chunk = rows_per_chunk(per_query);
-    auto* scores =
-        static_cast<float*>(scratch_bytes(size_t(std::min(chunk, T) * per_query) * sizeof(float)));
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+        Temporaries part(*this);
         const int64_t n = std::min(chunk, T - t0);
+        const AttentionRow* d_rows =
+            stage(std::vector<AttentionRow>(rows.begin() + t0, rows.begin() + t0 + n));
+        auto* scores = static_cast<float*>(scratch_bytes(size_t(n * per_query) * sizeof(float)));
         GLM5_LAUNCH(mla_kernel, unsigned(n * n_heads), kThreads, size_t(width) * sizeof(float),
-                    stream(), d_rows + t0, dev(q) + t0 * n_heads * width, n_heads, width, v_width,
+                    stream(), d_rows, dev(q) + t0 * n_heads * width, n_heads, width, v_width,
                     row_bytes, f16, scale, scores, most, dev(out) + t0 * n_heads * v_width);
     }
+}
+
+size_t CudaBackend::attention_scratch_bytes(int64_t n_heads, int64_t n_visible) const {
+    // One chunk of mla_attention's queries: its scores and row descriptors (with the
+    // arena's alignment).
+    const size_t per_query = size_t(n_heads * n_visible) * sizeof(float);
+    const size_t scores =
+        std::max(per_query, std::min(kScoreBytes, size_t(kChunkRows) * per_query));
+    return scores + size_t(kChunkRows) * sizeof(AttentionRow) + 512;
 }
 
 void CudaBackend::draft_pick(DevPtr<const float> logits, int64_t n_rows, int64_t n_vocab,

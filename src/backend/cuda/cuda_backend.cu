@@ -172,15 +172,11 @@ void CudaBackend::refuse(const char* op) const {
                 " yet (the vision tower's ops run on the CPU)");
 }
 
-size_t CudaBackend::attention_scratch_bytes(int64_t n_heads, int64_t n_visible) const {
-    return size_t(n_heads * n_visible) * sizeof(float);
-}
-
 // ---- memory --------------------------------------------------------------
 
 namespace {
 constexpr size_t kAlign = 256;
-constexpr size_t kFirstBlock = size_t(4) << 20;
+constexpr size_t kFirstBlock = size_t(1) << 20;
 }  // namespace
 
 void* CudaBackend::scratch_bytes(size_t bytes) {
@@ -206,6 +202,7 @@ void* CudaBackend::scratch_bytes(size_t bytes) {
     size_t held = 0;
     for (const Block& x : blocks_) held += x.used;
     high_water_ = std::max(high_water_, held);
+    most_held_ = std::max(most_held_, held);
 #if defined(GLM5_CUDA_SIM)
     cudasim::carve(stream(), p, asked);  // the rounding stays watched
 #endif
@@ -245,7 +242,7 @@ void CudaBackend::reset_scratch() {
         for (Block& b : blocks_) dev_.free(b.p);
         blocks_.clear();
         Block b;
-        b.cap = (high_water_ + kAlign - 1) / kAlign * kAlign;
+        b.cap = (most_held_ + kAlign - 1) / kAlign * kAlign;
         b.p = static_cast<uint8_t*>(dev_.alloc(b.cap, "scratch activations"));
 #if defined(GLM5_CUDA_SIM)
         cudasim::release(stream(), b.p, b.cap);
@@ -550,6 +547,7 @@ Counters CudaBackend::counters() const {
     c.weight_bytes = dev_.weight_bytes_read();
     c.matmul_calls = matmul_calls_;
     c.cache_bytes = cache_bytes_;
+    c.scratch_peak = high_water_;
     return c;
 }
 
@@ -557,6 +555,8 @@ void CudaBackend::reset_counters() {
     dev_.reset_counters();
     matmul_calls_ = 0;
     cache_bytes_ = 0;
+    high_water_ = 0;
+    for (const Block& b : blocks_) high_water_ += b.used;
 }
 
 // ---- the vision tower's ops: not on the GPU yet ----------------------------------

@@ -223,7 +223,8 @@ class CudaBackend final : public Backend {
     };
     std::vector<Block> blocks_;
     size_t cur_ = 0;
-    size_t high_water_ = 0;  // the most scratch a step has held at once
+    size_t high_water_ = 0;  // the most scratch held at once since reset_counters
+    size_t most_held_ = 0;   // ... ever (the size of the arena's one block)
     std::vector<Matrix> weights_;
     std::map<uintptr_t, size_t> registered_;  // device ranges of weights_: start -> bytes
     // register_view's copies: host range start -> (end, device start). A later registration

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "backend/cuda/cuda_internal.cuh"
@@ -25,11 +26,8 @@ void launched(const char* kernel, cudaStream_t s) {
     if (e != cudaSuccess)
         throw Error(std::string("cuda: launching ") + kernel + ": " + cudaGetErrorName(e) + " (" +
                     cudaGetErrorString(e) + ")");
-    static const bool sync = [] {
-        const char* v = std::getenv("GLM5_CUDA_SYNC");
-        return v && std::string(v) == "1";
-    }();
-    if (sync) {
+    const char* sync = std::getenv("GLM5_CUDA_SYNC");
+    if (sync && std::strcmp(sync, "1") == 0) {
         const cudaError_t r = cudaStreamSynchronize(s);
         if (r != cudaSuccess)
             throw Error(std::string("cuda: kernel ") + kernel + " failed: " + cudaGetErrorName(r) +
