@@ -10,7 +10,7 @@ bash scripts/deps.sh
 cuda=OFF
 if [[ -e /dev/nvidiactl ]] && command -v nvcc >/dev/null; then cuda=ON; fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGLM5_BUILD_TESTS=OFF -DGLM5_BUILD_BENCH=OFF \
-  -DGLM5_CUDA=$cuda >/dev/null
+  -DGLM5_CUDA=$cuda -DGLM5_CUDA_SIM=OFF >/dev/null
 cmake --build build -j"$(nproc)" --target glm5
 # The main job: template, tokenizer, prefill, sparse attention, MoE, sampling.
 # (tests/cli/english_reply.sh checks that this reply is English.)

@@ -6,12 +6,18 @@
 #         multi-row kernels, the attention kernels, tokenizer, reply parser,
 #         image decoding), the glm-dsa and glm5next parity tests, the engine
 #         (faults and the submit/cancel stress included), the server's in-process
-#         tests and the load-path fuzz corpus. No test here starts the glm5
-#         binary, so it is not built (GLM5_TESTS_WITHOUT_APP).
-#   tsan  ThreadSanitizer: the engine and server tests, the thread pool. cpp-httplib
-#         is compiled in from its header (Debian's source package, which
-#         scripts/deps.sh fetches), since Debian's compiled library is not
-#         instrumented; the server tests start the instrumented glm5 binary.
+#         tests and the load-path fuzz corpus; and the CUDA backend in the simulator
+#         (every product, every op, both models' forwards on the simulated devices:
+#         device memory and the arena's carvings are watched, so a kernel reading past
+#         an allocation or a released temporary is reported with its line). No test
+#         here starts the glm5 binary, so it is not built (GLM5_TESTS_WITHOUT_APP).
+#   tsan  ThreadSanitizer: the engine and server tests, the thread pool, and the CUDA
+#         backend in the simulator, where each CUDA thread is a thread to it (a missing
+#         __syncthreads is a race it reports; the products, the ops, a forward of each
+#         model on the second device from another thread). cpp-httplib is compiled in
+#         from its header (Debian's source package, which scripts/deps.sh fetches),
+#         since Debian's compiled library is not instrumented; the server tests start
+#         the instrumented glm5 binary.
 # Usage: scripts/sanitize.sh [asan|tsan|all]   (build folders build-asan, build-tsan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,14 +29,17 @@ asan_tests=(test_thread_pool test_gguf_malformed test_quant_basic test_quant_mul
             test_quant_repack test_backend_attention test_text_tokenizer test_text_reply test_image
             test_glm_dsa_parity "test_glm5next:--gtest_filter=-Glm5NextCli.*"
             test_engine test_engine_faults test_engine_stress test_server_unit
-            test_fuzz_load_corpus)
+            test_fuzz_load_corpus test_cudasim test_cuda_products
+            "test_cuda_backend:--gtest_filter=CudaOps.*")
 # (The SIGTERM test waits for a 2500-token stream to finish within the 30 s drain
 # timeout, which an instrumented server on a busy machine may not make; the other
 # shutdown tests cover the same code.)
 tsan_tests=(test_thread_pool test_engine test_engine_stress
             "test_server_http:--gtest_filter=-ServerShutdown.SigtermFinishesInFlightStreamsAndExitsZero"
             test_server_backpressure
-            "test_server_limits:--gtest_filter=ServerLimits.*:ServerKeepAlive.*")
+            "test_server_limits:--gtest_filter=ServerLimits.*:ServerKeepAlive.*"
+            "test_cudasim:--gtest_filter=CudaSim.*:CudaSimBackend.TheSecondDevice*"
+            test_cuda_products "test_cuda_backend:--gtest_filter=CudaOps.*")
 
 # Debian's cpp-httplib source (the single header its library is built from),
 # which scripts/deps.sh fetches into .cache/cpp-httplib.
@@ -83,7 +92,7 @@ run_set() {
 status=0
 if [[ $what == asan || $what == all ]]; then
   start=$SECONDS
-  cmake -S . -B build-asan "${build_type[@]}" -DGLM5_SANITIZE=ON -DGLM5_BUILD_BENCH=OFF -DGLM5_CUDA=OFF \
+  cmake -S . -B build-asan "${build_type[@]}" -DGLM5_SANITIZE=ON -DGLM5_BUILD_BENCH=OFF -DGLM5_CUDA_SIM=ON \
     -DGLM5_TESTS_WITHOUT_APP=ON > /dev/null
   cmake --build build-asan -j"$jobs" --target "${asan_tests[@]%%:*}"
   built=$SECONDS
@@ -95,7 +104,7 @@ fi
 if [[ $what == tsan || $what == all ]]; then
   start=$SECONDS
   hdir=$(httplib_header_dir)
-  cmake -S . -B build-tsan "${build_type[@]}" -DGLM5_TSAN=ON -DGLM5_BUILD_BENCH=OFF -DGLM5_CUDA=OFF \
+  cmake -S . -B build-tsan "${build_type[@]}" -DGLM5_TSAN=ON -DGLM5_BUILD_BENCH=OFF -DGLM5_CUDA_SIM=ON \
     -DGLM5_HTTPLIB_DIR="$PWD/$hdir" > /dev/null
   cmake --build build-tsan -j"$jobs" --target "${tsan_tests[@]%%:*}"
   built=$SECONDS

@@ -443,9 +443,10 @@ struct OnDevice {
     }
 };
 
-std::vector<float> prefill(model::Model& m, const std::vector<int32_t>& tokens) {
+// The last row's logits, or every row's.
+std::vector<float> prefill(model::Model& m, const std::vector<int32_t>& tokens, bool all = false) {
     auto st = m.new_state(int64_t(tokens.size()) + 8);
-    model::SeqInput in{st.get(), tokens, true};
+    model::SeqInput in{st.get(), tokens, all};
     std::vector<float> lg;
     m.forward({&in, 1}, lg);
     return lg;

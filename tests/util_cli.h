@@ -48,10 +48,18 @@ inline CliResult run_shell(const std::string& cmd, const std::string& input = ""
     return r;
 }
 
+// The glm5 binary: GLM5_BINARY in the environment when set (a test binary that runs away
+// from this checkout: scripts/device-check.sh carries glm5 beside its GPU tests), else the
+// one built beside the tests.
+inline std::string glm5_binary() {
+    const char* b = std::getenv("GLM5_BINARY");
+    return b && *b ? b : GLM5_BINARY;
+}
+
 // Runs the glm5 binary with `args`.
 inline CliResult run_glm5(const std::string& args, const std::string& input = "",
                           const std::string& env = "") {
-    return run_shell(std::string(GLM5_BINARY) + " " + args, input, env);
+    return run_shell(glm5_binary() + " " + args, input, env);
 }
 
 }  // namespace glm5::test

@@ -322,6 +322,10 @@ struct Executor::Impl {
     void syncthreads(const Where& at);
     uint64_t collective(int kind, unsigned mask, uint64_t bits, int arg, int width,
                         const Where& at);
+    struct Group;
+    Group* arrive(int kind, unsigned mask, int width, const Where& at);
+    [[noreturn]] void arrival_fault(int kind, unsigned mask, int width, const Where& at);
+    [[noreturn]] void source_fault(int kind, unsigned mask, int p, int j, const Where& at);
     void* shared(const void* key, size_t bytes, size_t align);
 };
 
@@ -348,7 +352,10 @@ void Executor::Impl::init_stack(Fiber& f) {
     // What cudasim_switch pops: r15, r14, r13 = fiber_main, r12 = &f, rbx, rbp, then the
     // return address, cudasim_entry, which then runs with the stack 16-byte aligned (its
     // call pushes the return address a function expects).
-    auto top = reinterpret_cast<uintptr_t>(f.lo + f.size) & ~uintptr_t(15);
+    // Each fiber's stack starts at another offset within a page: stacks a page-multiple
+    // apart would all use the same few cache sets, and a switch would miss on every frame.
+    const uintptr_t color = uintptr_t(f.slot) * 448 % 4096;
+    auto top = (reinterpret_cast<uintptr_t>(f.lo + f.size) - color) & ~uintptr_t(15);
     auto* s = reinterpret_cast<uint64_t*>(top - 72);
     std::memset(s, 0, 72);
     s[2] = reinterpret_cast<uint64_t>(&fiber_main);  // r13
@@ -651,12 +658,35 @@ void Executor::Impl::syncthreads(const Where& at) {
     tsan_acquire(&bar_token[g & 1]);
 }
 
-uint64_t Executor::Impl::collective(int kind, unsigned mask, uint64_t bits, int arg, int width,
-                                    const Where& at) {
+// The checks of a collective's arrival, and the group it joins (null for a new one). Apart
+// from collective() so that the messages' strings stay out of its frame: a lane's frames are
+// what each switch brings back into the cache.
+Executor::Impl::Group* Executor::Impl::arrive(int kind, unsigned mask, int width, const Where& at) {
     const int me = cur, wi = me / 32, lane = me % 32, base = wi * 32;
     const int lanes_here = std::min(32, n - base);
     Warp& w = warps[size_t(wi)];
-    // (The message is built only for a fault: collectives are the simulator's hot path.)
+    Group* grp = nullptr;
+    bool bad = !(mask >> lane & 1) || (lanes_here < 32 && (mask >> lanes_here) != 0) ||
+               (kind <= kXor && (width < 1 || width > 32 || (width & (width - 1)) != 0)) ||
+               (mask & (w.exited | w.at_barrier)) != 0;
+    for (int k = 0; k < w.n_groups; ++k) {
+        Group& g = w.groups[k];
+        if (g.mask == mask) {
+            grp = &g;
+            bad = bad || g.kind != kind;
+        } else if (g.mask & mask) {
+            bad = true;
+        }
+    }
+    if (bad) arrival_fault(kind, mask, width, at);
+    return grp;
+}
+
+[[gnu::noinline, gnu::cold]] void Executor::Impl::arrival_fault(int kind, unsigned mask, int width,
+                                                                const Where& at) {
+    const int me = cur, wi = me / 32, lane = me % 32, base = wi * 32;
+    const int lanes_here = std::min(32, n - base);
+    const Warp& w = warps[size_t(wi)];
     auto what = [&] {
         return std::string(kind_name(kind)) + "(mask " + hex(mask) + ") at " + where(at) +
                ", lane " + std::to_string(lane) + " of warp " + std::to_string(wi);
@@ -672,22 +702,30 @@ uint64_t Executor::Impl::collective(int kind, unsigned mask, uint64_t bits, int 
     if (const unsigned waiting = mask & w.at_barrier)
         FAIL(what() + ": lane " + std::to_string(__builtin_ctz(waiting)) +
              " of the mask waits at __syncthreads (" + where(bar_at) + ")");
-    Group* grp = nullptr;
     for (int k = 0; k < w.n_groups; ++k) {
-        Group& g = w.groups[k];
-        if (g.mask == mask) {
-            grp = &g;
-        } else if (g.mask & mask) {
+        const Group& g = w.groups[k];
+        if ((g.mask & mask) && (g.mask != mask || g.kind != kind)) {
             const Lane& o = lanes[size_t(base + __builtin_ctz(g.arrived))];
             FAIL(what() + ": lane " + std::to_string(__builtin_ctz(g.arrived)) + " waits in " +
                  kind_name(o.kind) + "(mask " + hex(o.mask) + ") at " + where(o.at));
         }
     }
-    if (grp && grp->kind != kind) {
-        const Lane& o = lanes[size_t(base + __builtin_ctz(grp->arrived))];
-        FAIL(what() + ": lane " + std::to_string(__builtin_ctz(grp->arrived)) + " waits in " +
-             kind_name(o.kind) + "(mask " + hex(o.mask) + ") at " + where(o.at));
-    }
+    FAIL(what() + ": a collective the simulator cannot match");
+}
+
+[[gnu::noinline, gnu::cold]] void Executor::Impl::source_fault(int kind, unsigned mask, int p,
+                                                               int j, const Where& at) {
+    FAIL(std::string(kind_name(kind)) + "(mask " + hex(mask) + ") at " + where(at) + ": lane " +
+         std::to_string(p) + " of warp " + std::to_string(cur / 32) + " reads lane " +
+         std::to_string(j) + ", which the mask leaves out");
+}
+
+uint64_t Executor::Impl::collective(int kind, unsigned mask, uint64_t bits, int arg, int width,
+                                    const Where& at) {
+    const int me = cur, wi = me / 32, lane = me % 32, base = wi * 32;
+    const int lanes_here = std::min(32, n - base);
+    Warp& w = warps[size_t(wi)];
+    Group* grp = arrive(kind, mask, width, at);
     if (!grp) {
         grp = &w.groups[w.n_groups++];
         *grp = Group{kind, mask, 0};
@@ -739,9 +777,7 @@ uint64_t Executor::Impl::collective(int kind, unsigned mask, uint64_t bits, int 
                 }
                 if (!ok) j = p;
                 if (j < 0 || j >= lanes_here || !(mask >> j & 1))
-                    FAIL(std::string(kind_name(kind)) + "(mask " + hex(mask) + ") at " + where(at) +
-                         ": lane " + std::to_string(p) + " of warp " + std::to_string(wi) +
-                         " reads lane " + std::to_string(j) + ", which the mask leaves out");
+                    source_fault(kind, mask, p, j, at);
                 o.result = lanes[size_t(base + j)].bits;
             } else if (kind == kBallot) {
                 o.result = ballot;

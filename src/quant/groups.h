@@ -433,14 +433,15 @@ GLM5_HD bool decode_group(Type t, const uint8_t* row, int64_t g, const Tables& t
     const uint8_t* b = row + group_block_bytes(t) * (g / per_block);
     const int ib = int(g % per_block);
     switch (t) {
+        // (32 steps, the tail's predicated: constant indices keep y in a GPU's registers.)
         case Type::F32:
-            for (int j = 0; j < n; ++j) y[j] = bits_f32(u32(b + 4 * j));
+            for (int j = 0; j < kGroup; ++j) y[j] = j < n ? bits_f32(u32(b + 4 * j)) : 0.f;
             return true;
         case Type::F16:
-            for (int j = 0; j < n; ++j) y[j] = f16(u16(b + 2 * j));
+            for (int j = 0; j < kGroup; ++j) y[j] = j < n ? f16(u16(b + 2 * j)) : 0.f;
             return true;
         case Type::BF16:
-            for (int j = 0; j < n; ++j) y[j] = bf16(u16(b + 2 * j));
+            for (int j = 0; j < kGroup; ++j) y[j] = j < n ? bf16(u16(b + 2 * j)) : 0.f;
             return true;
         case Type::Q4_0:
             group_q4_0(b, y);
@@ -507,7 +508,8 @@ GLM5_HD bool decode_group(Type t, const uint8_t* row, int64_t g, const Tables& t
 // One group's share of a row product: its n values against x[0..n) as a chain of fused
 // multiply-adds in order, from `acc`.
 GLM5_HD float group_dot(const float* w, const float* x, float acc, int n = kGroup) {
-    for (int j = 0; j < n; ++j) acc = fma(w[j], x[j], acc);
+    for (int j = 0; j < kGroup; ++j)
+        if (j < n) acc = fma(w[j], x[j], acc);
     return acc;
 }
 

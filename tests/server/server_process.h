@@ -28,7 +28,8 @@ class ServerProcess {
         char path[] = "/tmp/glm5-serve-log-XXXXXX";
         const int fd = mkstemp(path);
         log_path_ = path;
-        std::vector<std::string> argv_s = {GLM5_BINARY, "serve"};
+        const char* bin = std::getenv("GLM5_BINARY");  // as util_cli.h's glm5_binary()
+        std::vector<std::string> argv_s = {bin && *bin ? bin : GLM5_BINARY, "serve"};
         argv_s.insert(argv_s.end(), args.begin(), args.end());
         pid_ = fork();
         if (pid_ == 0) {

@@ -20,9 +20,12 @@ __global__ void embed_kernel(quant::Type type, const uint8_t* table, size_t row_
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n * per_row) return;
     const int64_t t = i / per_row, g = i % per_row;
-    quant::groups::decode_group(type, table + size_t(ids[t]) * row_bytes, g, tab,
-                                out + t * cols + g * quant::groups::kGroup,
-                                quant::groups::group_values(cols, g));
+    const int nv = quant::groups::group_values(cols, g);
+    float v[quant::groups::kGroup];
+    quant::groups::decode_group(type, table + size_t(ids[t]) * row_bytes, g, tab, v, nv);
+    float* o = out + t * cols + g * quant::groups::kGroup;
+    for (int j = 0; j < quant::groups::kGroup; ++j)
+        if (j < nv) o[j] = v[j];
 }
 
 __global__ void rms_norm_kernel(const float* x, int64_t xs, const float* w, int64_t dim, float eps,

@@ -40,7 +40,9 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
 #if defined(GLM5_CUDA_SIM)
     ::cudasim::launch(name, kernel, grid, block, shared, s, std::forward<A>(args)...);
 #else
-    kernel<<<grid, block, shared, s> > >(std::forward<A>(args)...);
+    // clang-format off
+    kernel<<<grid, block, shared, s>>>(std::forward<A>(args)...);
+    // clang-format on
 #endif
     launched(name, s);
 }

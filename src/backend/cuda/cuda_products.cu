@@ -45,9 +45,12 @@ __global__ void __launch_bounds__(kWarps * 32)
                 acc[k] =
                     groups::group_dot(v, x + (t0 + k) * x_stride + groups::kGroup * g, acc[k], nv);
     }
+    // Only the chunk's tokens (the test is the same for the whole warp).
 #pragma unroll
     for (int k = 0; k < kTokenChunk; ++k)
-        for (int off = 16; off >= 1; off /= 2) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], off);
+        if (t0 + k < n_tok)
+            for (int off = 16; off >= 1; off /= 2)
+                acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], off);
     if (lane == 0) {
 #pragma unroll
         for (int k = 0; k < kTokenChunk; ++k)
