@@ -124,6 +124,26 @@ TEST(CudaOps, NormsRopeHadamardAndSwigluAgreeWithTheCpu) {
     }
 }
 
+// A weight vector is the device's copy of what was registered last at its address: a model
+// loaded where another was reads its own weights, never the earlier one's.
+TEST(CudaOps, AVectorRegisteredAgainIsReadAnew) {
+    auto g = gpu();
+    const int64_t dim = 64;
+    const std::vector<float> x = test::normal_floats(size_t(dim), 50);
+    std::vector<float> w(static_cast<size_t>(dim), 1.f);
+    auto norm = [&] {
+        auto dx = put(*g, x), dy = g->scratch(x.size());
+        g->rms_norm(dx, dim, w.data(), 1, dim, 1e-6f, dy, dim);
+        return get(*g, dy, x.size());
+    };
+    g->register_vector(w.data(), dim, "first");
+    const std::vector<float> first = norm();
+    for (float& v : w) v = 2.f;  // the same address, other weights
+    g->register_vector(w.data(), dim, "second");
+    const std::vector<float> second = norm();
+    for (int64_t i = 0; i < dim; ++i) EXPECT_EQ(second[size_t(i)], 2.f * first[size_t(i)]) << i;
+}
+
 // A cache of n rows of `width` (F16), queries over it: dense rows, and rows that see a
 // selection of 64 of their cells.
 TEST(CudaOps, MlaAttentionDenseAndSelectedAgreesWithTheCpu) {

@@ -70,8 +70,9 @@ TEST(CudaCli, LogitsAgreeWithTheCpus) {
     // `logits` takes a file: the default model's own.
     std::vector<std::string> files = models();
     const char* away = std::getenv("GLM5_TEST_DATA");  // device-check.sh carries it there
-    files[0] = "--model " + (away && *away ? std::string(away) + "/kjv-mini.gguf"
-                                           : std::string(GLM5_SOURCE_DIR) + "/models/kjv-mini.gguf");
+    files[0] =
+        "--model " + (away && *away ? std::string(away) + "/kjv-mini.gguf"
+                                    : std::string(GLM5_SOURCE_DIR) + "/models/kjv-mini.gguf");
     for (const std::string& m : files) {
         auto logits = [&](const std::string& device) {
             const auto r = run_glm5(

@@ -211,6 +211,31 @@ TEST(CudaDevice, FloatMatricesOfAnyWidthMultiply) {
         }
 }
 
+// Copies pass through a ring of pinned memory: many of them, around the ring several times,
+// interleaved, each download delivered by synchronize() and none overwritten by a later
+// upload before then; copies larger than half the ring go from pageable memory.
+TEST(CudaDevice, StagedCopiesKeepTheirBytes) {
+    cuda::Device& dev = device();
+    const size_t n = size_t(3) << 18;  // 3 MiB of floats a copy: the 16 MiB ring wraps often
+    std::vector<std::vector<float>> back(12, std::vector<float>(n));
+    DeviceFloats d(n * 12);
+    for (size_t i = 0; i < 12; ++i) {
+        const std::vector<float> h = test::normal_floats(n, uint32_t(60 + i));
+        dev.upload(d.p + i * n, h.data(), n * sizeof(float));
+        if (i >= 2) dev.download(back[i - 2].data(), d.p + (i - 2) * n, n * sizeof(float));
+    }
+    dev.download(back[10].data(), d.p + 10 * n, n * sizeof(float));
+    dev.download(back[11].data(), d.p + 11 * n, n * sizeof(float));
+    dev.synchronize();
+    for (size_t i = 0; i < 12; ++i)
+        EXPECT_EQ(back[i], test::normal_floats(n, uint32_t(60 + i))) << "copy " << i;
+    // Over half the ring: the pageable path.
+    const std::vector<float> big = test::normal_floats(size_t(3) << 20, 72);
+    DeviceFloats db(big.size());
+    dev.upload(db.p, big.data(), big.size() * sizeof(float));
+    EXPECT_EQ(db.read(), big);
+}
+
 TEST(CudaDevice, MemoryThatDoesNotFitIsRefusedWithTheNumbers) {
     cuda::Device& dev = device();
     const uint64_t too_much = dev.info().total_bytes * 2;
