@@ -132,6 +132,7 @@ void ensure_context(int d) {
 }
 
 bool faulted(int d) {
+    if (!valid_device(d)) return false;
     std::lock_guard<std::mutex> lock(rt().m);
     return !rt().dev[size_t(d)].fault.empty();
 }
@@ -222,9 +223,12 @@ Stream* new_stream(int d, bool legacy) {
     return s;
 }
 
+// The stream a call names, or the current device's legacy stream; null when there is no
+// device (the caller fails with cudaErrorNoDevice).
 Stream* resolve(cudaStream_t s) {
     if (s) return s;
     const int d = tl_device;
+    if (!valid_device(d)) return nullptr;
     {
         std::lock_guard<std::mutex> lock(rt().m);
         if (Stream* l = rt().dev[size_t(d)].legacy) return l;
@@ -319,6 +323,7 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, size_t rows, size_t d
     Side ds, ss;
     if (const cudaError_t e = check_copy(dst, dspan, src, sspan, kind, &ds, &ss)) return fail(e);
     Stream* s = resolve(stream);
+    if (!s) return fail(cudaErrorNoDevice);
     if (faulted(s->device)) return fail(cudaErrorLaunchFailure);
     const bool to_pageable = kind == cudaMemcpyDeviceToHost && ds == Side::Host;
     const bool from_pageable = kind == cudaMemcpyHostToDevice && ss == Side::Host;
@@ -487,6 +492,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     const int d = tl_device;
+    if (!valid_device(d)) return fail(cudaErrorNoDevice);
     std::lock_guard<std::mutex> lock(rt().m);
     ensure_context_locked(d);
     const DeviceState& s = rt().dev[size_t(d)];
@@ -497,6 +503,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 
 cudaError_t cudaDeviceSynchronize() {
     const int d = tl_device;
+    if (!valid_device(d)) return fail(cudaErrorNoDevice);
     ensure_context(d);
     count(d, &Counts::host_waits);
     for (Stream* s : streams_of(d)) wait_idle(s);
@@ -508,6 +515,7 @@ cudaError_t cudaDeviceSynchronize() {
 cudaError_t cudaMalloc(void** p, size_t bytes) {
     *p = nullptr;
     const int d = tl_device;
+    if (!valid_device(d)) return fail(cudaErrorNoDevice);
     if (faulted(d)) return fail(cudaErrorLaunchFailure);
     if (bytes == 0) return cudaSuccess;
     {
@@ -557,6 +565,7 @@ cudaError_t cudaFree(void* p) {
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags) {
     (void)flags;
     *p = nullptr;
+    if (!valid_device(tl_device)) return fail(cudaErrorNoDevice);
     ensure_context(tl_device);
     if (posix_memalign(p, 256, std::max<size_t>(bytes, 1)) != 0)
         return fail(cudaErrorMemoryAllocation);
@@ -605,6 +614,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
     int d = -1;
     if (side_of(p, bytes, &d) != Side::Device) return fail(cudaErrorInvalidValue);
     Stream* s = resolve(stream);
+    if (!s) return fail(cudaErrorNoDevice);
     if (faulted(s->device)) return fail(cudaErrorLaunchFailure);
     enqueue(s, {[p, value, bytes] { std::memset(p, value, bytes); }});
     return cudaSuccess;
@@ -612,6 +622,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
 
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
     Stream* s = resolve(nullptr);
+    if (!s) return fail(cudaErrorNoDevice);
     if (capturing(s)) return fail(cudaErrorStreamCaptureUnsupported);
     if (const cudaError_t e = cudaMemsetAsync(p, value, bytes, s)) return e;
     wait_idle(s);
@@ -622,6 +633,8 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
     (void)flags;
+    *s = nullptr;
+    if (!valid_device(tl_device)) return fail(cudaErrorNoDevice);
     *s = new_stream(tl_device, false);
     return cudaSuccess;
 }
@@ -651,6 +664,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     Stream* s = resolve(stream);
+    if (!s) return fail(cudaErrorNoDevice);
     if (capturing(s)) return fail(cudaErrorStreamCaptureUnsupported);
     count(s->device, &Counts::host_waits);
     wait_idle(s);
@@ -659,12 +673,15 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
     Stream* s = resolve(stream);
+    if (!s) return fail(cudaErrorNoDevice);
     std::lock_guard<std::mutex> lock(s->m);
     return s->q.empty() && !s->busy ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
     (void)flags;
+    *e = nullptr;
+    if (!valid_device(tl_device)) return fail(cudaErrorNoDevice);
     *e = new Event;
     (*e)->device = tl_device;
     return cudaSuccess;
@@ -676,6 +693,7 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) {
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
     Stream* s = resolve(stream);
+    if (!s) return fail(cudaErrorNoDevice);
     bool in_capture = false;
     {
         std::lock_guard<std::mutex> lock(s->m);
@@ -734,6 +752,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned flags) {
     (void)flags;
     Stream* s = resolve(stream);
+    if (!s) return fail(cudaErrorNoDevice);
     uint64_t target;
     {
         std::lock_guard<std::mutex> lock(rt().m);
@@ -749,6 +768,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned fla
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
     Stream* s = resolve(stream);
+    if (!s) return fail(cudaErrorNoDevice);
     if (faulted(s->device)) return fail(cudaErrorLaunchFailure);
     enqueue(s, {[fn, data] { fn(data); }});
     return cudaSuccess;
@@ -783,6 +803,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* g) {
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
     Stream* s = resolve(stream);
+    if (!s) return fail(cudaErrorNoDevice);
     std::lock_guard<std::mutex> lock(s->m);
     *status = !s->capture          ? cudaStreamCaptureStatusNone
               : s->capture_invalid ? cudaStreamCaptureStatusInvalidated
@@ -799,6 +820,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t g, unsigned 
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     Stream* s = resolve(stream);
+    if (!s) return fail(cudaErrorNoDevice);
     if (!exec || exec->device != s->device) return fail(cudaErrorInvalidValue);
     if (faulted(s->device)) return fail(cudaErrorLaunchFailure);
     count(s->device, &Counts::graphs);
@@ -832,6 +854,7 @@ namespace cudasim {
 cudaError_t launch_kernel(std::shared_ptr<const Kernel> k, cudaStream_t stream) {
     const int d = tl_device;
     Stream* s = resolve(stream);
+    if (!s) return fail(cudaErrorNoDevice);
     // A kernel goes to a stream of the current device (a copy may go to any).
     if (s->device != d) return fail(cudaErrorInvalidResourceHandle);
     const dim3 g = k->grid, b = k->block;
@@ -859,24 +882,26 @@ cudaError_t launch_kernel(std::shared_ptr<const Kernel> k, cudaStream_t stream) 
 void carve(cudaStream_t stream, const void* p, size_t bytes) {
 #if defined(CUDASIM_ASAN)
     if (bytes == 0) return;
-    enqueue(resolve(stream), {[p, bytes] { __asan_unpoison_memory_region(p, bytes); }, true});
+    if (Stream* s = resolve(stream))
+        enqueue(s, {[p, bytes] { __asan_unpoison_memory_region(p, bytes); }, true});
 #else
     (void)stream, (void)p, (void)bytes;
 #endif
 }
 
 void release(cudaStream_t stream, const void* p, size_t bytes) {
-    if (bytes == 0) return;
-    enqueue(resolve(stream), {[p, bytes] {
+    Stream* s = resolve(stream);
+    if (bytes == 0 || !s) return;
+    enqueue(s, {[p, bytes] {
 #if defined(CUDASIM_ASAN)
-                                  __asan_unpoison_memory_region(p, bytes);
+                    __asan_unpoison_memory_region(p, bytes);
 #endif
-                                  std::memset(const_cast<void*>(p), 0xff, bytes);
+                    std::memset(const_cast<void*>(p), 0xff, bytes);
 #if defined(CUDASIM_ASAN)
-                                  __asan_poison_memory_region(p, bytes);
+                    __asan_poison_memory_region(p, bytes);
 #endif
-                              },
-                              true});
+                },
+                true});
 }
 
 int device_count() {
