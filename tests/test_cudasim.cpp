@@ -40,9 +40,11 @@ __global__ void lane_quits(int quits, float* out) {
 }
 
 // Every lane's result of each shuffle kind at `width`, and the votes.
-__global__ void shuffles(int width, int* xo, int* up, int* down, int* idx, unsigned* votes) {
+__global__ void shuffles(int width, int* xo, int* x16, int* up, int* down, int* idx,
+                         unsigned* votes) {
     const int v = int(threadIdx.x) * 10;
     xo[threadIdx.x] = __shfl_xor_sync(0xffffffffu, v, 5, width);
+    x16[threadIdx.x] = __shfl_xor_sync(0xffffffffu, v, 16, width);
     up[threadIdx.x] = __shfl_up_sync(0xffffffffu, v, 3, width);
     down[threadIdx.x] = __shfl_down_sync(0xffffffffu, v, 3, width);
     idx[threadIdx.x] = __shfl_sync(0xffffffffu, v, 6, width);
@@ -50,6 +52,18 @@ __global__ void shuffles(int width, int* xo, int* up, int* down, int* idx, unsig
     const int any = __any_sync(0xffffffffu, threadIdx.x == 7);
     const int all = __all_sync(0xffffffffu, threadIdx.x < 32);
     if (threadIdx.x == 0) votes[0] = b, votes[1] = unsigned(any), votes[2] = unsigned(all);
+}
+
+// Odd lanes leave; the even ones vote with the full mask (CUDA: the mask's lanes that have not
+// exited), and a partial last warp meets at __syncwarp with the full mask.
+__global__ void votes_after_exits(unsigned* out) {
+    if (threadIdx.x % 2) return;
+    const unsigned b = __ballot_sync(0xffffffffu, 1);
+    const int all = __all_sync(0xffffffffu, 1);
+    __syncwarp();
+    const unsigned low = __ballot_sync(0xffffffffu, threadIdx.x < 36);
+    if (threadIdx.x == 0) out[0] = b, out[1] = unsigned(all);
+    if (threadIdx.x == 32) out[2] = low;
 }
 
 // A block sum in shared memory with atomics, then thread 0 reads it after the barrier.
@@ -108,7 +122,12 @@ struct Dev {
 template <class F>
 std::string fault_of(F launch) {
     cudaSetDevice(0);
-    launch();
+    // The stream's thread may have run the kernel before the launch is checked: the check
+    // then reports the fault already, as a GPU's can.
+    try {
+        launch();
+    } catch (const Error&) {
+    }
     const cudaError_t e = cudaDeviceSynchronize();
     const std::string f = cudasim::fault(0);
     if (!f.empty()) {
@@ -116,8 +135,8 @@ std::string fault_of(F launch) {
         // Sticky until cleared, as a GPU's context is.
         EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
         cudasim::clear_fault(0);
-        cudaGetLastError();
     }
+    cudaGetLastError();
     return f;
 }
 
@@ -158,22 +177,36 @@ TEST(CudaSim, ALaneThatNeverJoinsAShuffleIsAFault) {
     EXPECT_EQ(v[63], float((32 + 63) * 32 / 2));
 }
 
+TEST(CudaSim, LanesThatExitedNeedNotJoinACollective) {
+    Dev<unsigned> out(3);
+    // 40 threads: the second warp has 8 lanes, 4 of them even.
+    ASSERT_EQ(
+        fault_of([&] { GLM5_LAUNCH(votes_after_exits, dim3(1), dim3(40), 0, nullptr, out.p); }),
+        "");
+    const auto o = out.get();
+    EXPECT_EQ(o[0], 0x55555555u);
+    EXPECT_EQ(o[1], 1u);
+    EXPECT_EQ(o[2], 0x5u);  // lanes 0 and 2 of the second warp (threads 32, 34)
+}
+
 TEST(CudaSim, ShufflesAndVotesFollowPtx) {
     for (int width : {32, 16, 8}) {
-        Dev<int> xo(64), up(64), down(64), idx(64);
+        Dev<int> xo(64), x16(64), up(64), down(64), idx(64);
         Dev<unsigned> votes(3);
         ASSERT_EQ(fault_of([&] {
-                      GLM5_LAUNCH(shuffles, dim3(1), dim3(64), 0, nullptr, width, xo.p, up.p,
+                      GLM5_LAUNCH(shuffles, dim3(1), dim3(64), 0, nullptr, width, xo.p, x16.p, up.p,
                                   down.p, idx.p, votes.p);
                   }),
                   "");
-        const auto x = xo.get(), u = up.get(), d = down.get(), i = idx.get();
+        const auto x = xo.get(), y = x16.get(), u = up.get(), d = down.get(), i = idx.get();
         for (int t = 0; t < 64; ++t) {
             const int lane = t % 32, w0 = t - lane, seg = lane / width * width;
             // The source lane, or the caller's own value where it falls outside the segment
-            // (xor may reach into an earlier segment, never a later one).
-            const int xs = lane ^ 5;
+            // (xor may reach into an earlier segment, never a later one: 16 at width 8).
+            const int xs = lane ^ 5, ys = lane ^ 16;
             EXPECT_EQ(x[size_t(t)], 10 * (w0 + (xs < seg + width ? xs : lane)))
+                << width << " " << t;
+            EXPECT_EQ(y[size_t(t)], 10 * (w0 + (ys < seg + width ? ys : lane)))
                 << width << " " << t;
             EXPECT_EQ(u[size_t(t)], 10 * (w0 + (lane - 3 >= seg ? lane - 3 : lane))) << width;
             EXPECT_EQ(d[size_t(t)], 10 * (w0 + (lane + 3 < seg + width ? lane + 3 : lane)))
@@ -396,7 +429,9 @@ TEST(CudaSim, ListingDevicesOpensNoContext) {
     // Reading one device's free memory opens that device's context alone.
     EXPECT_GT(backend::cuda::device_free_bytes(1), 0u);
     for (int d : cudasim::contexts()) {
-        if (std::find(before.begin(), before.end(), d) == before.end()) EXPECT_EQ(d, 1);
+        if (std::find(before.begin(), before.end(), d) == before.end()) {
+            EXPECT_EQ(d, 1);
+        }
     }
 }
 

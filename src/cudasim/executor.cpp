@@ -277,13 +277,17 @@ struct Executor::Impl {
     // has control back (reading a fault's message, abandoning the threads a fault stopped).
     // The scheduler never orders a fiber after itself mid-block, so fibers stay unordered.
     char back_token = 0;
-    char warp_token[32][2] = {};
-    uint64_t warp_gen[32] = {};
+    // A __syncwarp group's ordering address, one per group in turn (a lane acquires its
+    // group's before 65536 later groups could have reused it).
+    std::vector<char> sync_tokens = std::vector<char>(65536);
+    uint32_t next_token = 0;
     // Each warp's lanes that have exited or wait at the barrier, and the collectives its
     // lanes are meeting in (lanes of disjoint masks may meet apart).
     struct Group {
         int kind;
         unsigned mask, arrived;
+        uint32_t token;  // its __syncwarp's ordering address: sync_tokens[token]
+        Where at;
     };
     struct Warp {
         unsigned exited = 0, at_barrier = 0;
@@ -326,6 +330,10 @@ struct Executor::Impl {
     Group* arrive(int kind, unsigned mask, int width, const Where& at);
     [[noreturn]] void arrival_fault(int kind, unsigned mask, int width, const Where& at);
     [[noreturn]] void source_fault(int kind, unsigned mask, int p, int j, const Where& at);
+    [[noreturn]] void barrier_fault(const Where& at);
+    // Group k of warp wi has every lane it waits for: each gets its result, and all but
+    // `running_lane` (the one completing it in its own call, or -1) may go on.
+    void complete(int wi, int k, int running_lane);
     void* shared(const void* key, size_t bytes, size_t align);
 };
 
@@ -486,16 +494,13 @@ void Executor::Impl::thread_main(Fiber& f) {
         fault = prefix() + "thread " + std::to_string(me) + " exited while " +
                 std::to_string(bar_count) + " threads wait at __syncthreads (" + where(bar_at) +
                 "), which it never reaches";
-    // Lanes of its warp waiting for it in a collective never get it either.
-    for (int k = 0; k < w.n_groups; ++k)
-        if (const Group& g = w.groups[k]; fault.empty() && (g.mask >> (me - base) & 1)) {
-            const int j = __builtin_ctz(g.arrived);
-            const Lane& o = lanes[size_t(base + j)];
-            fault = prefix() + "lane " + std::to_string(me - base) + " of warp " +
-                    std::to_string(me / 32) + " exited while lane " + std::to_string(j) +
-                    " waits for it in " + kind_name(o.kind) + "(mask " + hex(o.mask) + ") at " +
-                    where(o.at);
-        }
+    // A collective waits for the mask's lanes that have not exited (CUDA's rule): one that
+    // waited only for this lane completes now.
+    for (int k = 0; k < w.n_groups && fault.empty();)
+        if (w.groups[k].arrived == (w.groups[k].mask & ~w.exited))
+            complete(me / 32, k, -1);
+        else
+            ++k;
     yield();
 }
 
@@ -581,6 +586,8 @@ bool Executor::Impl::run_block() {
     bar_count = 0;
     exited = 0;
     warps.assign(size_t((n + 31) / 32), Warp{});
+    // The lanes a block's last warp does not have count as exited ones.
+    if (n % 32) warps.back().exited = ~((1u << (n % 32)) - 1);
     reset_shared();
     watched.bx = block.x;
     watched.by = block.y;
@@ -589,7 +596,11 @@ bool Executor::Impl::run_block() {
     tsan_release(&launch_token);
     ready.assign(size_t(n) + 1, 0);
     ready_head = ready_tail = 0;
-    for (int i = 0; i < n; ++i) make_ready(i);
+    // Lanes start in thread order in one block and in the reverse order in the next, so that
+    // a missing barrier between a writer and a reader shows in the results whichever of the
+    // two comes first (ThreadSanitizer reports it either way).
+    const bool reverse = (block.x + block.y + block.z) & 1;
+    for (int i = 0; i < n; ++i) make_ready(reverse ? n - 1 - i : i);
     // Each resumed lane hands over to the next ready one itself: control is back here when
     // none is ready, or on a fault.
     for (int i = next_ready(); i >= 0; i = next_ready()) {
@@ -627,15 +638,20 @@ std::string Executor::Impl::deadlock() const {
     return s;
 }
 
+// (Apart from syncthreads, so that nothing owned is in its frame when a fault abandons it.)
+[[gnu::noinline, gnu::cold]] void Executor::Impl::barrier_fault(const Where& at) {
+    std::vector<int> gone;
+    for (int i = 0; i < n; ++i)
+        if (lanes[size_t(i)].state == State::Done) gone.push_back(i);
+    set_fault("thread " + std::to_string(cur) + " reaches __syncthreads (" + where(at) +
+              ") after threads " + ranges(gone) + " have exited: they never will");
+    gone = {};
+    stop();
+}
+
 void Executor::Impl::syncthreads(const Where& at) {
     Lane& l = lanes[size_t(cur)];
-    if (exited > 0) {
-        std::vector<int> gone;
-        for (int i = 0; i < n; ++i)
-            if (lanes[size_t(i)].state == State::Done) gone.push_back(i);
-        FAIL("thread " + std::to_string(cur) + " reaches __syncthreads (" + where(at) +
-             ") after threads " + ranges(gone) + " have exited: they never will");
-    }
+    if (exited > 0) barrier_fault(at);
     if (bar_count == 0) {
         bar_at = at;
     } else if (!same_place(at, bar_at)) {
@@ -666,9 +682,12 @@ Executor::Impl::Group* Executor::Impl::arrive(int kind, unsigned mask, int width
     const int lanes_here = std::min(32, n - base);
     Warp& w = warps[size_t(wi)];
     Group* grp = nullptr;
-    bool bad = !(mask >> lane & 1) || (lanes_here < 32 && (mask >> lanes_here) != 0) ||
+    // Lanes the mask names that have exited, or that this last warp of a block does not
+    // have, need not arrive (CUDA: "all non-exited threads named in mask").
+    (void)lanes_here;
+    bool bad = !(mask >> lane & 1) ||
                (kind <= kXor && (width < 1 || width > 32 || (width & (width - 1)) != 0)) ||
-               (mask & (w.exited | w.at_barrier)) != 0;
+               (mask & w.at_barrier) != 0;
     for (int k = 0; k < w.n_groups; ++k) {
         Group& g = w.groups[k];
         if (g.mask == mask) {
@@ -691,14 +710,10 @@ Executor::Impl::Group* Executor::Impl::arrive(int kind, unsigned mask, int width
         return std::string(kind_name(kind)) + "(mask " + hex(mask) + ") at " + where(at) +
                ", lane " + std::to_string(lane) + " of warp " + std::to_string(wi);
     };
+    (void)lanes_here;
     if (!(mask >> lane & 1)) FAIL(what() + ": the mask leaves out the lane that calls it");
-    if (lanes_here < 32 && (mask >> lanes_here) != 0)
-        FAIL(what() + ": the mask names lanes this warp of " + std::to_string(lanes_here) +
-             " threads does not have");
     if (kind <= kXor && (width < 1 || width > 32 || (width & (width - 1)) != 0))
         FAIL(what() + ": width " + std::to_string(width) + " is not a power of two up to 32");
-    if (const unsigned gone = mask & w.exited)
-        FAIL(what() + ": lane " + std::to_string(__builtin_ctz(gone)) + " of the mask has exited");
     if (const unsigned waiting = mask & w.at_barrier)
         FAIL(what() + ": lane " + std::to_string(__builtin_ctz(waiting)) +
              " of the mask waits at __syncthreads (" + where(bar_at) + ")");
@@ -715,20 +730,21 @@ Executor::Impl::Group* Executor::Impl::arrive(int kind, unsigned mask, int width
 
 [[gnu::noinline, gnu::cold]] void Executor::Impl::source_fault(int kind, unsigned mask, int p,
                                                                int j, const Where& at) {
+    const unsigned gone = warps[size_t(cur / 32)].exited;
     FAIL(std::string(kind_name(kind)) + "(mask " + hex(mask) + ") at " + where(at) + ": lane " +
          std::to_string(p) + " of warp " + std::to_string(cur / 32) + " reads lane " +
-         std::to_string(j) + ", which the mask leaves out");
+         std::to_string(j) +
+         (gone >> j & 1 ? ", which has exited" : ", which the mask leaves out"));
 }
 
 uint64_t Executor::Impl::collective(int kind, unsigned mask, uint64_t bits, int arg, int width,
                                     const Where& at) {
-    const int me = cur, wi = me / 32, lane = me % 32, base = wi * 32;
-    const int lanes_here = std::min(32, n - base);
+    const int me = cur, wi = me / 32, lane = me % 32;
     Warp& w = warps[size_t(wi)];
     Group* grp = arrive(kind, mask, width, at);
     if (!grp) {
         grp = &w.groups[w.n_groups++];
-        *grp = Group{kind, mask, 0};
+        *grp = Group{kind, mask, 0, next_token++ & 0xffff, at};
     }
     grp->arrived |= 1u << lane;
     Lane& l = lanes[size_t(me)];
@@ -738,65 +754,74 @@ uint64_t Executor::Impl::collective(int kind, unsigned mask, uint64_t bits, int 
     l.arg = arg;
     l.width = width;
     l.at = at;
-    const uint64_t g = warp_gen[wi];
-    if (kind == kSyncwarp) tsan_release(&warp_token[wi][g & 1]);
-    if (grp->arrived == mask) {
-        *grp = w.groups[--w.n_groups];
-        unsigned ballot = 0;
-        if (kind >= kBallot)
-            for (int j = 0; j < lanes_here; ++j)
-                if (mask >> j & 1 && lanes[size_t(base + j)].bits) ballot |= 1u << j;
-        for (int p = 0; p < lanes_here; ++p) {
-            if (!(mask >> p & 1)) continue;
-            Lane& o = lanes[size_t(base + p)];
-            if (kind <= kXor) {
-                // PTX's shfl.sync: the lane's segment of `width` lanes, the source by the
-                // mode, the lane's own value where the source falls outside.
-                const int seg = 32 - o.width;
-                const int c = (seg << 8) | (kind == kUp ? 0 : 0x1f);
-                const int min_lane = p & seg, max_lane = min_lane | (c & 0x1f & ~seg);
-                int j = p;
-                bool ok = false;
-                switch (kind) {
-                    case kIdx:
-                        j = min_lane | (o.arg & 0x1f & ~seg);
-                        ok = j <= max_lane;
-                        break;
-                    case kUp:
-                        j = p - o.arg;
-                        ok = j >= max_lane;
-                        break;
-                    case kDown:
-                        j = p + o.arg;
-                        ok = j <= max_lane;
-                        break;
-                    default:
-                        j = p ^ o.arg;
-                        ok = j <= max_lane;
-                        break;
-                }
-                if (!ok) j = p;
-                if (j < 0 || j >= lanes_here || !(mask >> j & 1))
-                    source_fault(kind, mask, p, j, at);
-                o.result = lanes[size_t(base + j)].bits;
-            } else if (kind == kBallot) {
-                o.result = ballot;
-            } else if (kind == kAny) {
-                o.result = ballot != 0;
-            } else if (kind == kAll) {
-                o.result = ballot == mask;
-            } else {
-                o.result = 0;
-            }
-            if (p != lane) make_ready(base + p);
-        }
-        ++warp_gen[wi];
+    l.gen = grp->token;
+    if (kind == kSyncwarp) tsan_release(&sync_tokens[grp->token]);
+    if (grp->arrived == (mask & ~w.exited)) {
+        complete(wi, int(grp - w.groups), lane);
     } else {
         l.state = State::Warp;
         yield();
     }
-    if (kind == kSyncwarp) tsan_acquire(&warp_token[wi][g & 1]);
+    if (kind == kSyncwarp) tsan_acquire(&sync_tokens[size_t(l.gen)]);
     return l.result;
+}
+
+void Executor::Impl::complete(int wi, int k, int running_lane) {
+    Warp& w = warps[size_t(wi)];
+    const Group grp = w.groups[k];
+    w.groups[k] = w.groups[--w.n_groups];
+    const int base = wi * 32, lanes_here = std::min(32, n - base);
+    const unsigned live = grp.arrived;  // the mask's lanes that have not exited
+    unsigned ballot = 0;
+    if (grp.kind >= kBallot)
+        for (int j = 0; j < lanes_here; ++j)
+            if (live >> j & 1 && lanes[size_t(base + j)].bits) ballot |= 1u << j;
+    for (int p = 0; p < lanes_here; ++p) {
+        if (!(live >> p & 1)) continue;
+        Lane& o = lanes[size_t(base + p)];
+        if (grp.kind <= kXor) {
+            // PTX's shfl.sync: the lane's segment of `width` lanes, the source by the mode
+            // (the offset's low five bits), the lane's own value where the source falls
+            // outside.
+            const int seg = 32 - o.width;
+            const int c = (seg << 8) | (grp.kind == kUp ? 0 : 0x1f);
+            const int min_lane = p & seg, max_lane = min_lane | (c & 0x1f & ~seg);
+            const int b = o.arg & 0x1f;
+            int j = p;
+            bool ok = false;
+            switch (grp.kind) {
+                case kIdx:
+                    j = min_lane | (b & ~seg);
+                    ok = j <= max_lane;
+                    break;
+                case kUp:
+                    j = p - b;
+                    ok = j >= max_lane;
+                    break;
+                case kDown:
+                    j = p + b;
+                    ok = j <= max_lane;
+                    break;
+                default:
+                    j = p ^ b;
+                    ok = j <= max_lane;
+                    break;
+            }
+            if (!ok) j = p;
+            // A lane that exited, or that the mask leaves out, has nothing to give.
+            if (!(live >> j & 1)) source_fault(grp.kind, grp.mask, p, j, grp.at);
+            o.result = lanes[size_t(base + j)].bits;
+        } else if (grp.kind == kBallot) {
+            o.result = ballot;
+        } else if (grp.kind == kAny) {
+            o.result = ballot != 0;
+        } else if (grp.kind == kAll) {
+            o.result = ballot == live;
+        } else {
+            o.result = 0;
+        }
+        if (p != running_lane) make_ready(base + p);
+    }
 }
 
 Executor::Executor(std::function<std::string(const void*)> check_pointer)

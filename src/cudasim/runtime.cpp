@@ -50,9 +50,14 @@ struct Stream {
     bool capture_invalid = false;
 };
 
-struct Event {
+// An event's state, shared with the ops that record it or wait for it (an event may be
+// destroyed while a stream still waits for it, as CUDA allows).
+struct EventState {
     int device = 0;
     uint64_t pending = 0, done = 0;  // records queued, records reached
+};
+struct Event {
+    std::shared_ptr<EventState> st = std::make_shared<EventState>();
 };
 
 namespace {
@@ -67,7 +72,8 @@ struct DeviceState {
     std::string fault;
     Counts counts;
     bool context = false;
-    std::vector<Stream*> streams;
+    // Owned here, and by whoever waits on one: a stream destroyed meanwhile is freed after.
+    std::vector<std::shared_ptr<Stream>> streams;
     Stream* legacy = nullptr;
 };
 
@@ -211,16 +217,16 @@ void worker(Stream* s) {
     tl_executor = nullptr;
 }
 
-Stream* new_stream(int d, bool legacy) {
-    auto* s = new Stream;
+// (rt().m held)
+Stream* new_stream_locked(int d, bool legacy) {
+    auto s = std::make_shared<Stream>();
     s->device = d;
     s->legacy = legacy;
-    s->th = std::thread(worker, s);
-    std::lock_guard<std::mutex> lock(rt().m);
+    s->th = std::thread(worker, s.get());
     ensure_context_locked(d);
     rt().dev[size_t(d)].streams.push_back(s);
-    if (legacy) rt().dev[size_t(d)].legacy = s;
-    return s;
+    if (legacy) rt().dev[size_t(d)].legacy = s.get();
+    return s.get();
 }
 
 // The stream a call names, or the current device's legacy stream; null when there is no
@@ -229,11 +235,9 @@ Stream* resolve(cudaStream_t s) {
     if (s) return s;
     const int d = tl_device;
     if (!valid_device(d)) return nullptr;
-    {
-        std::lock_guard<std::mutex> lock(rt().m);
-        if (Stream* l = rt().dev[size_t(d)].legacy) return l;
-    }
-    return new_stream(d, true);
+    std::lock_guard<std::mutex> lock(rt().m);
+    if (Stream* l = rt().dev[size_t(d)].legacy) return l;
+    return new_stream_locked(d, true);
 }
 
 // Queues op on s, or adds it to the graph s is capturing.
@@ -254,10 +258,10 @@ void wait_idle(Stream* s) {
     s->idle.wait(lock, [&] { return s->q.empty() && !s->busy; });
 }
 
-std::vector<Stream*> streams_of(int d) {
+std::vector<std::shared_ptr<Stream>> streams_of(int d) {
     std::lock_guard<std::mutex> lock(rt().m);
     if (d >= 0) return rt().dev[size_t(d)].streams;
-    std::vector<Stream*> all;
+    std::vector<std::shared_ptr<Stream>> all;
     for (DeviceState& s : rt().dev) all.insert(all.end(), s.streams.begin(), s.streams.end());
     return all;
 }
@@ -331,6 +335,8 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, size_t rows, size_t d
         return fail(cudaErrorStreamCaptureUnsupported);
     if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost)
         count(s->device, &Counts::copies);
+    // From host memory to host memory a copy is synchronous, as CUDA makes it.
+    if (kind == cudaMemcpyHostToHost) sync_call = true;
     auto* d = static_cast<unsigned char*>(dst);
     auto* from = static_cast<const unsigned char*>(src);
     std::shared_ptr<std::vector<unsigned char>> staged;
@@ -506,7 +512,7 @@ cudaError_t cudaDeviceSynchronize() {
     if (!valid_device(d)) return fail(cudaErrorNoDevice);
     ensure_context(d);
     count(d, &Counts::host_waits);
-    for (Stream* s : streams_of(d)) wait_idle(s);
+    for (const auto& s : streams_of(d)) wait_idle(s.get());
     return fail_if(d);
 }
 
@@ -551,7 +557,7 @@ cudaError_t cudaFree(void* p) {
         d = it->second.device;
     }
     // cudaFree waits for the device: queued work may still read the memory.
-    for (Stream* s : streams_of(d)) wait_idle(s);
+    for (const auto& s : streams_of(d)) wait_idle(s.get());
     {
         std::lock_guard<std::mutex> lock(rt().m);
         auto it = rt().regions.find(reinterpret_cast<uintptr_t>(p));
@@ -585,7 +591,7 @@ cudaError_t cudaFreeHost(void* p) {
         auto it = rt().regions.find(reinterpret_cast<uintptr_t>(p));
         if (it == rt().regions.end() || it->second.device >= 0) return fail(cudaErrorInvalidValue);
     }
-    for (Stream* s : streams_of(-1)) wait_idle(s);
+    for (const auto& s : streams_of(-1)) wait_idle(s.get());
     {
         std::lock_guard<std::mutex> lock(rt().m);
         rt().regions.erase(reinterpret_cast<uintptr_t>(p));
@@ -635,7 +641,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
     (void)flags;
     *s = nullptr;
     if (!valid_device(tl_device)) return fail(cudaErrorNoDevice);
-    *s = new_stream(tl_device, false);
+    std::lock_guard<std::mutex> lock(rt().m);
+    *s = new_stream_locked(tl_device, false);
     return cudaSuccess;
 }
 
@@ -645,6 +652,15 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) {
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     if (!s || s->legacy) return fail(cudaErrorInvalidResourceHandle);
+    std::shared_ptr<Stream> held;  // freed when the last waiter lets go
+    {
+        std::lock_guard<std::mutex> lock(rt().m);
+        auto& v = rt().dev[size_t(s->device)].streams;
+        auto it = std::find_if(v.begin(), v.end(), [&](const auto& p) { return p.get() == s; });
+        if (it == v.end()) return fail(cudaErrorInvalidResourceHandle);
+        held = *it;
+        v.erase(it);
+    }
     wait_idle(s);
     {
         std::lock_guard<std::mutex> lock(s->m);
@@ -652,13 +668,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     }
     s->cv.notify_one();
     s->th.join();
-    {
-        std::lock_guard<std::mutex> lock(rt().m);
-        auto& v = rt().dev[size_t(s->device)].streams;
-        v.erase(std::remove(v.begin(), v.end(), s), v.end());
-    }
     delete s->capture;
-    delete s;
+    s->capture = nullptr;
     return cudaSuccess;
 }
 
@@ -683,7 +694,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
     *e = nullptr;
     if (!valid_device(tl_device)) return fail(cudaErrorNoDevice);
     *e = new Event;
-    (*e)->device = tl_device;
+    (*e)->st->device = tl_device;
     return cudaSuccess;
 }
 
@@ -694,6 +705,7 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
     Stream* s = resolve(stream);
     if (!s) return fail(cudaErrorNoDevice);
+    std::shared_ptr<EventState> st = e->st;
     bool in_capture = false;
     {
         std::lock_guard<std::mutex> lock(s->m);
@@ -701,10 +713,10 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
     }
     if (in_capture) {
         // Replayed: each replay records anew.
-        enqueue(s, {[e] {
+        enqueue(s, {[st] {
                         std::lock_guard<std::mutex> lock(rt().m);
-                        ++e->pending;
-                        ++e->done;
+                        ++st->pending;
+                        ++st->done;
                         rt().event_cv.notify_all();
                     },
                     true});
@@ -713,11 +725,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
     uint64_t g;
     {
         std::lock_guard<std::mutex> lock(rt().m);
-        g = ++e->pending;
+        g = ++st->pending;
     }
-    enqueue(s, {[e, g] {
+    enqueue(s, {[st, g] {
                     std::lock_guard<std::mutex> lock(rt().m);
-                    e->done = std::max(e->done, g);
+                    st->done = std::max(st->done, g);
                     rt().event_cv.notify_all();
                 },
                 true});
@@ -725,27 +737,23 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    const std::shared_ptr<EventState> st = e->st;
     std::unique_lock<std::mutex> lock(rt().m);
-    rt().dev[size_t(e->device)].counts.host_waits++;
-    const uint64_t target = e->pending;
-    rt().event_cv.wait(lock, [&] { return e->done >= target; });
-    const bool bad = !rt().dev[size_t(e->device)].fault.empty();
+    rt().dev[size_t(st->device)].counts.host_waits++;
+    const uint64_t target = st->pending;
+    rt().event_cv.wait(lock, [&] { return st->done >= target; });
+    const bool bad = !rt().dev[size_t(st->device)].fault.empty();
     lock.unlock();
     return bad ? fail(cudaErrorLaunchFailure) : cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
     std::lock_guard<std::mutex> lock(rt().m);
-    return e->done >= e->pending ? cudaSuccess : cudaErrorNotReady;
+    return e->st->done >= e->st->pending ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-    {
-        std::unique_lock<std::mutex> lock(rt().m);
-        const uint64_t target = e->pending;
-        rt().event_cv.wait(lock, [&] { return e->done >= target; });
-    }
-    delete e;
+    delete e;  // the ops that record or wait for it keep its state
     return cudaSuccess;
 }
 
@@ -753,14 +761,15 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned fla
     (void)flags;
     Stream* s = resolve(stream);
     if (!s) return fail(cudaErrorNoDevice);
+    std::shared_ptr<EventState> st = e->st;
     uint64_t target;
     {
         std::lock_guard<std::mutex> lock(rt().m);
-        target = e->pending;
+        target = st->pending;
     }
-    enqueue(s, {[e, target] {
+    enqueue(s, {[st, target] {
                     std::unique_lock<std::mutex> lock(rt().m);
-                    rt().event_cv.wait(lock, [&] { return e->done >= target; });
+                    rt().event_cv.wait(lock, [&] { return st->done >= target; });
                 },
                 true});
     return cudaSuccess;

@@ -375,11 +375,13 @@ Matrix CudaBackend::matrix(const Weight& w, const char* op) {
         --it;
         if (a < it->first + it->second) return m;
     }
-    // Inside a registered view of the host's: the same place in its copy.
+    // Inside a registered view of the host's, all of it: the same place in its copy.
+    const uintptr_t extent = uintptr_t(w.slices - 1) * w.slice_bytes +
+                             uintptr_t(w.rows - 1) * w.row_bytes + quant::row_size(w.type, w.cols);
     auto v = views_.upper_bound(a);
     if (v != views_.begin()) {
         --v;
-        if (a < v->second.end) {
+        if (a + extent <= v->second.end) {
             m.data = v->second.dev + (a - v->first);
             return m;
         }

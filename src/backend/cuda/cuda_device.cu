@@ -111,9 +111,9 @@ StagingRing::~StagingRing() {
 void StagingRing::retire_oldest(bool stream_done) {
     Piece p = pieces_.front();
     pieces_.erase(pieces_.begin());
+    spare_.push_back(p.done);  // (kept if the wait below throws)
     if (!stream_done) check(cudaEventSynchronize(p.done), "a staged copy");
     if (p.host) std::memcpy(p.host, base_ + p.at, p.host_bytes);
-    spare_.push_back(p.done);
 }
 
 void StagingRing::complete() {
@@ -270,7 +270,9 @@ void Device::download(void* host_dst, const void* src, size_t bytes) {
         impl_->staging->queued(host_dst, bytes);
         return;
     }
-    // Into pageable memory: the copy returns once it is done.
+    // Into pageable memory: the copy returns once it is done, so the staged downloads queued
+    // before it are delivered first (one of them may name the same host bytes).
+    synchronize();
     check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream), "download");
 }
 
