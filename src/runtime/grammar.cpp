@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <set>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "runtime/vocab_trie.h"
@@ -836,13 +837,16 @@ void link_grammar(Grammar& g) {
         const bool ex = nodes[u].exclusive;
         const std::string where = nodes[u].where;
         const char* kw = ex ? "oneOf" : "anyOf";
+        // (Sets for the duplicates: time linear in the alternatives and their literals.)
         std::vector<std::string> lits;
         std::vector<int32_t> others;
+        std::unordered_set<std::string> lit_seen;
+        std::unordered_set<int32_t> other_seen;
         for (int32_t a : flat[u]) {
             const Node& n = nodes[size_t(a)];
             if (n.kind == Kind::Lit) {
                 for (const auto& l : n.lits) {
-                    if (std::find(lits.begin(), lits.end(), l) != lits.end()) {
+                    if (!lit_seen.insert(l).second) {
                         if (ex) refuse(where, "'oneOf' alternatives both accept " + l);
                         continue;
                     }
@@ -850,7 +854,7 @@ void link_grammar(Grammar& g) {
                 }
                 continue;
             }
-            if (std::find(others.begin(), others.end(), a) != others.end()) {
+            if (!other_seen.insert(a).second) {
                 if (ex) refuse(where, "'oneOf' lists the same alternative twice");
                 continue;
             }

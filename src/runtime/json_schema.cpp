@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "text/tokenizer.h"
@@ -306,11 +307,13 @@ class Compiler {
                 values.push_back(s["const"]);
             }
         }
+        // (A set for the duplicates: an enum of many values costs time linear in them.)
         std::vector<std::string> lits;
+        std::unordered_set<std::string> seen;
         for (const auto& v : values) {
             if (!(value_types(v) & types)) continue;
             std::string d = v.dump();
-            if (std::find(lits.begin(), lits.end(), d) == lits.end()) lits.push_back(std::move(d));
+            if (seen.insert(d).second) lits.push_back(std::move(d));
         }
         if (lits.empty()) refuse(where, "no 'enum' / 'const' value has the schema's type");
         return lit(std::move(lits), where);
@@ -441,6 +444,17 @@ class SchemaCheck {
 
     void run() {
         const int32_t r = node(root_, "#", 0);
+        // A $ref that leads only to other $refs back to itself has no schema at all, wherever
+        // it stands (an optional member's included): refused as the malformed schema it is.
+        for (size_t i = 0; i < nodes_.size(); ++i) {
+            std::set<int32_t> chain;
+            for (int32_t x = int32_t(i); x >= 0 && nodes_[size_t(x)].ref_only >= 0;
+                 x = nodes_[size_t(x)].ref_only)
+                if (!chain.insert(x).second)
+                    refuse(nodes_[i].where,
+                           "no finite value satisfies it: its '$ref' leads only to other "
+                           "'$ref's and back (a cycle with no schema in it)");
+        }
         // Kleene iteration from "no schema has an instance": what stays false has no
         // finite instance (a required recursion, a $ref cycle without content).
         for (bool changed = true; changed;) {
@@ -466,6 +480,7 @@ class SchemaCheck {
         int32_t items = -1;           // arrays with minItems > 0
         std::vector<int32_t> req;     // members an object must have
         bool req_impossible = false;  // a required member additionalProperties forbids
+        int32_t ref_only = -1;        // the $ref target of a schema that is nothing else
     };
 
     int32_t node(const ojson& s, const std::string& where, int depth) {
@@ -487,6 +502,12 @@ class SchemaCheck {
         if (s.contains("$ref")) {
             if (!s["$ref"].is_string()) refuse(where, "'$ref' must be a string");
             n.all.push_back(sub(resolve(s["$ref"].get<std::string>(), where), where + "/$ref"));
+            // A schema that is its $ref and annotations only.
+            bool only = true;
+            for (const auto& [k, v] : s.items())
+                only = only && (k == "$ref" || k == "description" || k == "title" ||
+                                k == "$comment" || k == "default" || k == "examples");
+            if (only) n.ref_only = n.all.back();
         }
         for (const char* kw : {"allOf", "anyOf", "oneOf"}) {
             if (!s.contains(kw)) continue;
