@@ -208,6 +208,23 @@ Rgb8 decode_jpeg(std::span<const uint8_t> b, const std::string& what) {
 
 }  // namespace
 
+Dims dimensions(std::span<const uint8_t> b, const std::string& what) {
+    static const uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    Failure f;
+    uint32_t w = 0, h = 0;
+    if (b.size() >= 8 && std::memcmp(b.data(), kPng, 8) == 0) {
+        if (!png_run(b.data(), b.size(), f, &w, &h, nullptr))
+            throw Error(what + ": not a decodable PNG: " + f.text());
+    } else if (b.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) {
+        if (!jpeg_run(b.data(), b.size(), f, &w, &h, nullptr))
+            throw Error(what + ": not a decodable JPEG: " + f.text());
+    } else {
+        decode(b, what);  // throws the reason: empty, or another format
+    }
+    check_dims(w, h, what);
+    return {int64_t(w), int64_t(h)};
+}
+
 Rgb8 decode(std::span<const uint8_t> b, const std::string& what) {
     static const uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
     if (b.size() >= 8 && std::memcmp(b.data(), kPng, 8) == 0) return decode_png(b, what);

@@ -28,6 +28,12 @@ constexpr int64_t kMaxPixels = 178956970;
 // `what` and the reason for anything else: another format, a truncated or
 // corrupt file, a zero side, more than kMaxPixels pixels.
 Rgb8 decode(std::span<const uint8_t> bytes, const std::string& what);
+// An image's width and height from its header alone (nothing decoded, no pixel memory):
+// what decode() would produce, refused for the same reasons where the header shows them.
+struct Dims {
+    int64_t width = 0, height = 0;
+};
+Dims dimensions(std::span<const uint8_t> bytes, const std::string& what);
 // Reads and decodes a file (errors name the path).
 Rgb8 load_file(const std::string& path);
 // The file's bytes (throws glm5::Error naming the path when unreadable).

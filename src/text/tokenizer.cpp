@@ -360,6 +360,11 @@ void Tokenizer::bpe_word(std::string_view word, std::vector<TokenId>& out) const
         consider(c.left);
     }
     for (int32_t i = 0; i >= 0; i = nodes[size_t(i)].next) emit_symbol(nodes[size_t(i)].sym, out);
+    // A long word's buffers (tens of bytes a byte) are not kept by the thread for the next.
+    if (n > (size_t(1) << 16)) {
+        std::vector<Node>().swap(nodes);
+        std::vector<Cand>().swap(heap);
+    }
 }
 
 std::string Tokenizer::decode(std::span<const TokenId> ids, bool render_special) const {
