@@ -147,6 +147,7 @@ TEST(ServerBackpressure, SlowClientsDoNotStopOthersAndAreDropped) {
     EXPECT_EQ(http_post(s.port(), "/v1/chat/completions", chat_body(4)).status, 200);
 }
 
+// (GET /health is answered beyond the cap: health probes see a busy server as busy.)
 TEST(ServerBackpressure, ConnectionsBeyondTheCapGet503AtOnce) {
     ServerProcess s({"-m", kModel, "--port", "0", "-t", "1", "--ctx-size", "256",
                      "--max-connections", "8", "--keep-alive", "60"});
@@ -163,7 +164,7 @@ TEST(ServerBackpressure, ConnectionsBeyondTheCapGet503AtOnce) {
     HttpReply r;
     for (int i = 0; i < 200; ++i) {
         const auto t0 = Clock::now();
-        r = http_get(s.port(), "/health");
+        r = http_get(s.port(), "/props");
         if (r.status == 503) {
             EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2));
             break;
@@ -175,11 +176,15 @@ TEST(ServerBackpressure, ConnectionsBeyondTheCapGet503AtOnce) {
     const json e = json::parse(r.body, nullptr, false);
     ASSERT_TRUE(e.is_object()) << r.raw;
     EXPECT_EQ(e["error"]["code"], "too_many_connections");
+    // A health probe is answered even so: the server is busy, not gone.
+    const HttpReply h = http_get(s.port(), "/health");
+    EXPECT_EQ(h.status, 200) << h.raw;
+    EXPECT_EQ(json::parse(h.body, nullptr, false).value("status", ""), "ok") << h.raw;
     for (int c : idle) ::close(c);
     // Once they are gone, connections are taken again.
     bool served = false;
     for (int i = 0; i < 100 && !served; ++i) {
-        served = http_get(s.port(), "/health").status == 200;
+        served = http_get(s.port(), "/props").status == 200;
         if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     EXPECT_TRUE(served);

@@ -26,6 +26,7 @@ using glm5::test::http_raw;
 using glm5::test::HttpReply;
 using glm5::test::send_all;
 using glm5::test::ServerProcess;
+using glm5::test::vm_kib;
 using json = nlohmann::json;
 
 namespace {
@@ -72,7 +73,7 @@ TEST_F(ServerLimits, JsonSentAsAFormIsJson) {
     const std::string body = "{" + std::string(9000, ' ') + chat_body("Hello").substr(1);
     const HttpReply r =
         http_raw(port(),
-                 "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
                  "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: " +
                      std::to_string(body.size()) + "\r\n\r\n" + body);
     EXPECT_EQ(r.status, 200) << r.raw.substr(0, 500);
@@ -93,11 +94,13 @@ TEST_F(ServerLimits, BytesAfterTheJsonValueAre400) {
 TEST_F(ServerLimits, BadContentLengthIsRefusedFromTheHead) {
     // No body follows: a server that waited for one would answer 408 at the read
     // timeout, not 400.
-    for (const std::string& cl : {"-1", "1180591620717411303424", "12abc", "", "1, 2"}) {
+    for (const char* cl : {"-1", "1180591620717411303424", "12abc", "", "1, 2"}) {
         const int s = connect_loopback(port());
         ASSERT_GE(s, 0);
-        send_all(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + cl +
-                        "\r\n\r\n");
+        send_all(s,
+                 std::string(
+                     "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: ") +
+                     cl + "\r\n\r\n");
         const HttpReply r = glm5::test::parse_reply(glm5::test::read_until_closed(s, 30));
         ::close(s);
         EXPECT_EQ(r.status, 400) << "Content-Length: " << cl << "\n" << r.raw;
@@ -110,7 +113,7 @@ TEST_F(ServerLimits, OverLimitLengthGets413BeforeTheBody) {
     const int s = connect_loopback(port());
     ASSERT_GE(s, 0);
     send_all(s,
-             "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+             "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
              "application/json\r\nContent-Length: 100000000\r\n\r\n{\"messages\":");
     const HttpReply r = glm5::test::parse_reply(glm5::test::read_until_closed(s, 30));
     ::close(s);
@@ -124,7 +127,8 @@ TEST_F(ServerLimits, ChunkedBodyIsCutOffAtTheLimit) {
     const int s = connect_loopback(port());
     ASSERT_GE(s, 0);
     std::string req =
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+        "application/json\r\n"
         "Transfer-Encoding: chunked\r\n\r\n";
     const std::string piece(8192, 'a');
     char size[16];
@@ -144,7 +148,7 @@ TEST_F(ServerLimits, ChunkedBodyIsCutOffAtTheLimit) {
 
 TEST_F(ServerLimits, UnknownTransferEncodingIs501) {
     const HttpReply r = http_raw(port(),
-                                 "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                 "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                  "Transfer-Encoding: gzip, chunked\r\n\r\n");
     EXPECT_EQ(r.status, 501) << r.raw;
     EXPECT_EQ(error_code(r), "unsupported_transfer_encoding");
@@ -163,7 +167,8 @@ TEST_F(ServerLimits, TrickledRequestLineGets408) {
 
 TEST_F(ServerLimits, HugeHeadIs431) {
     const std::string h = "X-Big: " + std::string(70000, 'b') + "\r\n";
-    const HttpReply r = http_raw(port(), "GET /health HTTP/1.1\r\nHost: x\r\n" + h + "\r\n");
+    const HttpReply r =
+        http_raw(port(), "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + h + "\r\n");
     EXPECT_EQ(r.status, 431) << r.raw.substr(0, 300);
     expect_still_serving();
 }
@@ -171,10 +176,11 @@ TEST_F(ServerLimits, HugeHeadIs431) {
 TEST_F(ServerLimits, PipelinedRequestsAreEachAnswered) {
     // Reading a head never takes bytes of the body or of the next request.
     const std::string body = chat_body("Hello");
-    const std::string one = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-                            std::to_string(body.size()) + "\r\n\r\n" + body;
+    const std::string one =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
     const HttpReply r = http_raw(port(), one + one +
-                                             "GET /health HTTP/1.1\r\nHost: x\r\n"
+                                             "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                              "Connection: close\r\n\r\n");
     size_t n = 0;
     for (size_t at = 0; (at = r.raw.find("HTTP/1.1 200", at)) != std::string::npos; ++at) ++n;
@@ -206,14 +212,6 @@ bool loopback_up() {
     ok = ok && ioctl(s, SIOCSIFFLAGS, &ifr) == 0;
     ::close(s);
     return ok;
-}
-
-long vm_kib(pid_t pid, const char* field) {
-    std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-    std::string line;
-    while (std::getline(f, line))
-        if (line.rfind(field, 0) == 0) return std::stol(line.substr(std::strlen(field)));
-    return -1;
 }
 
 }  // namespace
@@ -308,8 +306,8 @@ TEST(ServerKeepAlive, RefusedRequestsBodyIsNotTheNextRequest) {
     ASSERT_GT(s.port(), 0) << s.log();
     const std::string body = chat_body("Hello");
     auto post = [&](const std::string& key, bool close) {
-        return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key +
-               "\r\nContent-Type: application/json\r\nContent-Length: " +
+        return "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " +
+               key + "\r\nContent-Type: application/json\r\nContent-Length: " +
                std::to_string(body.size()) + "\r\n" + (close ? "Connection: close\r\n" : "") +
                "\r\n" + body;
     };

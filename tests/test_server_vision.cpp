@@ -11,6 +11,7 @@
 
 #include "server/server_process.h"
 
+using glm5::test::base64;
 using glm5::test::http_post;
 using glm5::test::HttpReply;
 using glm5::test::ServerProcess;
@@ -19,25 +20,6 @@ using json = nlohmann::json;
 namespace {
 
 const std::string kData = std::string(GLM5_TEST_DATA);
-
-std::string base64(const std::string& bytes) {
-    static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    std::string out;
-    size_t i = 0;
-    for (; i + 3 <= bytes.size(); i += 3) {
-        const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 |
-                           uint32_t(uint8_t(bytes[i + 1])) << 8 | uint8_t(bytes[i + 2]);
-        for (int k = 3; k >= 0; --k) out += t[(v >> (6 * k)) & 63];
-    }
-    if (i + 1 == bytes.size()) {
-        const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16;
-        out += std::string{t[v >> 18], t[(v >> 12) & 63], '=', '='};
-    } else if (i + 2 == bytes.size()) {
-        const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 | uint32_t(uint8_t(bytes[i + 1])) << 8;
-        out += std::string{t[v >> 18], t[(v >> 12) & 63], t[(v >> 6) & 63], '='};
-    }
-    return out;
-}
 
 std::string file(const std::string& rel) {
     std::ifstream f(kData + "/" + rel, std::ios::binary);

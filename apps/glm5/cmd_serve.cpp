@@ -20,6 +20,7 @@
 #include "model_setup.h"
 #include "runtime/engine.h"
 #include "runtime/json_schema.h"
+#include "runtime/slot_file.h"
 #include "server/server.h"
 #include "server/tool_constraint.h"
 #include "text/chat.h"
@@ -87,12 +88,22 @@ int cmd_serve(int argc, char** argv) {
              "memory for retained sequences (prefix cache), e.g. 512M");
     a.option("api-key", "KEY", "",
              "require 'Authorization: Bearer KEY' on /v1/* (also $GLM5_API_KEY)");
+    a.option("cors-origins", "LIST", "",
+             "comma-separated origins (https://app.example) whose browser pages may use the "
+             "server, or *; a request with another Origin header is refused (403). Default: "
+             "the server's own page, or any origin when --api-key guards the API");
+    a.option("allowed-hosts", "LIST", "",
+             "bound to loopback, the Host names served besides localhost and 127.0.0.1 "
+             "(a reverse proxy's or tunnel's name), or *; another Host is refused (403)");
     a.option("max-body", "SIZE", "32M", "largest request body accepted");
     a.option("alias", "NAME", "",
              "model id to report and accept, instead of the GGUF's general.name");
     a.option("max-tokens", "N", "0",
              "default max_tokens of a request (0: up to the context's end)");
     a.option("max-choices", "N", "16", "most choices one request may ask for (n x prompts)");
+    a.option("max-images", "N", "16",
+             "most images one request may hold (each is sized from its header and counted "
+             "against the context before any is decoded)");
     a.option("http-threads", "N", "0",
              "most HTTP worker threads (0: one per open connection, up to --max-connections)");
     a.option("max-queue", "N", "64",
@@ -111,7 +122,11 @@ int cmd_serve(int argc, char** argv) {
     a.flag("log-requests", "one line on stderr per request", true);
     a.flag("webui", "the chat page at /", true);
     a.option("slot-save-path", "DIR", "",
-             "a folder for /slots/{id}?action=save|restore (the prompt cache on disk)");
+             "a folder of your own (others may not write to it) for "
+             "/slots/{id}?action=save|restore (the prompt cache on disk; files of mode 0600)");
+    a.option("slot-save-max", "SIZE", "0",
+             "with --slot-save-path: the most bytes its files may hold together; a save that "
+             "would go over is refused (0: no limit; a save takes about the slot's cache)");
     add_vision_flags(a, false);
     if (!a.parse(argc, argv, 2)) return 0;
 
@@ -121,6 +136,19 @@ int cmd_serve(int argc, char** argv) {
     so.api_key = a.get("api-key");
     if (so.api_key.empty())
         if (const char* k = std::getenv("GLM5_API_KEY")) so.api_key = k;
+    auto list = [](const std::string& v) {
+        std::vector<std::string> out;
+        for (size_t at = 0; at <= v.size();) {
+            const size_t comma = std::min(v.find(',', at), v.size());
+            std::string item = v.substr(at, comma - at);
+            while (!item.empty() && item.back() == '/') item.pop_back();  // origins have none
+            if (!item.empty()) out.push_back(item);
+            at = comma + 1;
+        }
+        return out;
+    };
+    so.cors_origins = list(a.get("cors-origins"));
+    so.allowed_hosts = list(a.get("allowed-hosts"));
     so.max_body_bytes = parse_size(a.get("max-body"), "max-body");
     if (so.max_body_bytes < 1024) throw UsageError("--max-body must be at least 1K");
     so.http_threads = int(a.get_int("http-threads", 0, 4096));
@@ -134,8 +162,11 @@ int cmd_serve(int argc, char** argv) {
     so.log_requests = a.get_flag("log-requests");
     so.webui = a.get_flag("webui");
     so.slot_save_path = a.get("slot-save-path");
-    if (!so.slot_save_path.empty() && !std::filesystem::is_directory(so.slot_save_path))
-        throw UsageError("--slot-save-path: " + so.slot_save_path + " is not a folder");
+    if (!so.slot_save_path.empty()) {
+        const std::string why = runtime::slot_folder_problem(so.slot_save_path);
+        if (!why.empty()) throw UsageError("--slot-save-path: " + why);
+    }
+    so.slot_save_max = parse_size(a.get("slot-save-max"), "slot-save-max");
 
     runtime::EngineOptions eo;
     eo.n_parallel = int(a.get_int("parallel", 1, 1024));
@@ -182,6 +213,7 @@ int cmd_serve(int argc, char** argv) {
     if (seed >= 0) mc.sampling.seed = uint64_t(seed);
     mc.default_max_tokens = a.get_int("max-tokens", 0, INT64_MAX / 4);
     mc.max_choices = int(a.get_int("max-choices", 1, 1024));
+    mc.max_images = int(a.get_int("max-images", 0, 4096));
     mc.reasoning_budget = a.get_int("reasoning-budget", -1, INT64_MAX / 4);
     if (vision.tower) mc.vision = &vision.tower->hparams();
 

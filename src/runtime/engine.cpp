@@ -850,12 +850,13 @@ void check_slot(int slot, int n) {
 
 }  // namespace
 
-Engine::SlotIo Engine::save_slot(int slot, const std::string& path,
-                                 const std::string& fingerprint) {
+Engine::SlotIo Engine::save_slot(int slot, const std::string& folder, const std::string& name,
+                                 const std::string& fingerprint, uint64_t folder_limit) {
     check_slot(slot, opt_.n_parallel);
     SlotIo io;
+    const auto t0 = Clock::now();
+    SlotFile f;
     run_task([&] {
-        const auto t0 = Clock::now();
         // The entry leaves the list while it is read (drop_retained() may run meanwhile).
         std::list<Retained> held;
         {
@@ -878,14 +879,13 @@ Engine::SlotIo Engine::save_slot(int slot, const std::string& path,
         for (uint64_t c : r.content)
             if (c)
                 throw Error("slot " + std::to_string(slot) + "'s sequence holds images: not saved");
-        SlotFile f;
         f.tokens = r.tokens;
         model::StateWriter w(f.state);
         r.state->save(w);
-        io.bytes = write_slot_file(path, fingerprint, f);
-        io.tokens = int64_t(f.tokens.size());
-        io.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     });
+    io.bytes = write_slot_file(folder, name, fingerprint, f, folder_limit);
+    io.tokens = int64_t(f.tokens.size());
+    io.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     return io;
 }
 
@@ -893,17 +893,23 @@ Engine::SlotIo Engine::restore_slot(int slot, const std::string& path,
                                     const std::string& fingerprint) {
     check_slot(slot, opt_.n_parallel);
     SlotIo io;
+    const auto t0 = Clock::now();
+    // The largest file a sequence of this context makes (its state's memory and a MiB for
+    // what the state's layout records besides): checked from the file's metadata and header
+    // before it is read.
+    const uint64_t most = 8 + 4 + 4 + uint64_t(fingerprint.size()) + 8 +
+                          uint64_t(opt_.n_ctx) * sizeof(int32_t) + 8 +
+                          model_.state_cost().bytes(opt_.n_ctx) + (uint64_t(1) << 20);
+    SlotFile f = read_slot_file(path, fingerprint, most, &io.bytes);
+    const int64_t n = int64_t(f.tokens.size());
+    if (n == 0) throw Error(path + ": the saved sequence is empty");
+    if (n >= opt_.n_ctx)
+        throw Error(path + ": the saved sequence holds " + std::to_string(n) +
+                    " tokens; this server's context holds " + std::to_string(opt_.n_ctx));
+    for (int32_t t : f.tokens)
+        if (t < 0 || t >= model_.info().n_vocab)
+            throw Error(path + ": token " + std::to_string(t) + " is outside the vocabulary");
     run_task([&] {
-        const auto t0 = Clock::now();
-        SlotFile f = read_slot_file(path, fingerprint, &io.bytes);
-        const int64_t n = int64_t(f.tokens.size());
-        if (n == 0) throw Error(path + ": the saved sequence is empty");
-        if (n >= opt_.n_ctx)
-            throw Error(path + ": the saved sequence holds " + std::to_string(n) +
-                        " tokens; this server's context holds " + std::to_string(opt_.n_ctx));
-        for (int32_t t : f.tokens)
-            if (t < 0 || t >= model_.info().n_vocab)
-                throw Error(path + ": token " + std::to_string(t) + " is outside the vocabulary");
         const int64_t cap = std::min(opt_.n_ctx, whole_blocks(n));
         const size_t bytes = model_.state_cost().bytes(cap);
         Retained r;
@@ -922,9 +928,9 @@ Engine::SlotIo Engine::restore_slot(int slot, const std::string& path,
         for (auto& o : retained_)
             if (o.slot == slot) o.slot = -1;
         retained_.push_front(std::move(r));
-        io.tokens = n;
-        io.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     });
+    io.tokens = n;
+    io.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     return io;
 }
 

@@ -204,18 +204,22 @@ class Engine {
     // The persistent prompt cache (llama-server's /slots/{id}?action=...). Slot ids are
     // 0 .. n_parallel-1: a request runs in the lowest free one, and the sequence it
     // leaves (a retained entry) is that slot's until the next request there ends.
-    // save writes the slot's sequence (its tokens and state) to `path`; restore reads
-    // one back as the slot's sequence, which a later request sharing its prefix
-    // adopts as it would any retained entry (so its logits are those of the prefix
-    // computed fresh, bit for bit); erase forgets it. `fingerprint` names the model
-    // and cache type (a file of another is refused). They run on the engine thread
-    // between steps. Throw glm5::Error.
+    // save writes the slot's sequence (its tokens and state) as `name` in `folder`
+    // (runtime/slot_file.h: never through a link, never over another kind of file, within
+    // `folder_limit` bytes of files, 0: no limit); restore reads one back as the slot's
+    // sequence, which a later request sharing its prefix adopts as it would any retained
+    // entry (so its logits are those of the prefix computed fresh, bit for bit); erase
+    // forgets it. `fingerprint` names the model and cache type (a file of another is
+    // refused). The state moves between the sequence and memory on the engine thread
+    // between steps; the file is written and read on the caller's, so a slow disk or a
+    // large file never stalls generation. Throw glm5::Error.
     struct SlotIo {
         int64_t tokens = 0;
         size_t bytes = 0;
         double seconds = 0;
     };
-    SlotIo save_slot(int slot, const std::string& path, const std::string& fingerprint);
+    SlotIo save_slot(int slot, const std::string& folder, const std::string& name,
+                     const std::string& fingerprint, uint64_t folder_limit = 0);
     SlotIo restore_slot(int slot, const std::string& path, const std::string& fingerprint);
     int64_t erase_slot(int slot);
 

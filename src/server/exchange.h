@@ -31,6 +31,12 @@ inline std::string dump(const nlohmann::ordered_json& j) {
     return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
+// Text a client sent, fit for a log line or a message: control characters (C0, DEL, C1),
+// the bidirectional and line-breaking format characters (U+200E, U+200F, U+2028-U+202E,
+// U+2066-U+2069) and bytes that are not UTF-8 become escapes, so that a name cannot forge
+// a line or reorder one on a terminal.
+std::string printable(std::string_view s);
+
 inline void send_json(httplib::Response& res, int status, const nlohmann::ordered_json& j) {
     res.status = status;
     res.set_content(dump(j), "application/json");

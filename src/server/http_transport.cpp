@@ -25,6 +25,8 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 thread_local int t_socket = -1;
+// The head of the request the calling worker serves, as it arrived.
+thread_local const std::string* t_head = nullptr;
 
 // Rounded up, so that a wait never ends before its deadline.
 int millis_left(Clock::time_point deadline) {
@@ -75,8 +77,8 @@ std::string own_reply(int status, const std::string& body, bool retry_after) {
                                          : "Error";
     return "HTTP/1.1 " + std::to_string(status) + " " + reason +
            "\r\nContent-Type: application/json\r\n" + (retry_after ? "Retry-After: 1\r\n" : "") +
-           "Access-Control-Allow-Origin: *\r\nConnection: close\r\nContent-Length: " +
-           std::to_string(body.size()) + "\r\n\r\n" + body;
+           "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+           body;
 }
 
 constexpr size_t kMaxHead = size_t(64) << 10;
@@ -90,6 +92,8 @@ struct BodyTicket {
     size_t bytes = 0;
 };
 thread_local BodyTicket t_ticket;
+// What the calling worker's request holds besides its body (BudgetHolds alive).
+thread_local size_t t_held_more = 0;
 
 // What the transport reads of a request's head before httplib does.
 struct Head {
@@ -232,6 +236,12 @@ class ConnStream final : public httplib::Stream {
             }
         }
     }
+    // Adds a header line to the head httplib reads (the request keeps its own head).
+    void add_header(const std::string& line) {
+        const size_t end = head_.rfind("\r\n\r\n");
+        const size_t at = end != std::string::npos ? end + 2 : head_.size() - 2;
+        head_.insert(at, line + "\r\n");
+    }
     // The body may be at most `cap` bytes as sent (chunk framing included).
     void set_body_cap(uint64_t cap) { body_cap_ = cap; }
     uint64_t body_read() const { return body_read_; }
@@ -344,6 +354,21 @@ int client_socket() {
     return t_socket;
 }
 
+std::string raw_header(std::string_view name) {
+    if (!t_head) return "";
+    std::string_view rest = *t_head;
+    rest.remove_prefix(std::min(rest.size(), rest.find('\n') + 1));  // the request line
+    while (!rest.empty()) {
+        const size_t eol = rest.find('\n');
+        const std::string_view l = rest.substr(0, eol);
+        rest.remove_prefix(eol == std::string_view::npos ? rest.size() : eol + 1);
+        const size_t colon = l.find(':');
+        if (colon != std::string_view::npos && iequals(l.substr(0, colon), name))
+            return std::string(trim(l.substr(colon + 1)));
+    }
+    return "";
+}
+
 void body_parsed() {
     BodyTicket t = std::exchange(t_ticket, BodyTicket{});
     if (t.transport && t.bytes > 0) t.transport->release_body(t.bytes);
@@ -387,6 +412,33 @@ bool Transport::acquire_body(size_t bytes, Clock::time_point deadline) {
         lk, deadline, [&] { return body_held_ == 0 || body_held_ + bytes <= opt_.body_budget; });
     if (fits) body_held_ += bytes;
     return fits;
+}
+
+bool Transport::acquire_more(size_t bytes, size_t own) {
+    std::unique_lock<std::mutex> lk(body_mu_);
+    // As a body: what is larger than the budget runs alone (this request's own hold aside).
+    const bool fits = body_cv_.wait_until(lk, Clock::now() + opt_.read_timeout, [&] {
+        return body_held_ == own || body_held_ + bytes <= opt_.body_budget;
+    });
+    if (fits) body_held_ += bytes;
+    return fits;
+}
+
+BudgetHold::BudgetHold(size_t bytes) {
+    if (!t_ticket.transport || bytes == 0) return;
+    held_ = t_ticket.transport->acquire_more(bytes, t_ticket.bytes + t_held_more);
+    if (held_) {
+        transport_ = t_ticket.transport;
+        bytes_ = bytes;
+        counter_ = &t_held_more;
+        t_held_more += bytes;
+    }
+}
+
+BudgetHold::~BudgetHold() {
+    if (!transport_) return;
+    *counter_ -= bytes_;
+    transport_->release_body(bytes_);
 }
 
 void Transport::release_body(size_t bytes) {
@@ -467,17 +519,17 @@ bool Transport::process_and_close_socket(int sock) {
                 break;
             }
             // The body as sent: a stated length is read to the byte; chunk framing may
-            // double a body's size; a body of no stated length is read to the end.
-            const bool has_body = head.has_length || head.chunked || head.method == "POST" ||
-                                  head.method == "PUT" || head.method == "PATCH" ||
-                                  head.method == "DELETE";
-            const size_t stated = head.has_length ? size_t(head.length)
-                                  : has_body      ? opt_.max_body
-                                                  : 0;
+            // double a body's size. A request that states neither has no body (RFC 9112,
+            // 6.3), which httplib is told, since it would read a POST's to the end.
+            if (!head.has_length && !head.chunked) {
+                head.has_length = true;
+                head.length = 0;
+                if (head.method == "POST" || head.method == "PUT" || head.method == "PATCH")
+                    strm.add_header("Content-Length: 0");
+            }
+            const size_t stated = head.has_length ? size_t(head.length) : opt_.max_body;
             const size_t held = stated > kSmallBody ? stated : 0;
-            strm.set_body_cap(head.has_length ? head.length
-                              : head.chunked  ? 2 * uint64_t(opt_.max_body) + 65536
-                                              : uint64_t(opt_.max_body));
+            strm.set_body_cap(head.has_length ? head.length : 2 * uint64_t(opt_.max_body) + 65536);
             if (held > 0 && !acquire_body(held, strm.read_deadline())) {
                 reply_and_close(sock, head.path, 503,
                                 "the server holds too many request bodies; retry later",
@@ -485,8 +537,10 @@ bool Transport::process_and_close_socket(int sock) {
                 break;
             }
             t_ticket = {this, held};
+            t_head = &head.bytes;
             bool closed = false;
             ok = process_request(strm, left == 1, closed, nullptr);
+            t_head = nullptr;
             body_parsed();
             // A large body's parse leaves the allocator holding its peak: give it
             // back to the system.
@@ -513,6 +567,30 @@ bool Transport::process_and_close_socket(int sock) {
 }
 
 void Transport::refuse(int sock) {
+    // A health probe among them is answered: its request line within a second.
+    if (health_) {
+        char buf[64];
+        size_t got = 0;
+        const Clock::time_point end = Clock::now() + milliseconds(1000);
+        while (got < sizeof(buf) && std::memchr(buf, '\n', got) == nullptr &&
+               wait_for(sock, POLLIN, end) > 0) {
+            const ssize_t n = recv(sock, buf + got, sizeof(buf) - got, MSG_DONTWAIT);
+            if (n <= 0) break;
+            got += size_t(n);
+        }
+        const std::string_view line(buf, got);
+        if (line.rfind("GET /health ", 0) == 0 || line.rfind("GET /v1/health ", 0) == 0) {
+            const auto [status, body] = health_();
+            const std::string reply =
+                "HTTP/1.1 " + std::to_string(status) +
+                (status == 200 ? " OK" : " Service Unavailable") +
+                "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+                std::to_string(body.size()) + "\r\n\r\n" + body;
+            (void)send(sock, reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+            finish_reply(sock);
+            return;
+        }
+    }
     ++refused_;
     const std::string body =
         "{\"error\":{\"message\":\"the server has too many open connections (" +

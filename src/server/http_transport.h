@@ -2,8 +2,9 @@
 //
 // httplib reads and writes a connection through an httplib::Stream and serves it on
 // a worker of its task queue. Both are replaced here, so that:
-//   - open connections are capped: one beyond the cap gets an immediate 503 (OpenAI's
-//     error shape, Retry-After) and is closed, without a worker waiting on it;
+//   - open connections are capped: one beyond the cap gets a 503 (OpenAI's error shape,
+//     Retry-After) and is closed, unless its request line (read for at most a second)
+//     asks for GET /health, which is answered;
 //   - a request must arrive whole within the read timeout (head and body together),
 //     so a client that trickles bytes cannot hold a worker longer than that; a write
 //     that makes no progress for the write timeout drops the client;
@@ -16,8 +17,9 @@
 //     Content-Length that is not a number (400) or over the body limit (413, without
 //     reading the body), an unknown Transfer-Encoding (501), a head over 64 KiB (431),
 //     a head that does not arrive within the read timeout (408);
-//   - a body of unstated length (chunked, or read to the end) is cut off at the limit
-//     (413), since httplib bounds only stated lengths;
+//   - a chunked body is cut off at the limit (413), since httplib bounds only stated
+//     lengths; a request with neither a length nor chunks has no body (RFC 9112), where
+//     httplib would wait for a POST's until the read timeout;
 //   - the bodies held in memory at once are bounded (TransportOptions::body_budget): a
 //     request whose body would go over waits for room up to the read timeout, then
 //     gets a 503 with Retry-After.
@@ -32,6 +34,8 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -59,9 +63,32 @@ using TransportErrorBody = std::function<std::string(
 // The socket of the connection the calling thread is serving, -1 outside a
 // connection's worker.
 int client_socket();
+// Header `name` (any case) of the request the calling worker serves, as the client sent it
+// ("" when absent): httplib's Request decodes %xx in header values, which would let
+// "Bearer%20KEY" pass for "Bearer KEY" and make a key holding '%' impossible to send.
+std::string raw_header(std::string_view name);
 // The handler running on the calling worker has parsed its request's body: the body
 // budget it held is released (the request may go on generating for a long time).
 void body_parsed();
+// Memory a request makes from a small body beyond the body (the pixels of its images)
+// charged to the body budget while the hold lives, so that what a body can make the server
+// hold stays within the budget whatever the body's size. held() is false when the bytes did
+// not fit within the read timeout (the caller answers 503); outside a connection's worker
+// (the parser's tests) a hold holds nothing and is held.
+class BudgetHold {
+  public:
+    explicit BudgetHold(size_t bytes);
+    ~BudgetHold();
+    BudgetHold(const BudgetHold&) = delete;
+    BudgetHold& operator=(const BudgetHold&) = delete;
+    bool held() const { return held_; }
+
+  private:
+    class Transport* transport_ = nullptr;
+    size_t bytes_ = 0;
+    size_t* counter_ = nullptr;  // the holding worker's own total (its thread's)
+    bool held_ = true;
+};
 // Ends the sending side after a last reply and reads what the client still sends
 // for a moment (so the reply is not lost to a reset); the caller closes.
 void finish_reply(int sock);
@@ -78,9 +105,15 @@ class Transport : public httplib::Server {
     size_t body_bytes_held() const;
     const TransportOptions& options() const { return opt_; }
     void set_error_body(TransportErrorBody f) { error_body_ = std::move(f); }
+    // What GET /health answers (status, JSON body) on a connection beyond the cap, which
+    // gets nothing else: a probe must see a server that slow clients keep busy as busy, not
+    // as gone.
+    void set_health(std::function<std::pair<int, std::string>()> f) { health_ = std::move(f); }
 
     // Gives back body budget (body_parsed()).
     void release_body(size_t bytes);
+    // Takes `bytes` more for a request already holding `own`: false at the read timeout.
+    bool acquire_more(size_t bytes, size_t own);
 
   private:
     // httplib calls this on a worker for every accepted connection.
@@ -94,6 +127,7 @@ class Transport : public httplib::Server {
 
     TransportOptions opt_;
     TransportErrorBody error_body_;
+    std::function<std::pair<int, std::string>()> health_;
     std::atomic<int> open_{0};
     std::atomic<uint64_t> refused_{0};
     std::atomic<uint64_t> refused_requests_{0};

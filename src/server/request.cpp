@@ -1,5 +1,8 @@
 #include "server/request.h"
 
+#include "image/image.h"
+#include "server/http_transport.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -717,11 +720,20 @@ std::optional<std::vector<uint8_t>> decode_base64(std::string_view s) {
 
 }  // namespace
 
-// The images of a chat's user messages, decoded and normalised (400 for a
-// remote URL, a malformed data URL or bytes that are not a decodable image).
-static std::vector<runtime::PreparedImage> message_images(
-    const std::vector<text::ChatMessage>& history, const ModelContext& mc) {
-    std::vector<runtime::PreparedImage> out;
+// An image of a chat's user messages, as far as its header: its bytes, size and tokens.
+struct ImageSource {
+    std::string where;
+    std::vector<uint8_t> bytes;
+    image::Dims dims;
+    image::Size size;
+};
+
+// The images of a chat's user messages, read as far as their headers (400 for a remote URL,
+// a malformed data URL, bytes that are not an image, or more than max_images): what each
+// costs in tokens is known before any is decoded.
+static std::vector<ImageSource> message_image_sources(const std::vector<text::ChatMessage>& history,
+                                                      const ModelContext& mc) {
+    std::vector<ImageSource> out;
     for (size_t i = 0; i < history.size(); ++i)
         for (size_t k = 0; k < history[i].image_urls.size(); ++k) {
             const std::string where =
@@ -731,6 +743,10 @@ static std::vector<runtime::PreparedImage> message_images(
                                       ": this model takes no images (the server was started "
                                       "without --mmproj)",
                                   "messages", "images_unsupported");
+            if (int(out.size()) >= mc.max_images)
+                throw bad_request("a request may hold at most " + std::to_string(mc.max_images) +
+                                      " images (--max-images)",
+                                  "messages", "too_many_images");
             const std::string& url = history[i].image_urls[k];
             if (url.rfind("data:", 0) != 0)
                 throw bad_request(where +
@@ -748,12 +764,45 @@ static std::vector<runtime::PreparedImage> message_images(
             if (!bytes)
                 throw bad_request(where + ": the data URL's payload is not valid base64",
                                   "messages", "invalid_image_url");
+            ImageSource src{where, std::move(*bytes), {}, {}};
             try {
-                out.push_back(runtime::prepare_image(*bytes, where, *mc.vision));
+                src.dims = image::dimensions(src.bytes, where);
             } catch (const Error& e) {
                 throw bad_request(e.what(), "messages", "invalid_image");
             }
+            src.size = image::size_for(src.dims.width, src.dims.height);
+            out.push_back(std::move(src));
         }
+    return out;
+}
+
+// The images decoded and normalised, one at a time, their pixels charged to the body budget:
+// the image as decoded and resized while it is decoded, its canvas of floats while the request
+// lives (`holds`).
+static std::vector<runtime::PreparedImage> prepare_images(
+    std::vector<ImageSource>& sources, const ModelContext& mc,
+    std::vector<std::shared_ptr<BudgetHold>>& holds) {
+    std::vector<runtime::PreparedImage> out;
+    auto busy = [](const std::string& where) {
+        return ApiError(503,
+                        where + ": the server holds too much decoded image memory; retry later", "",
+                        "server_busy");
+    };
+    for (ImageSource& src : sources) {
+        const size_t canvas = size_t(src.size.canvas_w * src.size.canvas_h) * 3 * sizeof(float);
+        auto kept = std::make_shared<BudgetHold>(canvas);
+        if (!kept->held()) throw busy(src.where);
+        holds.push_back(kept);
+        const BudgetHold hold(size_t(src.dims.width * src.dims.height) * 3 +
+                              size_t(src.size.content_w * src.size.content_h) * 3);
+        if (!hold.held()) throw busy(src.where);
+        try {
+            out.push_back(runtime::prepare_image(src.bytes, src.where, *mc.vision));
+        } catch (const Error& e) {
+            throw bad_request(e.what(), "messages", "invalid_image");
+        }
+        src.bytes = {};
+    }
     return out;
 }
 
@@ -851,7 +900,13 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     const bool whole = text::encode_prompt(*mc.tok, p, size_t(mc.n_ctx), in.tokens);
     p = {};
     if (!whole) check_context(in.tokens.size(), g.max_tokens, mc, "messages", false);
-    in.images = message_images(history, mc);
+    // The images' tokens from their headers: a prompt they take past the context is refused
+    // before any pixel is decoded.
+    std::vector<ImageSource> sources = message_image_sources(history, mc);
+    int64_t expanded = int64_t(in.tokens.size());
+    for (const ImageSource& s : sources) expanded += s.size.tokens - 1;
+    check_context(size_t(expanded), g.max_tokens, mc, "messages");
+    in.images = prepare_images(sources, mc, g.image_holds);
     check_context(size_t(in.expanded_size()), g.max_tokens, mc, "messages");
     g.prompts.push_back(std::move(in));
     check_total_choices(g, mc);
@@ -919,6 +974,11 @@ GenRequest parse_completion_request(const ojson& body, const ModelContext& mc) {
         if (first.is_number()) {
             g.prompts.push_back(token_prompt(*p));
         } else {
+            // The number of prompts is refused before any is encoded: each costs its tokens.
+            if (int64_t(p->size()) * int64_t(g.n) > int64_t(mc.max_choices))
+                throw bad_request("n times the number of prompts (" + std::to_string(p->size()) +
+                                      ") must be at most " + std::to_string(mc.max_choices),
+                                  "n");
             for (const auto& x : *p) {
                 if (x.is_string())
                     g.prompts.push_back(text_prompt(x.get<std::string>()));

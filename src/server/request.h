@@ -61,6 +61,7 @@ struct ModelContext {
     // The vision tower's parameters when the server has one (--mmproj); null:
     // requests with images are refused.
     const model::VisionHParams* vision = nullptr;
+    int max_images = 16;  // images in one request (--max-images)
 };
 
 enum class Endpoint { Chat, Completion };
@@ -75,12 +76,16 @@ struct PromptInput {
     int64_t expanded_size() const;  // tokens with every image expanded
 };
 
+class BudgetHold;  // http_transport.h
+
 struct GenRequest {
     Endpoint endpoint = Endpoint::Chat;
     bool stream = false;
     bool include_usage = false;
     std::vector<PromptInput> prompts;  // chat: one
-    int n = 1;                         // choices per prompt
+    // The body budget its images' canvases hold while the request lives.
+    std::vector<std::shared_ptr<BudgetHold>> image_holds;
+    int n = 1;  // choices per prompt
     runtime::SamplerParams sampling;
     bool seed_given = false;
     int64_t max_tokens = 0;  // as asked (0: not given); clamped to the context per prompt

@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <malloc.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -143,9 +144,99 @@ ojson timings_json(const std::vector<ChoiceState>& cs) {
 
 }  // namespace
 
+std::string printable(std::string_view s) {
+    std::string out;
+    char buf[16];
+    for (size_t i = 0; i < s.size();) {
+        const auto c = uint8_t(s[i]);
+        // The UTF-8 sequence at i, and its code point (-1 when it is not one).
+        int n = c < 0x80                ? 1
+                : c >= 0xC2 && c < 0xE0 ? 2
+                : c >= 0xE0 && c < 0xF0 ? 3
+                : c >= 0xF0 && c < 0xF5 ? 4
+                                        : 0;
+        int32_t cp = -1;
+        if (n > 0 && i + size_t(n) <= s.size()) {
+            cp = n == 1 ? c : c & (0x7F >> n);
+            for (int k = 1; k < n && cp >= 0; ++k) {
+                const auto d = uint8_t(s[i + size_t(k)]);
+                cp = (d & 0xC0) == 0x80 ? cp << 6 | (d & 0x3F) : -1;
+            }
+        }
+        if (cp < 0) {
+            std::snprintf(buf, sizeof buf, "\\x%02x", c);
+            out += buf;
+            ++i;
+            continue;
+        }
+        const bool hidden = cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp < 0xA0) || cp == 0x200E ||
+                            cp == 0x200F || (cp >= 0x2028 && cp <= 0x202E) ||
+                            (cp >= 0x2066 && cp <= 0x2069);
+        if (hidden) {
+            std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(cp));
+            out += buf;
+        } else {
+            out.append(s.substr(i, size_t(n)));
+        }
+        i += size_t(n);
+    }
+    return out;
+}
+
+namespace {
+
+// A Host header's name, without its port (bracketed IPv6 kept in its brackets).
+std::string host_name(const std::string& host) {
+    if (!host.empty() && host[0] == '[') return host.substr(0, host.find(']') + 1);
+    return host.substr(0, host.rfind(':') == std::string::npos ? host.size() : host.rfind(':'));
+}
+
+bool loopback_name(const std::string& h) {
+    return h == "localhost" || h == "127.0.0.1" || h == "[::1]" || h == "::1" ||
+           h.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+std::pair<int, std::string> Server::health() const {
+    const runtime::EngineStats s = engine_.stats();
+    ojson j = ojson::object();
+    j["status"] = draining_ ? "shutting down" : "ok";
+    j["slots_busy"] = s.busy_slots;
+    j["slots_total"] = engine_.options().n_parallel;
+    j["queue_depth"] = s.queue_depth;
+    return {draining_ ? 503 : 200, dump(j)};
+}
+
+bool Server::host_allowed(const std::string& host) const {
+    // Bound elsewhere than loopback, the operator chose who reaches it; no Host at all
+    // (HTTP/1.0) is no rebound name either.
+    if (!loopback_name(opt_.host) || host.empty()) return true;
+    const std::string name = host_name(host);
+    if (loopback_name(name)) return true;
+    for (const std::string& a : opt_.allowed_hosts)
+        if (a == "*" || a == name || a == host) return true;
+    return false;
+}
+
+bool Server::origin_allowed(const std::string& origin, const std::string& host) const {
+    for (const std::string& o : opt_.cors_origins)
+        if (o == "*" || o == origin) return true;
+    if (!opt_.cors_origins.empty()) return false;
+    // By default: a key guards the API, so any page that has it may use it; without one,
+    // only the server's own page (a page elsewhere could otherwise drive it unasked).
+    if (!opt_.api_key.empty()) return true;
+    return origin == "http://" + host || origin == "https://" + host;
+}
+
 Server::Server(runtime::Engine& engine, ModelContext mc, ServerOptions opt)
     : engine_(engine), mc_(std::move(mc)), opt_(std::move(opt)) {
     created_ = unix_now();
+    // Blocks of a MiB or more always their own mappings, returned when freed: glibc would
+    // otherwise raise its threshold to the largest block freed (a large body's strings), and
+    // the next ones would stay in a thread's arena after the request (16 MiB resident after
+    // a few refused 20 MB bodies, where one left none).
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     TransportOptions to;
     to.max_connections = std::max(1, opt_.max_connections);
     to.max_threads = opt_.http_threads;
@@ -162,7 +253,9 @@ Server::Server(runtime::Engine& engine, ModelContext mc, ServerOptions opt)
                                                       : ApiError(status, message, "", code).body());
     });
     http_->set_keep_alive_max_count(1000);
-    http_->set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+    // /health is answered even beyond the connection cap: probes see a busy server as busy,
+    // not down, however many clients hold connections.
+    http_->set_health([this] { return health(); });
     // httplib's default is SO_REUSEPORT, which lets a second server bind the same port
     // and silently take half the connections; SO_REUSEADDR only allows a quick restart.
     http_->set_socket_options([](int sock) {
@@ -467,29 +560,59 @@ void Server::routes() {
         const bool add_special = b.value("add_special", false);
         const bool parse_special = b.value("parse_special", true);
         const bool with_pieces = b.value("with_pieces", false);
-        std::vector<int32_t> ids;
-        if (add_special && mc_.tok->special().bos >= 0) ids.push_back(mc_.tok->special().bos);
-        mc_.tok->encode_append(it->get_ref<const std::string&>(), parse_special, ids);
-        ojson tokens = ojson::array();
-        for (int32_t id : ids) {
-            if (!with_pieces) {
-                tokens.push_back(id);
-                continue;
-            }
-            // A piece that is not whole UTF-8 comes as its bytes, as llama-server sends it.
-            const std::string& piece = mc_.tok->token_bytes(id);
-            ojson p = ojson::object();
-            p["id"] = id;
-            if (text::is_valid_utf8(piece)) {
-                p["piece"] = piece;
-            } else {
-                ojson bytes = ojson::array();
-                for (unsigned char c : piece) bytes.push_back(int(c));
-                p["piece"] = std::move(bytes);
-            }
-            tokens.push_back(std::move(p));
-        }
-        send_json(res, 200, {{"tokens", std::move(tokens)}});
+        // Encoding takes up to about 64 bytes a byte of content (a run of punctuation is one
+        // word to the byte-pair merges): bounded, and charged to the body budget.
+        const std::string& content = it->get_ref<const std::string&>();
+        constexpr size_t kMaxContent = size_t(8) << 20;
+        if (content.size() > kMaxContent)
+            throw ApiError(413,
+                           "'content' of " + std::to_string(content.size()) +
+                               " bytes: /tokenize takes at most " + std::to_string(kMaxContent) +
+                               " (encoding costs up to 64 bytes a byte)",
+                           "content", "content_too_large");
+        const BudgetHold hold(64 * content.size());
+        if (!hold.held())
+            throw ApiError(503, "the server holds too much request memory; retry later", "",
+                           "server_busy");
+        // The ids (4 bytes a token, a token at least a byte of the body) are all this holds;
+        // the reply, pieces and all (over 200 bytes a token), is written as it is sent.
+        auto ids = std::make_shared<std::vector<int32_t>>();
+        if (add_special && mc_.tok->special().bos >= 0) ids->push_back(mc_.tok->special().bos);
+        mc_.tok->encode_append(content, parse_special, *ids);
+        const text::Tokenizer* tok = mc_.tok;
+        auto next = std::make_shared<size_t>(0);
+        res.status = 200;
+        res.set_chunked_content_provider(
+            "application/json", [ids, next, tok, with_pieces](size_t, httplib::DataSink& sink) {
+                std::string out = *next == 0 ? "{\"tokens\":[" : "";
+                const size_t end = std::min(ids->size(), *next + 4096);
+                for (size_t i = *next; i < end; ++i) {
+                    if (i > 0) out += ',';
+                    const int32_t id = (*ids)[i];
+                    if (!with_pieces) {
+                        out += std::to_string(id);
+                        continue;
+                    }
+                    // A piece that is not whole UTF-8 comes as its bytes, as llama-server
+                    // sends it.
+                    const std::string& piece = tok->token_bytes(id);
+                    ojson p = ojson::object();
+                    p["id"] = id;
+                    if (text::is_valid_utf8(piece)) {
+                        p["piece"] = piece;
+                    } else {
+                        ojson bytes = ojson::array();
+                        for (unsigned char c : piece) bytes.push_back(int(c));
+                        p["piece"] = std::move(bytes);
+                    }
+                    out += dump(p);
+                }
+                *next = end;
+                if (end == ids->size()) out += "]}";
+                if (!sink.write(out.data(), out.size())) return false;
+                if (end == ids->size()) sink.done();
+                return true;
+            });
     });
     auto detokenize = guarded([this, body_json, token_ids](const auto& req, auto& res) {
         const ojson b = body_json(req);
@@ -545,7 +668,17 @@ void Server::routes() {
         R"(/slots/(\d+))", guarded([this, body_json](const auto& req, auto& res) {
             if (opt_.slot_save_path.empty())
                 throw ApiError(501, "slot actions need --slot-save-path", "", "not_supported");
-            const int slot = std::atoi(req.matches[1].str().c_str());
+            // The id as a number of this server's slots: digits that overflow an int name
+            // no slot (atoi would have wrapped them onto one).
+            const std::string id = req.matches[1].str();
+            int slot = -1;
+            const auto [end, ec] = std::from_chars(id.data(), id.data() + id.size(), slot);
+            if (ec != std::errc() || end != id.data() + id.size() || slot < 0 ||
+                slot >= engine_.options().n_parallel)
+                throw ApiError(400,
+                               "slot " + id.substr(0, 24) + " does not exist (slots 0.." +
+                                   std::to_string(engine_.options().n_parallel - 1) + ")",
+                               "", "invalid_slot");
             const std::string action = req.get_param_value("action");
             ojson j = ojson::object();
             j["id_slot"] = slot;
@@ -565,20 +698,20 @@ void Server::routes() {
                 const std::string name = f->get<std::string>();
                 // A plain file name: nothing that leaves the folder or hides in it.
                 bool ok = !name.empty() && name.size() <= 255 && name[0] != '.' &&
-                          text::is_valid_utf8(name);
+                          text::is_valid_utf8(name) && printable(name) == name;
                 for (unsigned char c : name)
                     ok = ok && c >= 0x20 && c != '/' && c != '\\' && c != 0x7f;
                 if (!ok)
                     throw bad_request(
                         "'filename' must be a plain file name (no '/', '\\', leading "
-                        "'.' or control characters), got '" +
-                            name + "'",
+                        "'.', control or direction-changing characters), got '" +
+                            printable(name) + "'",
                         "filename");
                 const std::string path = opt_.slot_save_path + "/" + name;
                 j["filename"] = name;
                 if (action == "save") {
-                    const runtime::Engine::SlotIo io =
-                        engine_.save_slot(slot, path, opt_.slot_fingerprint);
+                    const runtime::Engine::SlotIo io = engine_.save_slot(
+                        slot, opt_.slot_save_path, name, opt_.slot_fingerprint, opt_.slot_save_max);
                     j["n_saved"] = io.tokens;
                     j["n_written"] = io.bytes;
                     j["timings"] = {{"save_ms", io.seconds * 1e3}};
@@ -598,13 +731,9 @@ void Server::routes() {
         }));
 
     auto health = [this](const httplib::Request&, httplib::Response& res) {
-        const runtime::EngineStats s = engine_.stats();
-        ojson j = ojson::object();
-        j["status"] = draining_ ? "shutting down" : "ok";
-        j["slots_busy"] = s.busy_slots;
-        j["slots_total"] = engine_.options().n_parallel;
-        j["queue_depth"] = s.queue_depth;
-        send_json(res, draining_ ? 503 : 200, j);
+        const auto [status, body] = this->health();
+        res.status = status;
+        res.set_content(body, "application/json");
     };
     http_->Get("/health", health);
     http_->Get("/v1/health", health);
@@ -633,8 +762,39 @@ void Server::routes() {
     }
 
     http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+        // Where the request comes from, as sent (raw_header: httplib decodes %xx in header
+        // values): a foreign Host on a loopback server, or a browser page of an origin not
+        // allowed, is refused before anything else.
+        const std::string host = raw_header("Host"), origin = raw_header("Origin");
+        if (!host_allowed(host)) {
+            send_error(req, res,
+                       ApiError(403,
+                                "Host '" + printable(host.substr(0, 128)) +
+                                    "' is not this server's: it listens on loopback (a page "
+                                    "elsewhere reaching it through a rebound DNS name is "
+                                    "refused); --allowed-hosts adds names for proxies and tunnels",
+                                "", "host_not_allowed"));
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        if (!origin.empty()) {
+            if (!origin_allowed(origin, host)) {
+                send_error(
+                    req, res,
+                    ApiError(403,
+                             "requests from the page at '" + printable(origin.substr(0, 128)) +
+                                 "' are not served (--cors-origins names the origins "
+                                 "whose pages may use this server)",
+                             "", "origin_not_allowed"));
+                return httplib::Server::HandlerResponse::Handled;
+            }
+            res.set_header("Access-Control-Allow-Origin", origin);
+            res.set_header("Vary", "Origin");
+        }
+        // Public: health probes, the page, CORS preflights. /metrics (how busy, what is
+        // cached) and the model list (the page asks it to learn that a key is needed) need
+        // the key.
         if (opt_.api_key.empty() || req.method == "OPTIONS" || req.path == "/health" ||
-            req.path == "/v1/health" || req.path == "/metrics" ||
+            req.path == "/v1/health" ||
             (opt_.webui && req.method == "GET" && webui::find(req.path)))
             return httplib::Server::HandlerResponse::Unhandled;
         // Compare every byte so the time taken says nothing about the key.
@@ -644,9 +804,10 @@ void Server::routes() {
                 diff |= uint8_t(want[i]) ^ uint8_t(i < got.size() ? got[i] : 0);
             return diff == 0;
         };
-        // OpenAI's clients send a bearer token, Anthropic's an x-api-key header.
-        const bool bearer = same("Bearer " + opt_.api_key, req.get_header_value("Authorization"));
-        const bool x_key = same(opt_.api_key, req.get_header_value("x-api-key"));
+        // OpenAI's clients send a bearer token, Anthropic's an x-api-key header: compared as
+        // sent (raw_header: httplib would have decoded %xx in them).
+        const bool bearer = same("Bearer " + opt_.api_key, raw_header("Authorization"));
+        const bool x_key = same(opt_.api_key, raw_header("x-api-key"));
         if (bearer || x_key) return httplib::Server::HandlerResponse::Unhandled;
         send_error(req, res,
                    ApiError(401,
@@ -814,7 +975,7 @@ bool Server::wait_reply(const httplib::Request& req, httplib::Response& res, Exc
             ex.cancel();
             if (opt_.log_requests)
                 log_info("glm5 serve: %s %s: client went away, cancelled\n", req.method.c_str(),
-                         req.path.c_str());
+                         printable(req.path).c_str());
             res.status = 499;  // nginx's "client closed request"; nobody reads it
             return false;
         }
@@ -868,7 +1029,8 @@ void Server::respond_plain(const httplib::Request& req, httplib::Response& res, 
     if (opt_.log_requests) {
         const ojson& u = j["usage"];
         log_info("glm5 serve: %s %s: %lld prompt tokens (%lld cached) + %lld generated, %s\n",
-                 req.method.c_str(), req.path.c_str(), (long long)u["prompt_tokens"].get<int64_t>(),
+                 req.method.c_str(), printable(req.path).c_str(),
+                 (long long)u["prompt_tokens"].get<int64_t>(),
                  (long long)u["prompt_tokens_details"]["cached_tokens"].get<int64_t>(),
                  (long long)u["completion_tokens"].get<int64_t>(),
                  cs[0].result.finish_reason.c_str());
@@ -886,14 +1048,16 @@ bool Server::stream_turn(httplib::DataSink& sink, Exchange& ex, bool finished,
                          const std::string& path, const std::string& summary) {
     if (finished) {
         if (opt_.log_requests)
-            log_info("glm5 serve: POST %s (stream): %s\n", path.c_str(), summary.c_str());
+            log_info("glm5 serve: POST %s (stream): %s\n", printable(path).c_str(),
+                     summary.c_str());
         sink.done();
         return true;
     }
     if (!sink.is_writable()) {
         ex.cancel();
         if (opt_.log_requests)
-            log_info("glm5 serve: POST %s (stream): client went away, cancelled\n", path.c_str());
+            log_info("glm5 serve: POST %s (stream): client went away, cancelled\n",
+                     printable(path).c_str());
         return false;
     }
     return true;

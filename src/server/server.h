@@ -67,6 +67,15 @@ struct ServerOptions {
     // actions are refused); slot_fingerprint names the model and cache type in them.
     std::string slot_save_path;
     std::string slot_fingerprint;
+    uint64_t slot_save_max = 0;  // --slot-save-max: the folder's files together (0: no limit)
+    // --cors-origins: the browser origins whose requests are served ("*": any). Empty: the
+    // server's own page only, or any origin when an API key guards the API. A request with
+    // no Origin (curl, the SDKs) is never refused for it.
+    std::vector<std::string> cors_origins;
+    // --allowed-hosts: Host names served besides the loopback names when bound to loopback
+    // (a page on another site reaching this server through a rebound DNS name is refused);
+    // "*": any. Bound elsewhere, any Host is served.
+    std::vector<std::string> allowed_hosts;
 };
 
 class Server {
@@ -97,6 +106,11 @@ class Server {
     struct Exchange;  // one HTTP request's engine requests and their channel
 
   private:
+    // /health's status and body (also answered beyond the connection cap).
+    std::pair<int, std::string> health() const;
+    // Whether a request's Host (as sent) may be served, and its Origin (a browser page's).
+    bool host_allowed(const std::string& host) const;
+    bool origin_allowed(const std::string& origin, const std::string& host) const;
     void routes();
     // `large`: a body over kLargeBody, parsed on parse_lane_ (large_body.h).
     void generate(const httplib::Request& req, httplib::Response& res, std::string_view body,

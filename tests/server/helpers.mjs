@@ -35,6 +35,7 @@ export async function startServer(extra = [], { apiKey = 'unused' } = {}) {
     });
   });
   const url = `http://127.0.0.1:${port}`;
+  if (extra.includes('--api-key')) keys.set(url, apiKey);
   const client = new OpenAI({ baseURL: `${url}/v1`, apiKey, maxRetries: 0, timeout: 120000 });
   const model = (await client.models.list()).data[0].id;
   return {
@@ -56,9 +57,14 @@ export async function startServer(extra = [], { apiKey = 'unused' } = {}) {
   };
 }
 
+// The keys servers were started with, by URL (/metrics needs one where it is set).
+const keys = new Map();
+
 // /metrics as {name: value} for the unlabelled samples.
 export async function metrics(url) {
-  const text = await (await fetch(`${url}/metrics`)).text();
+  const key = keys.get(url);
+  const headers = key ? { authorization: `Bearer ${key}` } : {};
+  const text = await (await fetch(`${url}/metrics`, { headers })).text();
   const out = {};
   for (const line of text.split('\n')) {
     const m = line.match(/^(glm5_[a-z_]+) (\S+)$/);

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -113,6 +114,26 @@ struct HttpReply {
     std::string raw;
 };
 
+// Base64 (RFC 4648, padded): data URLs for image requests.
+inline std::string base64(const std::string& bytes) {
+    static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    size_t i = 0;
+    for (; i + 3 <= bytes.size(); i += 3) {
+        const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 |
+                           uint32_t(uint8_t(bytes[i + 1])) << 8 | uint8_t(bytes[i + 2]);
+        for (int k = 3; k >= 0; --k) out += t[(v >> (6 * k)) & 63];
+    }
+    if (i + 1 == bytes.size()) {
+        const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16;
+        out += std::string{t[v >> 18], t[(v >> 12) & 63], '=', '='};
+    } else if (i + 2 == bytes.size()) {
+        const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 | uint32_t(uint8_t(bytes[i + 1])) << 8;
+        out += std::string{t[v >> 18], t[(v >> 12) & 63], t[(v >> 6) & 63], '='};
+    }
+    return out;
+}
+
 inline int connect_loopback(int port) {
     const int s = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
@@ -210,6 +231,15 @@ inline HttpReply http_post(int port, const std::string& path, const std::string&
 inline HttpReply http_get(int port, const std::string& path,
                           const std::string& extra_headers = "") {
     return http_raw(port, http_request("GET", path, "", extra_headers));
+}
+
+// A field of a process's /proc status in KiB ("VmRSS:", "VmHWM:"); -1 when absent.
+inline long vm_kib(pid_t pid, const char* field) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind(field, 0) == 0) return std::stol(line.substr(std::strlen(field)));
+    return -1;
 }
 
 // A Prometheus sample's value ("glm5_busy_slots" -> 0); -1 when absent.
