@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu.h"
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "model/glm5next_vision.h"
@@ -56,7 +57,7 @@ inline int load_one(const uint8_t* data, size_t size) {
     if (dirty > size) std::memset(buf.data() + size, 0, dirty - size);
     dirty = size;
     static const std::unique_ptr<backend::Backend> be = [] {
-        backend::BackendOptions bo;
+        backend::CpuOptions bo;
         bo.n_threads = 1;
         return backend::make_cpu_backend(bo);
     }();

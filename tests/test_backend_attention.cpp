@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu.h"
 #include "backend/cpu_backend.h"
 #include "backend/cpu_kernels.h"
 #include "backend/cpu_memory.h"
@@ -419,7 +420,7 @@ TEST(KdaSimd, DeltaPassesHaveTheBitsOfThePlainLoops) {
 // Through the backend: each query's output is the same alone and batched
 // with others of different lengths (prefill against decode), with 2 threads.
 TEST(AttentionBackend, QueryOutputIndependentOfBatch) {
-    BackendOptions opt;
+    CpuOptions opt;
     opt.n_threads = 2;
     auto be = std::make_unique<cpu::CpuBackend>(opt);
     // Alone, a query of 1536 or more rows takes the decode path that splits
@@ -474,7 +475,7 @@ namespace {
 // converted key blocks, and one query of another cache) picks what each
 // query picks alone (one query: the decode form over stretches of keys).
 TEST(AttentionBackend, IndexerPicksTheSameAloneAndBatched) {
-    BackendOptions opt;
+    CpuOptions opt;
     opt.n_threads = 2;
     auto be = std::make_unique<cpu::CpuBackend>(opt);
     constexpr int64_t H = 8, D = 128, K = 64, keys = 3000;
@@ -528,7 +529,7 @@ TEST(AttentionBackend, IndexerPicksTheSameAloneAndBatched) {
 // (pooled: the picked pools' cells and the trailing partial pool). Each row's result
 // is the per-query form's with that decision.
 TEST(AttentionBackend, StepFormsDecideEachRowFromItsPosition) {
-    BackendOptions opt;
+    CpuOptions opt;
     opt.n_threads = 2;
     auto be = std::make_unique<cpu::CpuBackend>(opt);
     constexpr int64_t D = 128, Hi = 4, rows = 64;
@@ -540,8 +541,8 @@ TEST(AttentionBackend, StepFormsDecideEachRowFromItsPosition) {
     // Two sequences of three rows each.
     const std::vector<int32_t> pos = {2, 10, 40, 5, 31, 63};
     const int64_t T = int64_t(pos.size());
-    const std::vector<Backend::Segment> segs = {{cache(c0), 0, 3}, {cache(c1), 3, 3}};
-    const std::vector<Backend::Segment> keys = {{cache(k0), 0, 3}, {cache(k1), 3, 3}};
+    const std::vector<AttentionOps::Segment> segs = {{cache(c0), 0, 3}, {cache(c1), 3, 3}};
+    const std::vector<AttentionOps::Segment> keys = {{cache(k0), 0, 3}, {cache(k1), 3, 3}};
     const std::vector<float> q = f16_floats(size_t(T * kHeads * kWidth), 95);
     const std::vector<float> iq = f16_floats(size_t(T * Hi * D), 96);
     const std::vector<float> iw = f16_floats(size_t(T * Hi), 97);
@@ -553,9 +554,10 @@ TEST(AttentionBackend, StepFormsDecideEachRowFromItsPosition) {
     be->indexer_select(dev(iq.data()), dev(iw.data()), dev(pos.data()), keys, 1, Hi, D, K,
                        dev(sel.data()));
     std::vector<float> out(size_t(T * kHeads * kValue));
-    be->mla_attention(dev(q.data()), dev(pos.data()), segs,
-                      Backend::Selection{dev(static_cast<const int32_t*>(sel.data())), K, K, 1},
-                      kHeads, kValue, scale, dev(out.data()));
+    be->mla_attention(
+        dev(q.data()), dev(pos.data()), segs,
+        AttentionOps::Selection{dev(static_cast<const int32_t*>(sel.data())), K, K, 1}, kHeads,
+        kValue, scale, dev(out.data()));
     for (int64_t t = 0; t < T; ++t) {
         const int64_t n_vis = pos[size_t(t)] + 1;
         const Cache& kc = t < 3 ? k0 : k1;
@@ -605,8 +607,8 @@ TEST(AttentionBackend, StepFormsDecideEachRowFromItsPosition) {
     }
     be->mla_attention(
         dev(q.data()), dev(pos.data()), segs,
-        Backend::Selection{dev(static_cast<const int32_t*>(cells.data())), stride, keep, B}, kHeads,
-        kValue, scale, dev(out.data()));
+        AttentionOps::Selection{dev(static_cast<const int32_t*>(cells.data())), stride, keep, B},
+        kHeads, kValue, scale, dev(out.data()));
     for (int64_t t = 0; t < T; ++t) {
         const int32_t n_vis = pos[size_t(t)] + 1;
         cpu::CpuBackend::AttentionQuery a;
@@ -628,7 +630,7 @@ TEST(AttentionBackend, StepFormsDecideEachRowFromItsPosition) {
 // The decode roofline's cache bytes: each attention query counts the rows it
 // sees, each indexer query the keys it scores.
 TEST(AttentionBackend, CountsTheCacheRowsEachQueryReads) {
-    BackendOptions opt;
+    CpuOptions opt;
     opt.n_threads = 2;
     auto be = std::make_unique<cpu::CpuBackend>(opt);
     const int64_t rows = 300;
@@ -685,7 +687,7 @@ float bf16_round(float x) {
 // refused) where the CPU has neither AMX-BF16 nor AVX-512 BF16 (the vector
 // form of the same kernels).
 std::unique_ptr<cpu::CpuBackend> bf16_backend() {
-    BackendOptions opt;
+    CpuOptions opt;
     opt.n_threads = 2;
     opt.attention_bf16 = true;
     if (!quant::cpu_has_amx_bf16() && !quant::cpu_has_bf16_vectors()) {

@@ -12,10 +12,12 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu.h"
 #include "backend/cpu_memory.h"
 #include "quant/quant.h"
 #include "quant/repack.h"
 #include "quant_test_util.h"
+#include "util_backend.h"
 #include "util_model.h"
 
 using namespace glm5;
@@ -111,18 +113,6 @@ TEST_P(BackendRepack, SlicesEqualPlainLayoutBitwise) {
     }
 }
 
-// An F32 matrix [cols -> rows] over `v` (a router).
-backend::Weight f32_matrix(const std::vector<float>& v, int64_t cols, int64_t rows) {
-    backend::Weight w;
-    w.type = quant::Type::F32;
-    w.cols = cols;
-    w.rows = rows;
-    w.row_bytes = size_t(cols) * 4;
-    w.slice_bytes = w.row_bytes * size_t(rows);
-    w.data = reinterpret_cast<const uint8_t*>(v.data());
-    return w;
-}
-
 TEST_P(BackendRepack, MoeEqualsPlainLayoutBitwise) {
     if (!repack_here()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI: no repacked GEMM";
     auto be = backend::make_cpu_backend({2});
@@ -132,7 +122,7 @@ TEST_P(BackendRepack, MoeEqualsPlainLayoutBitwise) {
         down(GetParam(), F, E, X, 3);
     auto moe = [&](bool packed) {
         backend::MoeWeights m;
-        m.route.router = f32_matrix(router, E, X);
+        m.route.router = test::f32_matrix(router, E, X);
         m.experts.gate = packed ? gate.r : gate.p;
         m.experts.up = packed ? up.r : up.p;
         m.experts.down = packed ? down.r : down.p;
@@ -143,8 +133,8 @@ TEST_P(BackendRepack, MoeEqualsPlainLayoutBitwise) {
     for (int64_t T : {1, 19}) {
         const auto x = test::normal_floats(size_t(T * E), uint32_t(T));
         std::vector<float> op(size_t(T * E)), orp(size_t(T * E), -1.0f);
-        be->moe(moe(false), dev(x.data()), T, dev(op.data()));
-        be->moe(moe(true), dev(x.data()), T, dev(orp.data()));
+        backend::moe_all(*be, test::moe_ops(*be), moe(false), dev(x.data()), T, dev(op.data()));
+        backend::moe_all(*be, test::moe_ops(*be), moe(true), dev(x.data()), T, dev(orp.data()));
         EXPECT_TRUE(bitwise_equal(op, orp)) << "tokens " << T;
     }
 }
@@ -160,7 +150,7 @@ TEST_P(BackendRepack, MoeSplitOpsEqualTheFusedForm) {
         down(GetParam(), F, E, X, 6);
     TwoLayouts sg(GetParam(), E, S, 1, 7), su(GetParam(), E, S, 1, 8), sd(GetParam(), S, E, 1, 9);
     backend::MoeWeights m;
-    m.route.router = f32_matrix(router, E, X);
+    m.route.router = test::f32_matrix(router, E, X);
     m.route.n_used = 3;
     m.route.weights_scale = 2.5f;
     m.experts = {gate.p, up.p, down.p, 0.0f};
@@ -171,14 +161,14 @@ TEST_P(BackendRepack, MoeSplitOpsEqualTheFusedForm) {
             shared(size_t(T * E), -1.0f), routed_only(size_t(T * E), -1.0f);
         std::vector<int32_t> ids(size_t(T * 3));
         std::vector<float> w(size_t(T * 3));
-        be->moe(m, dev(x.data()), T, dev(fused.data()));
-        be->moe_route(m.route, dev(x.data()), T, dev(ids.data()), dev(w.data()));
-        be->moe_shared(m.shared, dev(x.data()), T, dev(shared.data()));
-        be->moe_experts(m.experts, dev(x.data()), T, dev(ids.data()), dev(w.data()), 3, nullptr,
-                        dev(shared.data()), dev(split.data()));
+        backend::moe_all(*be, test::moe_ops(*be), m, dev(x.data()), T, dev(fused.data()));
+        test::moe_ops(*be).moe_route(m.route, dev(x.data()), T, dev(ids.data()), dev(w.data()));
+        test::moe_ops(*be).moe_shared(m.shared, dev(x.data()), T, dev(shared.data()));
+        test::moe_ops(*be).moe_experts(m.experts, dev(x.data()), T, dev(ids.data()), dev(w.data()),
+                                       3, nullptr, dev(shared.data()), dev(split.data()));
         EXPECT_TRUE(bitwise_equal(fused, split)) << "tokens " << T;
-        be->moe_experts(m.experts, dev(x.data()), T, dev(ids.data()), dev(w.data()), 3, nullptr,
-                        nullptr, dev(routed_only.data()));
+        test::moe_ops(*be).moe_experts(m.experts, dev(x.data()), T, dev(ids.data()), dev(w.data()),
+                                       3, nullptr, nullptr, dev(routed_only.data()));
         EXPECT_FALSE(bitwise_equal(fused, routed_only)) << "the shared expert adds something";
         for (int64_t i = 0; i < T * 3; ++i) {
             EXPECT_GE(ids[size_t(i)], 0);

@@ -7,35 +7,41 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <set>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_device.h"
 #include "core/error.h"
+#include "model/glm5next_vision.h"
 #include "quant/quant.h"
 #include "quant_test_util.h"
+#include "util_backend.h"
 #include "util_model.h"
 
 namespace glm5 {
 namespace {
 
+using backend::AttentionOps;
 using backend::Backend;
 using backend::CacheRows;
 using backend::CacheType;
 using backend::DevPtr;
+using backend::LinearOps;
 
 std::unique_ptr<Backend> gpu() {
     std::string why;
     if (backend::cuda::list_devices(&why).empty())
         throw Error("a gpu test found no CUDA device (" + why + "): run it on a GPU machine");
-    return backend::cuda::make_cuda_backend(0, {});
+    return backend::cuda::make_cuda_backend(0);
 }
 
 std::unique_ptr<Backend> cpu() {
-    backend::BackendOptions bo;
+    backend::CpuOptions bo;
     bo.n_threads = 2;
     return backend::make_cpu_backend(bo);
 }
@@ -164,10 +170,11 @@ TEST(CudaOps, MlaAttentionDenseAndSelectedAgreesWithTheCpu) {
         const double err = both([&](Backend& be) {
             CacheRows c{be.alloc_cache(size_t(n * width) * 4), width, ct};
             be.cache_store(c, put(be, cells), width, n, put(be, cell_pos));
-            Backend::Segment seg{c, 0, 4};
-            Backend::Selection s{put(be, sel), 64, 63, 1};
+            AttentionOps::Segment seg{c, 0, 4};
+            AttentionOps::Selection s{put(be, sel), 64, 63, 1};
             auto out = be.scratch(size_t(4 * heads * v_width));
-            be.mla_attention(put(be, q), put(be, pos), {&seg, 1}, s, heads, v_width, 0.07f, out);
+            test::attn_ops(be).mla_attention(put(be, q), put(be, pos), {&seg, 1}, s, heads, v_width,
+                                             0.07f, out);
             auto h = get(be, out, size_t(4 * heads * v_width));
             be.free_cache(c.data);
             return h;
@@ -187,10 +194,10 @@ TEST(CudaOps, IndexerSelectsTheCpusRows) {
     auto run = [&](Backend& be) {
         CacheRows c{be.alloc_cache(size_t(n * dim) * 4), dim, CacheType::F32};
         be.cache_store(c, put(be, keys), dim, n, put(be, cell_pos));
-        Backend::Segment seg{c, 0, 3};
+        AttentionOps::Segment seg{c, 0, 3};
         auto out = be.scratch_ids(size_t(3 * top_k));
-        be.indexer_select(put(be, q), put(be, w), put(be, pos), {&seg, 1}, 1, heads, dim, top_k,
-                          out);
+        test::attn_ops(be).indexer_select(put(be, q), put(be, w), put(be, pos), {&seg, 1}, 1, heads,
+                                          dim, top_k, out);
         auto h = get(be, out, size_t(3 * top_k));
         be.free_cache(c.data);
         return h;
@@ -230,7 +237,7 @@ TEST(CudaOps, MixtureOfExpertsAgreesWithTheCpu) {
     const backend::Weight sg = quantized(quant::Type::F16, E, F, 1, 14, b5);
     const backend::Weight su = quantized(quant::Type::F16, E, F, 1, 15, b6);
     const backend::Weight sd = quantized(quant::Type::F16, F, E, 1, 16, b7);
-    const std::vector<float> bias = test::normal_floats(size_t(X), 17, 0.01f);
+    std::vector<float> bias = test::normal_floats(size_t(X), 17, 0.01f);
     const std::vector<float> x = test::normal_floats(size_t(T * E), 18);
     std::vector<int32_t> ids_cpu, ids_gpu;
     auto run = [&](Backend& be, std::vector<int32_t>& ids_out) {
@@ -246,10 +253,10 @@ TEST(CudaOps, MixtureOfExpertsAgreesWithTheCpu) {
         auto ids = be.scratch_ids(size_t(T * K));
         auto wts = be.scratch(size_t(T * K));
         auto dx = put(be, x);
-        be.moe_route(m.route, dx, T, ids, wts);
+        test::moe_ops(be).moe_route(m.route, dx, T, ids, wts);
         ids_out = get(be, ids, size_t(T * K));
         auto out = be.scratch(size_t(T * E));
-        be.moe_experts(m.experts, dx, T, ids, wts, K, &m.shared, nullptr, out);
+        test::moe_ops(be).moe_experts(m.experts, dx, T, ids, wts, K, &m.shared, nullptr, out);
         return get(be, out, size_t(T * E));
     };
     auto g = gpu();
@@ -257,6 +264,14 @@ TEST(CudaOps, MixtureOfExpertsAgreesWithTheCpu) {
     const std::vector<float> og = run(*g, ids_gpu), oc = run(*c, ids_cpu);
     EXPECT_EQ(ids_gpu, ids_cpu);
     EXPECT_LT(rel_err(og, oc), 5e-3);  // F16 activations on the CPU
+    // NaN selection scores (a bias gone bad): both rank them below every number, so
+    // both pick the same real experts.
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t e = 0; e < X; e += 3) bias[size_t(e)] = nan;
+    const std::vector<float> og2 = run(*g, ids_gpu), oc2 = run(*c, ids_cpu);
+    EXPECT_EQ(ids_gpu, ids_cpu);
+    for (int32_t id : ids_cpu) EXPECT_NE(id % 3, 0) << "an expert of NaN score was picked";
+    EXPECT_LT(rel_err(og2, oc2), 5e-3);
 }
 
 TEST(CudaOps, DraftPickIsTheCpus) {
@@ -290,11 +305,11 @@ TEST(CudaOps, LinearAttentionOpsAgreeWithTheCpu) {
                   auto t1 = put(be, tail), t2 = put(be, test::normal_floats(tail.size(), 23));
                   // The first sequence again, its tail double-buffered (the model's form).
                   auto t1_in = put(be, tail), t1_out = be.scratch(tail.size());
-                  const Backend::ConvSeq seqs[2] = {{dx, t1, dy, 5, nullptr},
-                                                    {dx + 5 * C, t2, dy + 5 * C, 1, nullptr}};
-                  be.causal_conv(seqs, C, taps.data(), K, C, C, true);
-                  const Backend::ConvSeq again{dx, t1_out, dy2, 5, t1_in};
-                  be.causal_conv({&again, 1}, C, taps.data(), K, C, C, true);
+                  const LinearOps::ConvSeq seqs[2] = {{dx, t1, dy, 5, nullptr},
+                                                      {dx + 5 * C, t2, dy + 5 * C, 1, nullptr}};
+                  test::linear_ops(be).causal_conv(seqs, C, taps.data(), K, C, C, true);
+                  const LinearOps::ConvSeq again{dx, t1_out, dy2, 5, t1_in};
+                  test::linear_ops(be).causal_conv({&again, 1}, C, taps.data(), K, C, C, true);
                   std::vector<float> out = get(be, dy, x.size()), out2 = get(be, dy2, 5 * C);
                   out.insert(out.end(), out2.begin(), out2.end());
                   for (auto t : {t1, t2, t1_out}) {
@@ -309,12 +324,13 @@ TEST(CudaOps, LinearAttentionOpsAgreeWithTheCpu) {
                              rate = test::normal_floats(size_t(H), 26);
     EXPECT_LT(both([&](Backend& be) {
                   auto g = be.scratch(z.size());
-                  be.bounded_decay(put(be, z), bias.data(), rate.data(), 3, H, D, -5.f, g);
+                  test::linear_ops(be).bounded_decay(put(be, z), bias.data(), rate.data(), 3, H, D,
+                                                     -5.f, g);
                   auto y = put(be, z);
-                  be.l2_norm(y, 3 * H, D, 1e-6f, y);
+                  test::linear_ops(be).l2_norm(y, 3 * H, D, 1e-6f, y);
                   auto s = put(be, z);
-                  be.apply_sigmoid(s, int64_t(z.size()));
-                  be.mul_sigmoid(s, put(be, bias), C);
+                  test::linear_ops(be).apply_sigmoid(s, int64_t(z.size()));
+                  test::linear_ops(be).mul_sigmoid(s, put(be, bias), C);
                   std::vector<float> out = get(be, g, z.size()), b2 = get(be, y, z.size()),
                                      b3 = get(be, s, z.size());
                   out.insert(out.end(), b2.begin(), b2.end());
@@ -341,10 +357,10 @@ TEST(CudaOps, LinearAttentionOpsAgreeWithTheCpu) {
     EXPECT_LT(both([&](Backend& be) {
                   auto state_in = put(be, st), state = be.scratch(st.size()),
                        out = be.scratch(v.size());
-                  const Backend::DeltaRuleSeq seq{put(be, q),    put(be, k), put(be, v), put(be, g),
-                                                  put(be, beta), state,      out,        T,
-                                                  state_in};
-                  be.gated_delta_rule({&seq, 1}, H, D, 0.125f);
+                  const LinearOps::DeltaRuleSeq seq{
+                      put(be, q), put(be, k), put(be, v), put(be, g), put(be, beta),
+                      state,      out,        T,          state_in};
+                  test::linear_ops(be).gated_delta_rule({&seq, 1}, H, D, 0.125f);
                   std::vector<float> o = get(be, out, v.size()), s2 = get(be, state, st.size());
                   o.insert(o.end(), s2.begin(), s2.end());
                   return o;
@@ -361,14 +377,14 @@ TEST(CudaOps, HyperConnectionsAgreeWithTheCpu) {
     EXPECT_LT(both([&](Backend& be) {
                   auto pre = be.scratch(size_t(T * S)), post = be.scratch(size_t(T * S)),
                        comb = be.scratch(size_t(T * S * S));
-                  be.hc_coefficients(put(be, mix), T, S, base.data(), scale.data(), 1e-6f, 20, pre,
-                                     post, comb);
+                  test::linear_ops(be).hc_coefficients(put(be, mix), T, S, base.data(),
+                                                       scale.data(), 1e-6f, 20, pre, post, comb);
                   auto dX = put(be, X);
                   auto y = be.scratch(size_t(T * E)), ym = be.scratch(size_t(T * E)),
                        out = be.scratch(X.size());
-                  be.hc_reduce(dX, pre, T, S, E, y);
-                  be.hc_reduce(dX, nullptr, T, S, E, ym);
-                  be.hc_expand(dX, put(be, f), post, comb, T, S, E, out);
+                  test::linear_ops(be).hc_reduce(dX, pre, T, S, E, y);
+                  test::linear_ops(be).hc_reduce(dX, nullptr, T, S, E, ym);
+                  test::linear_ops(be).hc_expand(dX, put(be, f), post, comb, T, S, E, out);
                   std::vector<float> r;
                   for (auto [d, n] : {std::pair{pre, T * S},
                                       {post, T * S},
@@ -398,7 +414,8 @@ TEST(CudaOps, PooledKeysAndTheirCellsAgreeWithTheCpu) {
                       CacheRows p{be.alloc_cache(size_t(n / B * Dk) * 4), Dk, CacheType::F32};
                       auto dpos = put(be, pos);
                       be.cache_store(c, put(be, cells), W, n, dpos);
-                      be.pool_compress(c, Dk, Gw, B, ape.data(), norm.data(), 1e-6f, p, dpos, n);
+                      test::attn_ops(be).pool_compress(c, Dk, Gw, B, ape.data(), norm.data(), 1e-6f,
+                                                       p, dpos, n);
                       std::vector<float> h = get(be, p.data.as<float>(), size_t(n / B * Dk));
                       be.free_cache(c.data);
                       be.free_cache(p.data);
@@ -412,7 +429,7 @@ TEST(CudaOps, PooledKeysAndTheirCellsAgreeWithTheCpu) {
     auto cells_of = [&](Backend& be) {
         auto rows = be.scratch_ids(size_t(2 * 16));
         be.write(rows, std::vector<int32_t>(32, -1).data(), 32);
-        be.pool_cells(put(be, picked), put(be, rpos), 2, 2, B, rows, 16);
+        test::attn_ops(be).pool_cells(put(be, picked), put(be, rpos), 2, 2, B, rows, 16);
         return get(be, rows, 32);
     };
     auto g = gpu();
@@ -495,6 +512,25 @@ TEST(CudaGlm5Next, LogitsAgreeWithTheCpuAndDecodeRowsAreBatchInvariant) {
     };
     const std::vector<float> alone = decode(false), joint = decode(true);
     EXPECT_EQ(std::memcmp(alone.data(), joint.data(), size_t(V) * sizeof(float)), 0);
+}
+
+// The GPU runs the text forwards' op families and not the vision tower's: the tower is
+// refused where it loads, naming the family and the backend (no op of it is stubbed).
+TEST(CudaGlm5Next, AVisionTowerRefusesABackendWithoutItsFamily) {
+    OnBackend g(gpu(), false, "glm5next/tiny.gguf");
+    EXPECT_NE(backend::family<backend::MoeOps>(*g.be), nullptr);
+    EXPECT_NE(backend::family<backend::AttentionOps>(*g.be), nullptr);
+    EXPECT_NE(backend::family<backend::LinearOps>(*g.be), nullptr);
+    EXPECT_EQ(backend::family<backend::VisionOps>(*g.be), nullptr);
+    const auto mmproj = gguf::File::open(test::data_path("glm5next/mmproj-tiny.gguf"));
+    try {
+        model::load_vision_tower(*mmproj, *g.be, *g.model, {});
+        ADD_FAILURE() << "the vision tower loaded on a backend without its ops";
+    } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("the vision tower's ops"), std::string::npos) << what;
+        EXPECT_NE(what.find(g.be->name()), std::string::npos) << what;
+    }
 }
 
 // Two sequences decoded together, then each alone: the same bits for every decode row.

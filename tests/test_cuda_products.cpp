@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu.h"
 #include "backend/cuda/cuda_device.h"
 #include "core/error.h"
 #include "quant/groups.h"

@@ -471,7 +471,7 @@ struct OnDevice {
     std::unique_ptr<model::Model> model;
     OnDevice(int ordinal, const std::string& fixture) {
         file = gguf::File::open(test::data_path(fixture));
-        be = backend::cuda::make_cuda_backend(ordinal, {});
+        be = backend::cuda::make_cuda_backend(ordinal);
         model::LoadOptions lo;
         lo.cache_type = backend::CacheType::F16;
         model = model::load_model(*file, *be, lo);

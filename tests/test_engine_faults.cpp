@@ -5,6 +5,7 @@
 // they have when served alone.
 #include <atomic>
 
+#include "backend/cpu.h"
 #include "runtime/engine.h"
 #include "util_model.h"
 
@@ -25,12 +26,12 @@ struct FaultModel {
     std::function<void(const char*, int64_t)> hook;
     explicit FaultModel(const std::string& path) {
         file = gguf::File::open(path);
-        backend::BackendOptions bo;
+        backend::CpuOptions bo;
         bo.n_threads = 2;
-        bo.fault_hook = [this](const char* op, int64_t rows) {
-            if (hook) hook(op, rows);
-        };
         be = backend::make_cpu_backend(bo);
+        be->set_op_hook([this](const char* op, int64_t rows) {
+            if (hook) hook(op, rows);
+        });
         model::LoadOptions lo;
         lo.cache_type = backend::CacheType::F32;
         model = model::load_model(*file, *be, lo);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 
+#include "backend/cpu.h"
 #include "model/glm5next.h"
 #include "util_model.h"
 

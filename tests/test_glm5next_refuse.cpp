@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 
+#include "backend/cpu.h"
 #include "gguf/writer.h"
 #include "model/glm5next.h"
 #include "util_model.h"

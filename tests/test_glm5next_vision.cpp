@@ -13,12 +13,14 @@
 #include <iterator>
 #include <random>
 
+#include "backend/cpu.h"
 #include "backend/cpu_memory.h"
 #include "core/fp16.h"
 #include "gen/mmproj.h"
 #include "gguf/writer.h"
 #include "model/glm5next_vision.h"
 #include "quant/quant.h"
+#include "util_backend.h"
 #include "util_model.h"
 
 using namespace glm5;
@@ -112,10 +114,10 @@ TEST(VisionTower, TiledAttentionMatchesDirectSoftmax) {
             for (auto* x : {&q, &k, &v})
                 for (float& f : *x) f = 2.0f * nd(rng);
             using backend::cpu::dev;
-            backend::Backend::FullAttentionSeq s{dev(q.data()), dev(k.data()), dev(v.data()),
-                                                 dev(out.data()), n};
+            backend::VisionOps::FullAttentionSeq s{dev(q.data()), dev(k.data()), dev(v.data()),
+                                                   dev(out.data()), n};
             const float scale = 1.0f / std::sqrt(float(D));
-            be->attention_full({&s, 1}, H, D, W, scale);
+            test::vision_ops(*be).attention_full({&s, 1}, H, D, W, scale);
             double worst = 0;
             for (int64_t h = 0; h < H; ++h)
                 for (int64_t i = 0; i < n; ++i) {

@@ -3,6 +3,7 @@
 // CPU path promises (bitwise).
 #include <cstdio>
 
+#include "backend/cpu.h"
 #include "util_model.h"
 
 using namespace glm5;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <regex>
 
+#include "backend/cpu.h"
 #include "model/moe.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
@@ -28,7 +29,7 @@ struct Hybrid {
     std::unique_ptr<model::Model> model;
     Hybrid(const std::string& path, const std::vector<bool>& host, bool nextn) {
         file = gguf::File::open(path);
-        backend::BackendOptions bo;
+        backend::CpuOptions bo;
         bo.n_threads = 2;
         device = backend::make_cpu_backend(bo);
         cpu = backend::make_cpu_backend(bo);
@@ -45,7 +46,7 @@ std::unique_ptr<model::Model> plain(const std::string& path, bool nextn,
                                     std::unique_ptr<gguf::File>& file,
                                     std::unique_ptr<backend::Backend>& be) {
     file = gguf::File::open(path);
-    backend::BackendOptions bo;
+    backend::CpuOptions bo;
     bo.n_threads = 2;
     be = backend::make_cpu_backend(bo);
     model::LoadOptions lo;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "runtime/sampler.h"
@@ -54,7 +55,7 @@ struct TestModel {
               int threads = 2, bool spec = false, model::LayerRange layers = {},
               bool in_memory = false) {
         file = gguf::File::open(path);
-        backend::BackendOptions bo;
+        backend::CpuOptions bo;
         bo.n_threads = threads;
         be = backend::make_cpu_backend(bo);
         model::LoadOptions lo;

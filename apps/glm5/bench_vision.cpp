@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu.h"
 #include "core/compute_peak.h"
 #include "core/thread_pool.h"
 #include "image/image.h"
@@ -73,7 +74,7 @@ int bench_vision(const Args& a) {
     const auto sizes = parse_sizes(a.get("image-sizes"));
     const int64_t reps = a.get_int("repetitions", 1, 1000);
     auto file = gguf::File::open(a.get("mmproj"));
-    backend::BackendOptions bo;
+    backend::CpuOptions bo;
     bo.n_threads = int(a.get_int("threads", 1, 1024));
     auto be = backend::make_cpu_backend(bo);
     model::ModelInfo text;

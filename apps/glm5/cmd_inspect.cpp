@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "args.h"
+#include "backend/cpu.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/format.h"
@@ -238,7 +239,7 @@ int print_plan(const Args& a) {
     lo.cache_type = cache_type_from(a);
     lo.load_nextn = draft > 0;
     const auto f = gguf::File::open(a.positional_value("FILE"));
-    auto be = backend::make_cpu_backend(backend::BackendOptions{});
+    auto be = backend::make_cpu_backend(backend::CpuOptions{});
     const int parts = int(a.get_int("layer-split", 1, 4096));
     if (parts > 1) {
         runtime::PlanRequest pr;

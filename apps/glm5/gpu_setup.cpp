@@ -80,16 +80,15 @@ bool gpu_forward_enabled() {
     return v && std::string(v) == "1";
 }
 
-std::unique_ptr<backend::Backend> open_gpu(int ordinal, const backend::BackendOptions& bo) {
+std::unique_ptr<backend::Backend> open_gpu(int ordinal) {
 #ifdef GLM5_HAVE_CUDA
     if (!gpu_forward_enabled())
         throw Error("--device cuda:" + std::to_string(ordinal) +
                     ": the CUDA forward is written but has not yet been checked on a GPU "
                     "(scripts/device-check.sh); set GLM5_CUDA_FORWARD=1 to run it all the same, "
                     "or --device none to run on the CPU");
-    return backend::cuda::make_cuda_backend(ordinal, bo);
+    return backend::cuda::make_cuda_backend(ordinal);
 #else
-    (void)bo;
     require_gpu(ordinal);  // throws: no backend in this build
     return nullptr;
 #endif

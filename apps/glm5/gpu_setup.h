@@ -35,7 +35,7 @@ bool gpu_forward_enabled();
 
 // The CUDA backend on GPU `ordinal` (require_gpu first); refused without
 // GLM5_CUDA_FORWARD=1.
-std::unique_ptr<backend::Backend> open_gpu(int ordinal, const backend::BackendOptions& bo);
+std::unique_ptr<backend::Backend> open_gpu(int ordinal);
 
 // What runs on a GPU in this build (glm-dsa, GLM-5.3-Flash's text tower): refuses
 // (Error) another architecture.

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cpu.h"
 #include "core/format.h"
 #include "core/log.h"
 #include "core/memory.h"
@@ -20,6 +21,7 @@
 #include "core/thread_pool.h"
 #include "model/moe.h"
 #include "quant/ops.h"
+#include "runtime/placement.h"
 
 namespace glm5::app {
 
@@ -167,43 +169,28 @@ backend::CacheType cache_type_from(const Args& a) {
 }
 
 namespace {
-// Beside a device: which blocks keep their routed experts in system RAM (the flags', or
-// the smallest --n-cpu-moe whose device plan fits `cap` bytes; 0: unlimited), decided
-// on a model loaded to plan with, before the weights are placed.
-struct DevicePlacement {
-    std::vector<bool> host;
-    std::string how;       // the flag, or the --n-cpu-moe chosen
-    std::string what;      // the context reserved on the device
-    std::string cap_text;  // the memory it was placed into
-    uint64_t device_weights = 0;
-};
-DevicePlacement place_for_device(const Args& a, const gguf::File& f, model::Model& planned,
-                                 const runtime::SpecParams& sp, uint64_t cap,
-                                 const std::string& cap_text);
-}  // namespace
 
-LoadedModel open_model(const Args& a, const std::string& path_override) {
-    const std::string path = path_override.empty() ? a.get("model") : path_override;
-    if (path.empty()) throw UsageError("--model is required");
-    model::LoadOptions lo;
-    lo.cache_type = cache_type_from(a);
-    const std::string& ct = a.get("cache-type");
+runtime::DeviceRequest device_request(const Args& a, const gguf::File& f, const model::Model& model,
+                                      const runtime::SpecParams& sp, uint64_t cap,
+                                      const std::string& cap_text);
+
+// --spec and its settings (type Off without --spec).
+runtime::SpecParams spec_from_flags(const Args& a) {
     runtime::SpecParams sp;
-    if (a.get_flag("spec")) {
-        try {
-            sp.type = runtime::parse_draft_type(a.get("spec-type"));
-        } catch (const Error& e) {
-            throw UsageError(std::string("--spec-type: ") + e.what());
-        }
-        sp.draft_max = int(a.get_int("spec-draft", 1, runtime::VerifyCost::kMaxRows - 1));
-        sp.p_min = float(a.get_double("spec-pmin", 0.0, 1.0));
-        sp.adaptive = !a.get_flag("spec-fixed");
+    if (!a.get_flag("spec")) return sp;
+    try {
+        sp.type = runtime::parse_draft_type(a.get("spec-type"));
+    } catch (const Error& e) {
+        throw UsageError(std::string("--spec-type: ") + e.what());
     }
-    lo.load_nextn = sp.type == runtime::DraftType::Mtp || sp.type == runtime::DraftType::Auto;
-    lo.in_memory = a.get_flag("no-mmap");
-    lo.repack = a.get_flag("repack");
-    lo.repack_if_fits = true;
-    backend::BackendOptions bo;
+    sp.draft_max = int(a.get_int("spec-draft", 1, runtime::VerifyCost::kMaxRows - 1));
+    sp.p_min = float(a.get_double("spec-pmin", 0.0, 1.0));
+    sp.adaptive = !a.get_flag("spec-fixed");
+    return sp;
+}
+
+backend::CpuOptions cpu_options(const Args& a, const runtime::SpecParams& sp) {
+    backend::CpuOptions bo;
     bo.n_threads = int(a.get_int("threads", 1, 1024));
     const std::string& strict = a.get("cpu-strict");
     if (strict == "0" || strict == "1")
@@ -214,33 +201,43 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
     if (bo.attention_bf16 && sp.type != runtime::DraftType::Off)
         throw UsageError(
             "--attn-bf16 cannot be combined with --spec: drafts are verified on the exact path");
+    return bo;
+}
 
-    LoadedModel m;
-    const int parts = int(a.get_int("layer-split", 1, 4096));
-    const int tp = int(a.get_int("tp", 1, 4096));
-    if (parts > 1 && tp > 1)
+// Where the model runs, as the flags say it (each combination refused that does not work).
+struct Placement {
+    std::optional<int> gpu;  // --device cuda[:N], or llama.cpp's whole-model -ngl
+    bool on_device = false;  // --device cpu: a CPU stand-in beside which experts stay in RAM
+    int parts = 1, tp = 1;   // --layer-split, --tp
+    bool split = false;      // several processes
+    std::unique_ptr<gguf::File> file;  // opened for -ngl's layer count
+};
+
+Placement placement_from_flags(const Args& a, const std::string& path) {
+    Placement w;
+    w.parts = int(a.get_int("layer-split", 1, 4096));
+    w.tp = int(a.get_int("tp", 1, 4096));
+    if (w.parts > 1 && w.tp > 1)
         throw UsageError("--layer-split and --tp together are not supported yet: use one");
     const std::string& device = a.get("device");
-    // The GPU the model runs on (--device cuda[:N], or llama.cpp's whole-model -ngl).
-    std::optional<int> gpu = cuda_ordinal(device);
-    if (device != "none" && device != "cpu" && !gpu)
+    w.gpu = cuda_ordinal(device);
+    if (device != "none" && device != "cpu" && !w.gpu)
         throw UsageError("--device " + device +
                          ": the devices are none (the CPU alone), cuda or cuda:N (a GPU) and cpu "
                          "(a CPU stand-in for a device)");
-    if (gpu && (parts > 1 || tp > 1))
+    if (w.gpu && (w.parts > 1 || w.tp > 1))
         throw UsageError("--device cuda does not combine with --layer-split or --tp yet");
-    if (gpu) require_gpu(*gpu);
-    std::unique_ptr<gguf::File> file;  // opened once, here for -ngl's layer count
+    if (w.gpu) require_gpu(*w.gpu);
     if (a.get("n-gpu-layers") != "0") {
-        file = gguf::File::open(path);
-        const std::string arch = file->get_string("general.architecture");
+        w.file = gguf::File::open(path);
+        const std::string arch = w.file->get_string("general.architecture");
         if (apply_gpu_layers(a.get("n-gpu-layers"),
-                             int64_t(file->get_uint(arch + ".block_count"))) &&
-            !gpu && parts == 1 && tp == 1)
-            gpu = 0;
+                             int64_t(w.file->get_uint(arch + ".block_count"))) &&
+            !w.gpu && w.parts == 1 && w.tp == 1)
+            w.gpu = 0;
     }
-    // --device cpu: a CPU stand-in for a device, beside which experts can stay in RAM.
-    const bool on_device = device == "cpu";
+    w.on_device = device == "cpu";
+    w.split = w.parts > 1 || w.tp > 1 || (dist_launch() && launched_ranks() > 1);
     const int placements = int(a.get_flag("cpu-moe")) +
                            int(a.is_set("n-cpu-moe") && a.get("n-cpu-moe") != "auto") +
                            int(a.is_set("override-tensor"));
@@ -248,96 +245,101 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
         throw UsageError(
             "--cpu-moe, --n-cpu-moe and --override-tensor each place the experts: "
             "give one");
-    if (on_device && (parts > 1 || tp > 1 || (dist_launch() && launched_ranks() > 1)))
+    if (w.on_device && w.split)
         throw UsageError("--device does not combine with --layer-split or --tp yet: use one");
-    if (!on_device && !gpu && a.is_set("device-mem"))
+    if (!w.on_device && !w.gpu && a.is_set("device-mem"))
         throw UsageError("--device-mem sizes a device: give --device too");
-    if (!on_device && !gpu && placements > 0)
+    if (!w.on_device && !w.gpu && placements > 0)
         log_info(
             "glm5: --cpu-moe, --n-cpu-moe and --override-tensor place experts beside a device "
             "(--device); without one everything runs on the CPU already\n");
-    if (parts > 1 || tp > 1 || (dist_launch() && launched_ranks() > 1)) {
-        m = open_split_model(a, path, lo, bo, parts, tp);
-    } else {
-        m.file = file ? std::move(file) : gguf::File::open(path);
-        if (gpu) check_gpu_architecture(m.file->get_string("general.architecture"));
-        load_weight_pages(*m.file, {});
-        std::optional<DevicePlacement> placed;
-        if (gpu || on_device) {
-            // The device's memory: --device-mem, else a GPU's free memory less a margin for
-            // what the CUDA runtime and cuBLAS take beside the plan; the stand-in's is
-            // unlimited.
-            const std::string& mem = a.get("device-mem");
-            uint64_t cap = mem == "unlimited" ? 0 : parse_size(mem, "device-mem");
-            std::string cap_text = cap ? "--device-mem " + mem : "unlimited memory";
-            if (gpu && !cap) {
-                constexpr uint64_t kMargin = uint64_t(512) << 20;
-                const uint64_t free = gpu_free_bytes(*gpu);
-                cap = free > kMargin ? free - kMargin : 1;
-                cap_text = "the GPU's " + human_bytes(double(free)) + " free, less " +
-                           human_bytes(double(kMargin));
-            }
-            // Planned on the file's views on a CPU backend (nothing copied, nothing
-            // uploaded), so that experts kept in system RAM never reach the device.
-            model::LoadOptions po = lo;
-            po.in_memory = po.repack = false;
-            const auto planner = backend::make_cpu_backend(bo);
-            const auto planned = model::load_model(*m.file, *planner, po);
-            placed = place_for_device(a, *m.file, *planned, sp, cap, cap_text);
-        }
-        const bool hybrid = placed && std::find(placed->host.begin(), placed->host.end(), true) !=
-                                          placed->host.end();
-        if (gpu) {
-            m.backend = open_gpu(*gpu, bo);
-            lo.repack = false;  // the GPU reads the GGUF blocks
-        } else if (on_device) {
-            // The stand-in device never pins (the CPU backend beside it may).
-            backend::BackendOptions dev = bo;
-            dev.pin_threads = 0;
-            m.backend = backend::make_cpu_backend(dev);
-        } else {
-            m.backend = backend::make_cpu_backend(bo);
-        }
-        if (on_device || hybrid) {
-            m.experts_backend = backend::make_cpu_backend(bo);
-            lo.experts_backend = m.experts_backend.get();
-            lo.host_experts = placed->host;
-        }
-        m.model = model::load_model(*m.file, *m.backend, lo);
-        if (placed) {
-            const model::ModelInfo& li = m.model->info();
-            log_info(
-                "glm5: device %s%s: the routed experts of %lld of %lld MoE blocks in system RAM "
-                "(%s, from the file mapping; %s); the device holds %s of weights and %s (of %s)\n",
-                gpu ? m.backend->name().c_str() : a.get("device").c_str(),
-                gpu ? "" : " (a CPU stand-in)", (long long)li.host_expert_blocks,
-                (long long)li.moe_blocks, human_bytes(double(li.host_expert_bytes)).c_str(),
-                placed->how.c_str(), human_bytes(double(placed->device_weights)).c_str(),
-                placed->what.c_str(), placed->cap_text.c_str());
-        }
+    return w;
+}
+
+// The device's memory: --device-mem, else a GPU's free memory less a margin for what the
+// CUDA runtime takes beside the plan; the stand-in's is unlimited. Its text for messages.
+std::pair<uint64_t, std::string> device_memory(const Args& a, const Placement& w) {
+    const std::string& mem = a.get("device-mem");
+    uint64_t cap = mem == "unlimited" ? 0 : parse_size(mem, "device-mem");
+    std::string cap_text = cap ? "--device-mem " + mem : "unlimited memory";
+    if (w.gpu && !cap) {
+        constexpr uint64_t kMargin = uint64_t(512) << 20;
+        const uint64_t free = gpu_free_bytes(*w.gpu);
+        cap = free > kMargin ? free - kMargin : 1;
+        cap_text = "the GPU's " + human_bytes(double(free)) + " free, less " +
+                   human_bytes(double(kMargin));
     }
-    m.threads = bo.n_threads;
+    return {cap, cap_text};
+}
+
+// One process: the model on the CPU, a GPU, or a stand-in device with experts in RAM.
+void open_local(const Args& a, const std::string& path, model::LoadOptions lo,
+                const backend::CpuOptions& bo, const runtime::SpecParams& sp, Placement& w,
+                LoadedModel& m) {
+    m.file = w.file ? std::move(w.file) : gguf::File::open(path);
+    if (w.gpu) check_gpu_architecture(m.file->get_string("general.architecture"));
+    load_weight_pages(*m.file, {});
+    std::optional<runtime::DevicePlacement> placed;
+    if (w.gpu || w.on_device) {
+        const auto [cap, cap_text] = device_memory(a, w);
+        // Planned on the file's views on a CPU backend (nothing copied, nothing
+        // uploaded), so that experts kept in system RAM never reach the device.
+        model::LoadOptions po = lo;
+        po.in_memory = po.repack = false;
+        const auto planner = backend::make_cpu_backend(bo);
+        const auto planned = model::load_model(*m.file, *planner, po);
+        placed = runtime::place_experts(*m.file, *planned,
+                                        device_request(a, *m.file, *planned, sp, cap, cap_text));
+    }
+    const bool hybrid =
+        placed && std::find(placed->host.begin(), placed->host.end(), true) != placed->host.end();
+    if (w.gpu) {
+        if (bo.attention_bf16)
+            throw UsageError(
+                "--attn-bf16 is the CPU's AMX attention: the GPU runs its exact attention");
+        m.backend = open_gpu(*w.gpu);
+        lo.repack = false;  // the GPU reads the GGUF blocks
+    } else if (w.on_device) {
+        // The stand-in device never pins (the CPU backend beside it may).
+        backend::CpuOptions dev = bo;
+        dev.pin_threads = 0;
+        m.backend = backend::make_cpu_backend(dev);
+    } else {
+        m.backend = backend::make_cpu_backend(bo);
+    }
+    if (w.on_device || hybrid) {
+        m.experts_backend = backend::make_cpu_backend(bo);
+        lo.experts_backend = m.experts_backend.get();
+        lo.host_experts = placed->host;
+    }
+    m.model = model::load_model(*m.file, *m.backend, lo);
+    if (!placed) return;
+    const model::ModelInfo& li = m.model->info();
+    log_info(
+        "glm5: device %s%s: the routed experts of %lld of %lld MoE blocks in system RAM "
+        "(%s, from the file mapping; %s); the device holds %s of weights and %s (of %s)\n",
+        w.gpu ? m.backend->name().c_str() : a.get("device").c_str(),
+        w.gpu ? "" : " (a CPU stand-in)", (long long)li.host_expert_blocks,
+        (long long)li.moe_blocks, human_bytes(double(li.host_expert_bytes)).c_str(),
+        placed->how.c_str(), human_bytes(double(placed->device_weights)).c_str(),
+        placed->what.c_str(), placed->cap_text.c_str());
+}
+
+// The load banner: what was loaded, where it runs, what is on.
+void log_loaded(const Args& a, const LoadedModel& m, const Placement& w,
+                const backend::CpuOptions& bo) {
     const model::ModelInfo& info = m.model->info();
-    if (sp.type == runtime::DraftType::Mtp && !m.model->can_draft())
-        throw Error("--spec-type mtp: " +
-                    std::string(info.arch != "glm-dsa"
-                                    ? info.arch + " drafts with --spec-type ngram only"
-                                    : "this file has no loadable NextN/MTP block "
-                                      "(use --spec-type ngram)"));
-    if (sp.type == runtime::DraftType::Auto)
-        sp.type = m.model->can_draft() ? runtime::DraftType::Mtp : runtime::DraftType::Ngram;
-    m.spec = sp;
-    lock_in_memory(a);
+    const runtime::SpecParams& sp = m.spec;
     std::string blocks = std::to_string(info.n_layer) + " trunk layers";
     if (info.has_nextn)
         blocks += m.model->can_draft() ? " +1 NextN/MTP draft block"
                                        : " (NextN block present but not loaded; --spec loads it)";
-    const std::string runs_on = gpu ? "on " + m.backend->name()
-                                    : std::to_string(m.threads) + " threads, " +
-                                          quant::cpu_level_name(quant::cpu_level()) + " kernels";
+    const std::string runs_on = w.gpu ? "on " + m.backend->name()
+                                      : std::to_string(m.threads) + " threads, " +
+                                            quant::cpu_level_name(quant::cpu_level()) + " kernels";
     log_info("glm5: %s: %s, %s, %s of weights, vocab %lld, %s cache, %s\n", info.name.c_str(),
              info.arch.c_str(), blocks.c_str(), human_bytes(double(info.weight_bytes)).c_str(),
-             (long long)info.n_vocab, ct.c_str(), runs_on.c_str());
+             (long long)info.n_vocab, a.get("cache-type").c_str(), runs_on.c_str());
     if (bo.attention_bf16)
         log_info(
             "glm5: attention and indexer products in BF16 on %s (--attn-bf16: logits differ "
@@ -355,6 +357,41 @@ LoadedModel open_model(const Args& a, const std::string& path_override) {
             "glm5: weights not repacked (%s): served from the file as stored, at lower "
             "speed\n",
             info.repack_skipped.c_str());
+}
+
+}  // namespace
+
+LoadedModel open_model(const Args& a, const std::string& path_override) {
+    const std::string path = path_override.empty() ? a.get("model") : path_override;
+    if (path.empty()) throw UsageError("--model is required");
+    model::LoadOptions lo;
+    lo.cache_type = cache_type_from(a);
+    runtime::SpecParams sp = spec_from_flags(a);
+    lo.load_nextn = sp.type == runtime::DraftType::Mtp || sp.type == runtime::DraftType::Auto;
+    lo.in_memory = a.get_flag("no-mmap");
+    lo.repack = a.get_flag("repack");
+    lo.repack_if_fits = true;
+    const backend::CpuOptions bo = cpu_options(a, sp);
+
+    LoadedModel m;
+    Placement w = placement_from_flags(a, path);
+    if (w.split)
+        m = open_split_model(a, path, lo, bo, w.parts, w.tp);
+    else
+        open_local(a, path, lo, bo, sp, w, m);
+    m.threads = bo.n_threads;
+    const model::ModelInfo& info = m.model->info();
+    if (sp.type == runtime::DraftType::Mtp && !m.model->can_draft())
+        throw Error("--spec-type mtp: " +
+                    std::string(info.arch != "glm-dsa"
+                                    ? info.arch + " drafts with --spec-type ngram only"
+                                    : "this file has no loadable NextN/MTP block "
+                                      "(use --spec-type ngram)"));
+    if (sp.type == runtime::DraftType::Auto)
+        sp.type = m.model->can_draft() ? runtime::DraftType::Mtp : runtime::DraftType::Ngram;
+    m.spec = sp;
+    lock_in_memory(a);
+    log_loaded(a, m, w, bo);
     return m;
 }
 
@@ -425,183 +462,60 @@ int64_t requested_context(const Args& a) {
     return v;
 }
 
-// The context a device reserves when none is named: llama.cpp's default, or less when
-// the GGUF advertises less (the host plan then takes the same).
-int64_t device_context(int64_t trained) {
-    return std::min<int64_t>(trained > 0 ? trained : 4096, 4096);
-}
-
-DevicePlacement place_for_device(const Args& a, const gguf::File& f, model::Model& model,
-                                 const runtime::SpecParams& sp, uint64_t cap,
-                                 const std::string& cap_text) {
+// The device's side of a load as the flags say it: the experts the operator placed (if
+// any), its memory, and the context it reserves.
+runtime::DeviceRequest device_request(const Args& a, const gguf::File& f, const model::Model& model,
+                                      const runtime::SpecParams& sp, uint64_t cap,
+                                      const std::string& cap_text) {
     const model::ModelInfo& info = model.info();
-    // The blocks this model loads (the trunk, then the NextN block when it drafts),
-    // each with its routed experts' bytes.
-    std::vector<uint64_t> experts = model::expert_bytes_by_block(f);
-    experts.resize(size_t(info.n_layer) + (info.nextn_loaded ? 1 : 0), 0);
-    auto in_ram = [&](const std::vector<bool>& host) {
-        uint64_t s = 0;
-        for (size_t b = 0; b < experts.size() && b < host.size(); ++b)
-            if (host[b]) s += experts[b];
-        return s;
-    };
-    DevicePlacement out;
-    out.cap_text = cap_text;
-    std::vector<bool>& host = out.host;
-    std::string& how = out.how;
+    const int64_t blocks = info.n_layer + (info.nextn_loaded ? 1 : 0);
+    runtime::DeviceRequest r;
     if (a.get_flag("cpu-moe")) {
-        host = model::first_expert_blocks(f, int64_t(experts.size()));
-        how = "--cpu-moe";
+        r.host = model::first_expert_blocks(f, blocks);
+        r.how = "--cpu-moe";
     } else if (a.is_set("n-cpu-moe") && a.get("n-cpu-moe") != "auto") {
         const int64_t n = a.get_int("n-cpu-moe", 0, int64_t(1) << 20);
-        host = model::first_expert_blocks(f, n);
-        how = "--n-cpu-moe " + std::to_string(n);
+        r.host = model::first_expert_blocks(f, n);
+        r.how = "--n-cpu-moe " + std::to_string(n);
     } else if (a.is_set("override-tensor")) {
         try {
-            host = model::expert_blocks_from_overrides(f, a.get("override-tensor"));
+            r.host = model::expert_blocks_from_overrides(f, a.get("override-tensor"));
         } catch (const Error& e) {
             throw UsageError(e.what());
         }
-        how = "--override-tensor " + a.get("override-tensor");
+        r.how = "--override-tensor " + a.get("override-tensor");
     }
-
-    // The device holds every weight but those experts, and the caches and scratch of
-    // the context, reserved before any expert is placed.
+    r.cap = cap;
+    r.cap_text = cap_text;
+    r.cap_named = a.is_set("device-mem");
     const int64_t asked = requested_context(a);
-    runtime::PlanRequest pr;
-    pr.n_ctx = asked > 0 ? asked : device_context(info.n_ctx_train);
-    pr.n_slots = a.declared("parallel") ? int(a.get_int("parallel", 1, 1024)) : 1;
-    pr.ubatch = a.declared("ubatch") ? a.get_int("ubatch", 1, int64_t(1) << 20) : 512;
-    pr.draft_max = sp.type != runtime::DraftType::Off ? sp.draft_max : 0;
-    const runtime::MemoryPlan p = runtime::make_plan(model, pr, MemoryAvailable{}, 0, 0);
-    const uint64_t context = p.caches + p.snapshots + p.scratch;
-    // What a device uploads: the file's bytes of every tensor the model uses (the
-    // trunk's blocks, the NextN block when loaded, the rest).
-    uint64_t weights = 0;
-    for (const gguf::TensorInfo& t : f.tensors())
-        if (model::tensor_layer(t.name) < int64_t(experts.size())) weights += t.nbytes;
-    auto device_bytes = [&](uint64_t in_ram_bytes) { return weights - in_ram_bytes + context; };
-    auto fits = [&](uint64_t in_ram_bytes) {
-        return cap == 0 || device_bytes(in_ram_bytes) <= cap;
-    };
-    // The smallest --n-cpu-moe that fits (-1: none, not even every expert in RAM).
-    int64_t smallest = -1;
-    uint64_t first_n = 0;  // the experts of blocks 0 .. n-1, which --n-cpu-moe n keeps in RAM
-    for (size_t n = 0; smallest < 0 && n <= experts.size(); ++n) {
-        if (fits(first_n))
-            smallest = int64_t(n);
-        else if (n < experts.size())
-            first_n += experts[n];
-    }
-    out.what = human_bytes(double(context)) + " of caches and scratch for " +
-               std::to_string(pr.n_slots) + " x " + std::to_string(pr.n_ctx) + " tokens";
-    if (smallest < 0)
-        throw ResourceError("the device (" + cap_text +
-                            ") cannot hold this model's weights outside the routed experts (" +
-                            human_bytes(double(device_bytes(first_n) - context)) + ") and " +
-                            out.what + ", even with every routed expert in system RAM: " +
-                            (a.is_set("device-mem")
-                                 ? std::string("give it more memory (--device-mem) or a smaller "
-                                               "--ctx-size")
-                                 : std::string("a smaller --ctx-size or --parallel, a smaller "
-                                               "quantization, or --device none (the CPU)")));
-    if (how.empty()) {
-        host = model::first_expert_blocks(f, smallest);
-        how = "--n-cpu-moe " + std::to_string(smallest) + ", the smallest that fits";
-    } else if (!fits(in_ram(host))) {
-        throw ResourceError("with " + how + " the device needs " +
-                            human_bytes(double(device_bytes(in_ram(host)))) + " (" + out.what +
-                            "), but it has " + cap_text + ": use --n-cpu-moe " +
-                            std::to_string(smallest) + ", the smallest that fits");
-    }
-    out.device_weights = weights - in_ram(host);
-    return out;
+    r.context.n_ctx = asked > 0 ? asked : runtime::device_context(info.n_ctx_train);
+    r.context.n_slots = a.declared("parallel") ? int(a.get_int("parallel", 1, 1024)) : 1;
+    r.context.ubatch = a.declared("ubatch") ? a.get_int("ubatch", 1, int64_t(1) << 20) : 512;
+    r.context.draft_max = sp.type != runtime::DraftType::Off ? sp.draft_max : 0;
+    return r;
 }
 
 }  // namespace
 
-ContextChoice plan_context(const Args& a, const model::Model& m, const ContextRequest& r) {
-    MemoryAvailable avail = available_memory();
-    uint64_t process = rss_anon_bytes();
-    split_memory(m, avail, process);  // a layer split: the tightest rank's
+ContextChoice plan_context(const Args& a, const model::Model& m, ContextRequest r) {
+    runtime::MachineMemory mem;
+    mem.avail = available_memory();
+    mem.process = rss_anon_bytes();
+    split_memory(m, mem.avail, mem.process);  // a layer split: the tightest rank's
     const std::string rf = a.get("mem-reserve");
-    const uint64_t reserve =
-        runtime::default_reserve(avail, rf == "auto" ? -1 : int64_t(parse_size(rf, "mem-reserve")));
-    const int64_t trained = m.info().n_ctx_train;
-    const int64_t limit = std::min<int64_t>(trained > 0 ? trained : 4096, int64_t(1) << 24);
-    runtime::PlanRequest pr;
-    pr.n_slots = r.n_slots;
-    pr.ubatch = r.ubatch;
-    pr.draft_max = r.draft_max;
-    pr.extra = r.extra;
-    pr.extra_label = r.extra_label;
-    int64_t asked = requested_context(a);
-    std::string named = a.is_set("ctx-size") ? "--ctx-size" : "MAX_CONTEXT";
-    if (asked == 0 && a.declared("device") && a.get("device") != "none") {
-        asked = device_context(trained);
-        named = "what the device reserved";
+    mem.reserve = runtime::default_reserve(
+        mem.avail, rf == "auto" ? -1 : int64_t(parse_size(rf, "mem-reserve")));
+    r.asked = requested_context(a);
+    r.asked_by = a.is_set("ctx-size") ? "--ctx-size" : "MAX_CONTEXT";
+    if (r.asked == 0 && a.declared("device") && a.get("device") != "none") {
+        r.asked = runtime::device_context(m.info().n_ctx_train);
+        r.asked_by = "what the device reserved";
     }
-    int64_t n = 0;
-    std::string why;
-    if (asked > 0) {
-        pr.n_ctx = asked;
-        const runtime::MemoryPlan p = runtime::make_plan(m, pr, avail, reserve, process);
-        if (!p.fits()) {
-            if (r.print_table) std::printf("%s", p.table().c_str());
-            throw ResourceError(runtime::refusal(m, p, r.can_change_slots));
-        }
-        n = asked;
-        why = "(" + named + "; the GGUF advertises " + std::to_string(trained) + ")";
-    } else if (avail.bytes == 0) {
-        n = std::min<int64_t>(limit, 4096);
-        why = "(free memory is unknown here: not planned; the GGUF advertises " +
-              std::to_string(trained) + ")";
-    } else {
-        n = runtime::largest_context(m, pr, avail, reserve, process, limit);
-        if (n == 0) {
-            pr.n_ctx = runtime::kContextStep;
-            throw ResourceError(runtime::refusal(
-                m, runtime::make_plan(m, pr, avail, reserve, process), r.can_change_slots));
-        }
-        why = n == limit ? "(all the GGUF advertises)"
-                         : "(the GGUF advertises " + std::to_string(trained) + ")";
-    }
-    pr.n_ctx = n;
-    runtime::MemoryPlan p = runtime::make_plan(m, pr, avail, reserve, process);
-    // The prefix cache takes what the slots leave, up to its budget.
-    if (r.retained > 0) {
-        const uint64_t left = avail.bytes == 0
-                                  ? r.retained
-                                  : avail.bytes - std::min(avail.bytes, p.needed() + p.reserve);
-        pr.retained = std::min<uint64_t>(r.retained, left);
-        p = runtime::make_plan(m, pr, avail, reserve, process);
-    }
-    const uint64_t after_weights =
-        avail.bytes - std::min(avail.bytes, p.weights_mapped + p.process + p.reserve);
-    std::string line = "glm5: context " + std::to_string(n) + " tokens " + why;
-    if (avail.bytes) {
-        line += ": " + human_bytes(double(after_weights)) +
-                " free after the weights, the process and " + human_bytes(double(p.reserve)) +
-                " reserve (" + avail.source + "); " + std::to_string(r.n_slots) + " slot" +
-                (r.n_slots == 1 ? "" : "s") + " x " + human_bytes(double(m.state_cost().bytes(n))) +
-                " of caches, " + human_bytes(double(p.scratch)) + " of scratch";
-        if (p.retained) line += ", " + human_bytes(double(p.retained)) + " prefix cache";
-        if (asked == 0 && n < limit) {
-            runtime::PlanRequest more = pr;
-            more.n_ctx = n + runtime::kContextStep;
-            more.retained = 0;
-            line += "; " + std::to_string(more.n_ctx) + " would need " +
-                    human_bytes(double(
-                        runtime::make_plan(m, more, avail, reserve, process).needed() + reserve)) +
-                    " of " + human_bytes(double(avail.bytes));
-        }
-    }
-    log_info("%s\n", line.c_str());
-    if (r.print_table) std::printf("%s", p.table().c_str());
-    ContextChoice c;
-    c.n_ctx = n;
-    c.cache_pool = p.cache_pool();
-    c.plan = p;
+    const ContextChoice c = runtime::choose_context(m, r, mem);
+    if (r.print_table) std::printf("%s", c.plan.table().c_str());
+    if (!c.refusal.empty()) throw ResourceError(c.refusal);
+    log_info("glm5: %s\n", c.summary.c_str());
     return c;
 }
 

@@ -13,6 +13,7 @@
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/memory_plan.h"
+#include "runtime/placement.h"
 
 namespace glm5::app {
 
@@ -52,27 +53,14 @@ size_t parse_size(const std::string& s, const std::string& flag);
 // Declares --ctx-size (per `what`, e.g. "per slot"), --ubatch and --mem-reserve.
 void add_context_flags(Args& a, const std::string& what);
 
-struct ContextRequest {
-    int n_slots = 1;
-    int64_t ubatch = 512;
-    int draft_max = 0;              // the speculative window, when speculation is on
-    uint64_t retained = 0;          // prefix-cache budget wanted on top of the slots
-    bool can_change_slots = false;  // the command has --parallel (a remedy may name it)
-    bool print_table = false;       // print the plan's table on stdout (inspect --plan)
-    uint64_t extra = 0;             // more planned memory (the vision tower) ...
-    std::string extra_label;        // ... and what it is
-};
-struct ContextChoice {
-    int64_t n_ctx = 0;
-    size_t cache_pool = 0;  // EngineOptions::cache_pool_bytes
-    runtime::MemoryPlan plan;
-};
+using runtime::ContextChoice;
+using runtime::ContextRequest;
 
 // The context per slot: --ctx-size / $MAX_CONTEXT when named (refused with
 // the numbers and working remedies when it does not fit: ResourceError, exit
 // code 2), else the largest that fits up to the GGUF's context_length. Says
 // what it picked and why on stderr, in a line beginning "glm5: context N tokens".
-ContextChoice plan_context(const Args& a, const model::Model& m, const ContextRequest& r);
+ContextChoice plan_context(const Args& a, const model::Model& m, ContextRequest r);
 
 // Refuses a malformed --ctx-size / $MAX_CONTEXT before anything is loaded.
 void requested_context_check(const Args& a);

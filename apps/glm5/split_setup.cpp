@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "backend/cpu.h"
 #include "core/format.h"
 #include "core/log.h"
 #include "core/sha256.h"
@@ -55,7 +56,7 @@ std::string file_identity(const gguf::File& f) {
 }  // namespace
 
 LoadedModel open_split_model(const Args& a, const std::string& path, model::LoadOptions lo,
-                             const backend::BackendOptions& bo, int parts, int tp) {
+                             const backend::CpuOptions& bo, int parts, int tp) {
     const int world = launched_ranks();
     const bool tensor = tp > 1;
     const int degree = tensor ? tp : parts;
@@ -83,7 +84,7 @@ LoadedModel open_split_model(const Args& a, const std::string& path, model::Load
 
     // Ranks may share a host: only a pin asked for pins, else every rank would pin its
     // workers to the same CPUs.
-    backend::BackendOptions rank_bo = bo;
+    backend::CpuOptions rank_bo = bo;
     if (rank_bo.pin_threads < 0) rank_bo.pin_threads = 0;
     m.backend = backend::make_cpu_backend(rank_bo);
     model::SplitPlan plan;
@@ -225,7 +226,7 @@ std::string split_rank_table(model::Model&, double, double) {
 }
 
 LoadedModel open_split_model(const Args&, const std::string&, model::LoadOptions,
-                             const backend::BackendOptions&, int parts, int tp) {
+                             const backend::CpuOptions&, int parts, int tp) {
     throw UsageError(std::string(tp > 1 ? "--tp" : "--layer-split") +
                      ": this glm5 was built without MPI (install libopenmpi-dev and rebuild)");
 }

@@ -6,6 +6,7 @@
 
 #include "args.h"
 #include "backend/backend.h"
+#include "backend/cpu.h"
 #include "core/memory.h"
 #include "model/model.h"
 
@@ -28,7 +29,7 @@ int64_t split_context(const Args& a);
 // tp > 1: tensor parallelism instead (every rank holds every layer and a
 // share of its heads).
 LoadedModel open_split_model(const Args& a, const std::string& path, model::LoadOptions lo,
-                             const backend::BackendOptions& bo, int parts, int tp);
+                             const backend::CpuOptions& bo, int parts, int tp);
 
 // With a split model: the smallest available memory and the largest process
 // size of any rank (the plan is made for the tightest rank).

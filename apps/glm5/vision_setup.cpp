@@ -1,5 +1,6 @@
 #include "vision_setup.h"
 
+#include "backend/vision_ops.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "image/image.h"
@@ -22,10 +23,9 @@ LoadedVision open_vision(const Args& a, LoadedModel& m) {
         if (a.is_set("image")) throw UsageError("--image needs --mmproj (the vision tower)");
         return v;
     }
-    if (m.backend->name().rfind("cuda", 0) == 0)
-        throw Error(
-            "--mmproj: the vision tower does not run on the GPU yet: run it without "
-            "--device cuda (or -ngl)");
+    if (!backend::family<backend::VisionOps>(*m.backend))
+        throw Error("--mmproj: the vision tower's ops do not run on " + m.backend->name() +
+                    " yet: run it without --device cuda (or -ngl)");
     v.file = gguf::File::open(a.get("mmproj"));
     v.tower = model::load_vision_tower(*v.file, *m.backend, *m.model, {});
     v.image_token = text::Tokenizer::from_gguf(*m.file)->find("<|image|>");

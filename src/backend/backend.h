@@ -1,8 +1,12 @@
-// The operations the model forwards are written in. Ops are coarse (a whole
-// matmul over a batch, a whole MLA attention, a whole MoE FFN) and generic over
-// shapes: they know formats and sizes, never model names. The CPU backend
-// implements them with a persistent thread pool; another backend (CUDA) can
-// implement the same interface without touching src/model/.
+// The core of the contract the model forwards are written in: memory, the step and its
+// plan, copies, products, norms and the elementwise ops every model uses, and sampling
+// helpers. What only some models need comes in op families, one interface each
+// (moe_ops.h, attention_ops.h, linear_ops.h, vision_ops.h): a backend implements the
+// core and the families it runs, a model asks for the families it needs when it loads
+// (require<>, which refuses a backend that lacks one, naming it) and nothing else, and
+// no backend stubs an op. Ops are coarse (a whole matmul over a batch, a whole MLA
+// attention, a whole MoE FFN) and generic over shapes: they know formats and sizes,
+// never model names.
 //
 // Memory the ops work on is the backend's: activations, caches, recurrent
 // state and the indexer's selections are DevPtr handles, which model code
@@ -26,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "core/hd.h"
 #include "quant/types.h"
 
@@ -120,29 +125,6 @@ struct CacheRows {
     size_t row_bytes() const { return size_t(width) * cache_elem_size(type); }
 };
 
-// A mixture of experts' routing: a sigmoid router with a selection-only bias, the top
-// n_used experts, their weights renormalised and scaled.
-struct MoeRouter {
-    Weight router;                // [E -> n_expert], F32 in practice
-    const float* bias = nullptr;  // selection-only bias [n_expert] (host memory of the weight file)
-    int n_used = 0;
-    bool norm_weights = true;
-    float weights_scale = 1.0f;
-};
-
-// SwiGLU FFNs: the routed experts (stacks of n_expert matrices) or the shared expert.
-struct MoeFfn {
-    Weight gate, up, down;
-    float clamp = 0.0f;  // SwiGLU clamp limit (<= 1e-6: none)
-    explicit operator bool() const { return bool(gate); }
-};
-
-struct MoeWeights {
-    MoeRouter route;
-    MoeFfn experts;
-    MoeFfn shared;  // optional
-};
-
 // Bytes of weights read by the kernels, counted as they run (for the
 // decode roofline in `glm5 bench`).
 struct Counters {
@@ -207,10 +189,6 @@ class Backend {
     // directly from a peer.
     virtual void copy_from(Backend& src, DevPtr<const uint8_t> from, DevPtr<uint8_t> to,
                            size_t bytes);
-    // The scratch mla_attention takes beside its arguments for a batch's queries of
-    // n_heads heads over at most n_visible rows each (the memory plan counts it): what
-    // the backend keeps per worker is its own business.
-    virtual size_t attention_scratch_bytes(int64_t n_heads, int64_t n_visible) const = 0;
 
     // ---- tensor parallelism ---------------------------------------------
     // The partial sums of a layer whose weights are split across ranks
@@ -393,64 +371,10 @@ class Backend {
                                int64_t x_slice, int64_t n_tok, DevPtr<float> y, int64_t y_tok,
                                int64_t y_slice) = 0;
 
-    // ---- caches and attention --------------------------------------------
+    // ---- caches and sampling helpers ------------------------------------------
     // Store n_tok rows (each `width` floats, x_stride apart) at cache rows pos[t].
-    // The storage to allocate for indexer key caches where the model would
-    // use `requested` (same bytes per value): the CPU backend under
-    // --attn-bf16 keeps F16 keys as BF16, which its tile product reads in place.
-    virtual CacheType indexer_key_type(CacheType requested) const { return requested; }
-
     virtual void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride,
                              int64_t n_tok, DevPtr<const int32_t> pos) = 0;
-
-    // A step's rows come in segments, one per sequence: batch rows [first, first + n),
-    // with that sequence's cache for the op's layer. What a row sees follows from its
-    // position in the step's plan alone (causal: n_vis = pos[t] + 1 cells), so the op
-    // list of one shape of step is the same whatever the positions: the ops decide per
-    // row, on the backend, what is dense and what is selected.
-    struct Segment {
-        CacheRows cache;
-        int64_t first = 0, n = 0;
-    };
-    // A sparse selection. A row with more than `keep` candidates (cells, or complete
-    // pools of `pool` cells: n_vis / pool of them) sees the keep * pool + n_vis % pool
-    // cells listed at rows[t * stride ..]; a row with fewer sees all of its n_vis cells.
-    // A null `rows`: every row sees all of them.
-    struct Selection {
-        DevPtr<const int32_t> rows;
-        int64_t stride = 0;
-        int64_t keep = 0;
-        int64_t pool = 1;
-        // The rule every op of a step applies to a row that sees n_vis cells: whether
-        // it has more candidates than are kept, and then how many cells it sees (on a
-        // device's kernels too: host-and-device code).
-        static GLM5_HD bool selects(int64_t n_vis, int64_t pool, int64_t keep) {
-            return n_vis / pool > keep;
-        }
-        bool selects(int64_t n_vis) const { return rows && selects(n_vis, pool, keep); }
-        int64_t n_selected(int64_t n_vis) const { return keep * pool + n_vis % pool; }
-    };
-
-    // Lightning-indexer selection: for each of the segments' rows t with more than top_k
-    // candidates (n_vis / pool: tokens when pool is 1, complete pools otherwise),
-    // score(s) = sum_h w[t][h] * relu(q[t][h] . key_s) over its candidates (rows of its
-    // segment's cache); the indices of the top_k highest scores (ties to the lower index),
-    // ascending, to out[t * top_k ..]. Other rows are left alone. q: [T][n_heads][dim]
-    // (rounded to the cache type like the keys), w: [T][n_heads].
-    virtual void indexer_select(DevPtr<const float> q, DevPtr<const float> w,
-                                DevPtr<const int32_t> pos, std::span<const Segment> keys,
-                                int64_t pool, int64_t n_heads, int64_t dim, int64_t top_k,
-                                DevPtr<int32_t> out) = 0;
-
-    // MLA (absorbed, MQA over latent rows) for the segments' rows. For each row t and
-    // head h: s_j = scale * q[t][h] . row_j over the cache rows `sel` lets t see
-    // (rows are [latent | rope], width = q width), p = softmax(s),
-    // out[t][h] = sum_j p_j * row_j[0..v_width). q: [T][n_heads][width],
-    // out: [T][n_heads][v_width]. With an F16 cache the query and the probabilities are
-    // rounded to F16, as llama.cpp's F16 path does.
-    virtual void mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos,
-                               std::span<const Segment> segs, const Selection& sel, int64_t n_heads,
-                               int64_t v_width, float scale, DevPtr<float> out) = 0;
 
     // For each of n_rows rows of logits [n_rows][n_vocab]: the greedy pick (ties to the
     // lowest id) and its probability among the ten most likely tokens (the softmax over
@@ -459,168 +383,21 @@ class Backend {
     virtual void draft_pick(DevPtr<const float> logits, int64_t n_rows, int64_t n_vocab,
                             DevPtr<int32_t> best, DevPtr<double> prob) = 0;
 
-    // ---- mixture of experts ------------------------------------------------
-    // Three ops, so that routing and the shared expert can run on one backend and a
-    // layer's routed experts on another. x: [n_tok][E] (the normed FFN input).
-    //
-    // The routing: ids and weights [n_tok][n_used] in backend memory (they never
-    // visit the host).
-    virtual void moe_route(const MoeRouter& r, DevPtr<const float> x, int64_t n_tok,
-                           DevPtr<int32_t> ids, DevPtr<float> weights) = 0;
-    // out [n_tok][E] (overwritten) = the routed experts' outputs summed in selection
-    // order with their weights, then the shared expert's added: computed here within
-    // the same passes when `fused_shared` is given (one backend holds both), else the
-    // rows `shared_rows` that moe_shared wrote (elsewhere, maybe), or none when both
-    // are null.
-    virtual void moe_experts(const MoeFfn& experts, DevPtr<const float> x, int64_t n_tok,
-                             DevPtr<const int32_t> ids, DevPtr<const float> weights, int n_used,
-                             const MoeFfn* fused_shared, DevPtr<const float> shared_rows,
-                             DevPtr<float> out) = 0;
-    // The shared expert alone: out [n_tok][E] (overwritten), the rows moe_experts' fused
-    // form adds, bit for bit.
-    virtual void moe_shared(const MoeFfn& shared, DevPtr<const float> x, int64_t n_tok,
-                            DevPtr<float> out) = 0;
-    // All of it on this backend, the shared expert fused (ids and weights in scratch).
-    void moe(const MoeWeights& m, DevPtr<const float> x, int64_t n_tok, DevPtr<float> out) {
-        const size_t n = size_t(n_tok) * size_t(m.route.n_used);
-        const DevPtr<int32_t> ids = scratch_ids(n);
-        const DevPtr<float> weights = scratch(n);
-        moe_route(m.route, x, n_tok, ids, weights);
-        moe_experts(m.experts, x, n_tok, ids, weights, m.route.n_used,
-                    m.shared ? &m.shared : nullptr, nullptr, out);
-    }
-
     // ---- accounting --------------------------------------------------------
     virtual Counters counters() const = 0;
     virtual void reset_counters() = 0;
-
-    // ==== glm5next ops ==========================================================
-    // Linear attention with a recurrent state (short causal conv + gated delta
-    // rule), multi-stream hyper-connections and pooled key compression. Each op
-    // keeps a fixed per-element reduction order, so a token's result does not
-    // depend on how the tokens were batched.
-
-    // L2 normalisation per row: y = x / max(||x||_2, eps); in place allowed.
-    virtual void l2_norm(DevPtr<const float> x, int64_t n_rows, int64_t dim, float eps,
-                         DevPtr<float> y) = 0;
-    // y = sigmoid(y), n values in place.
-    virtual void apply_sigmoid(DevPtr<float> y, int64_t n) = 0;
-    // y *= sigmoid(gate), n values.
-    virtual void mul_sigmoid(DevPtr<float> y, DevPtr<const float> gate, int64_t n) = 0;
-
-    // Depthwise causal convolution of one sequence's new tokens, continuing
-    // from the K-1 inputs before them:
-    //   y[t][c] = sum_{j<K} taps[c*K + j] * in[t-K+1+j][c]   (j = K-1: token t)
-    // where inputs before the first new token come from `tail` ([K-1][channels],
-    // oldest first). Afterwards `tail` holds the last K-1 inputs. With
-    // `silu`, y = SiLU(conv). x and y must not overlap.
-    struct ConvSeq {
-        DevPtr<const float> x;  // [n_tok][x_stride]
-        DevPtr<float> tail;     // [K-1][channels]: the new tail (the old one too when in place)
-        DevPtr<float> y;        // [n_tok][y_stride]
-        int64_t n_tok = 0;
-        // The old tail, when it lives elsewhere (double-buffered state: a
-        // forward that fails leaves it untouched); null: `tail` in place.
-        DevPtr<const float> tail_in;
-    };
-    virtual void causal_conv(std::span<const ConvSeq> seqs, int64_t channels, const float* taps,
-                             int64_t kernel, int64_t x_stride, int64_t y_stride, bool silu) = 0;
-
-    // Per-channel log-decay bounded to (lower, 0):
-    //   g[t][h*dim + i] = lower * sigmoid(rate[h] * (z[t][h*dim + i] + bias[h*dim + i])).
-    virtual void bounded_decay(DevPtr<const float> z, const float* bias, const float* rate,
-                               int64_t n_tok, int64_t n_heads, int64_t dim, float lower,
-                               DevPtr<float> g) = 0;
-
-    // Gated delta rule, token by token in order, per head h with state
-    // S [dim(key i)][dim(value j)]:
-    //   S <- diag(exp(g_t)) S;  e = v_t - S^T k_t;  S <- S + k_t (beta_t e)^T;
-    //   out_t = scale * S^T q_t.
-    // q, k, v, g, out: [n_tok][n_heads*dim]; beta: [n_tok][n_heads];
-    // state: [n_heads][dim][dim], updated in place, or read from state_in and
-    // written to state (double-buffered state; same bits either way).
-    struct DeltaRuleSeq {
-        DevPtr<const float> q, k, v, g, beta;
-        DevPtr<float> state;
-        DevPtr<float> out;
-        int64_t n_tok = 0;
-        DevPtr<const float> state_in;
-    };
-    virtual void gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n_heads, int64_t dim,
-                                  float scale) = 0;
-
-    // Sinkhorn hyper-connection coefficients for S streams from the mixing
-    // logits mix [n_tok][(2+S)*S] (fn . RMSNorm(streams)):
-    //   pre[s]  = sigmoid(scale[0]*mix[s] + base[s]) + eps
-    //   post[d] = 2 sigmoid(scale[1]*mix[S+d] + base[S+d])
-    //   comb[d][s]: softmax over d of scale[2]*mix[2S+d+S*s] + base[..], + eps,
-    //   then rows (over s) normalised, then iterations-1 times columns (over d)
-    //   and rows; every normalisation divides by (sum + eps).
-    // pre, post: [n_tok][S]; comb: [n_tok][S (destination)][S (source)].
-    virtual void hc_coefficients(DevPtr<const float> mix, int64_t n_tok, int64_t n_streams,
-                                 const float* base, const float* scale, float eps,
-                                 int64_t iterations, DevPtr<float> pre, DevPtr<float> post,
-                                 DevPtr<float> comb) = 0;
-    // y[t] = sum_s w[t][s] * X[t][s] (w == nullptr: the plain mean over streams).
-    // X: [n_tok][n_streams][dim]; y: [n_tok][dim].
-    virtual void hc_reduce(DevPtr<const float> X, DevPtr<const float> w, int64_t n_tok,
-                           int64_t n_streams, int64_t dim, DevPtr<float> y) = 0;
-    // out[t][d] = post[t][d] * f[t] + sum_s comb[t][d][s] * X[t][s] (out != X).
-    virtual void hc_expand(DevPtr<const float> X, DevPtr<const float> f, DevPtr<const float> post,
-                           DevPtr<const float> comb, int64_t n_tok, int64_t n_streams, int64_t dim,
-                           DevPtr<float> out) = 0;
-
-    // Compressed keys of complete pools of `pool_size` consecutive cache rows.
-    // Row r of `cells` is [key (key_width) | gate (gate_width: key_width or 1)].
-    // For pool j (rows j*B .. j*B+B-1), per channel i:
-    //   a_s = softmax over slots s of (gate[jB+s][i] + ape[s*gate_width + i])
-    //   out_j = RMSNorm(sum_s a_s * key[jB+s]; norm_w)
-    // (a width-1 gate gives one weight per slot for every channel), stored as
-    // row j of `pools` for the pools that n_rows new cells at positions pos[0 ..]
-    // (one sequence's, in order: the step's plan) complete.
-    virtual void pool_compress(const CacheRows& cells, int64_t key_width, int64_t gate_width,
-                               int64_t pool_size, const float* ape, const float* norm_w, float eps,
-                               const CacheRows& pools, DevPtr<const int32_t> pos,
-                               int64_t n_rows) = 0;
-    // The cells a pooled selection lets each of n_rows rows see, for the rows past
-    // the dense limit (n_vis / pool_size > n_sel, n_vis = pos[t] + 1): its n_sel picked
-    // pools (picked[t * n_sel ..], ascending: indexer_select's output) expanded to their
-    // cells j*B .. j*B+B-1, then the cells of its trailing partial pool
-    // [(n_vis / B) * B, n_vis), to rows[t * stride ..] (n_sel*B + n_vis % B indices).
-    virtual void pool_cells(DevPtr<const int32_t> picked, DevPtr<const int32_t> pos, int64_t n_rows,
-                            int64_t n_sel, int64_t pool_size, DevPtr<int32_t> rows,
-                            int64_t stride) = 0;
-    // ==== end of glm5next ops ===================================================
-
-    // ==== vision tower ops (docs/glm5next-format.md section 12.4) ================
-    // y[r][i] += b[i] for r < n_rows, i < dim (rows `stride` apart).
-    virtual void add_bias(DevPtr<float> y, int64_t n_rows, int64_t dim, int64_t stride,
-                          const float* b) = 0;
-    // y = 0.5 y (1 + erf(y / sqrt 2)), n values in place.
-    virtual void gelu_erf(DevPtr<float> y, int64_t n) = 0;
-    // 2-D rotary embedding, rotate-half pairing, per head of `dim` values
-    // (dim a multiple of 4) at x[t*tok_stride + h*dim]: with
-    // f_i = theta^(-4i/dim) for i < dim/4 and the angles
-    // a = [row[t] f | col[t] f] (dim/2 values),
-    //   out[i] = x[i] cos a_i - x[i + dim/2] sin a_i,
-    //   out[i + dim/2] = x[i + dim/2] cos a_i + x[i] sin a_i   (i < dim/2).
-    virtual void rope_2d(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
-                         int64_t dim, const int32_t* row, const int32_t* col, float theta) = 0;
-    // Non-causal attention of every token of a sequence to every token of it
-    // (an image's patches): out = softmax(scale q k^T) v per head. q, k, v and
-    // out are [n][stride], head h at columns h*dim.. . Streamed in tiles with
-    // a running softmax: memory is O(n), never the n x n scores.
-    struct FullAttentionSeq {
-        DevPtr<const float> q, k, v;
-        DevPtr<float> out;
-        int64_t n = 0;
-    };
-    virtual void attention_full(std::span<const FullAttentionSeq> seqs, int64_t n_heads,
-                                int64_t dim, int64_t stride, float scale) = 0;
-    // ==== end of vision tower ops ===============================================
+    // Called before each op with its name and rows (fault injection in the tests of what
+    // the engine does when an op fails): an exception it throws fails the op as an
+    // allocation would.
+    void set_op_hook(std::function<void(const char* op, int64_t rows)> hook) {
+        op_hook_ = std::move(hook);
+    }
 
   protected:
     Reducer* reducer() const { return reducer_; }
+    void op_hook(const char* op, int64_t rows) const {
+        if (op_hook_) op_hook_(op, rows);
+    }
     // A handle of this backend's own, for memory at `p` (a backend's handles are the
     // addresses of its memory, in whatever space it addresses).
     template <class T>
@@ -634,25 +411,21 @@ class Backend {
   private:
     Reducer* reducer_ = nullptr;
     uint32_t id_;
+    std::function<void(const char*, int64_t)> op_hook_;
 };
 
-struct BackendOptions {
-    int n_threads = 0;  // 0: all cores we may run on
-    // Pin each worker thread to a CPU of its own (--cpu-strict): -1 where the threads
-    // fill the physical cores, 0 never, 1 always.
-    int pin_threads = -1;
-    // mla_attention's and indexer_select's products in BF16 on AMX tiles
-    // (--attn-bf16): several times faster deep in a context, but the scores
-    // lose the last bits of F16/F32 products, so logits differ slightly from
-    // the exact path's (and a near-tie at the indexer's k-th key may pick
-    // another key).
-    // Refused (make_cpu_backend throws) where the CPU has no AMX-BF16.
-    bool attention_bf16 = false;
-    // Fault injection for tests: called before each op with its name and
-    // rows; an exception it throws fails the op as an allocation would.
-    std::function<void(const char* op, int64_t rows)> fault_hook;
-};
-
-std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt);
+// The op family F of backend `be` (moe_ops.h, attention_ops.h, linear_ops.h,
+// vision_ops.h), or null where it does not implement F.
+template <class F>
+F* family(Backend& be) {
+    return dynamic_cast<F*>(&be);
+}
+// The same for a model or tower that cannot run without it (`who` names it): refused at
+// load, naming the family and the backend.
+template <class F>
+F& require(Backend& be, const std::string& who) {
+    if (F* f = family<F>(be)) return *f;
+    throw Error(who + " needs " + F::kWhat + ", which the " + be.name() + " backend does not run");
+}
 
 }  // namespace glm5::backend

@@ -40,11 +40,11 @@ void Backend::foreign(uint32_t owner) const {
 
 namespace cpu {
 
-CpuBackend::CpuBackend(const BackendOptions& opt)
+CpuBackend::CpuBackend(const CpuOptions& opt)
     : pool_(PoolOptions{opt.n_threads > 0 ? opt.n_threads : ThreadPool::default_threads(),
                         opt.pin_threads}) {
     per_thread_.resize(size_t(pool_.size()));
-    profile_.fault_hook = opt.fault_hook;
+    profile_.fault_hook = [this](const char* op, int64_t rows) { op_hook(op, rows); };
     if (opt.attention_bf16 && !amx_bf16::available())
         throw Error(
             "BF16 attention needs AMX-BF16 tiles or AVX-512 BF16 with VBMI, which this CPU "
@@ -431,7 +431,7 @@ Weight CpuBackend::register_weight(const Weight& w, bool copy, const std::string
 
 }  // namespace cpu
 
-std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt) {
+std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& opt) {
     return std::make_unique<cpu::CpuBackend>(opt);
 }
 

@@ -15,11 +15,16 @@
 #include <mutex>
 #include <string>
 #include <vector>
+#include "backend/attention_ops.h"
 #include "backend/backend.h"
+#include "backend/cpu.h"
 #include "backend/cpu_attention_amx.h"
 #include "backend/cpu_kernels.h"
 #include "backend/cpu_memory.h"
 #include "backend/cpu_simd.h"
+#include "backend/linear_ops.h"
+#include "backend/moe_ops.h"
+#include "backend/vision_ops.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/mmap_file.h"
@@ -58,9 +63,6 @@ class ByteBuffer {
     size_t cap_ = 0;
 };
 
-inline float sigmoid(float x) {
-    return 1.0f / (1.0f + std::exp(-x));
-}
 using kernels::silu;
 
 // GLM5_PROFILE=1 in the environment: wall time per op and per rows in the
@@ -71,7 +73,7 @@ using kernels::silu;
 class OpProfile {
   public:
     OpProfile() : on_(std::getenv("GLM5_PROFILE") != nullptr) {}
-    std::function<void(const char*, int64_t)> fault_hook;  // BackendOptions::fault_hook
+    std::function<void(const char*, int64_t)> fault_hook;  // Backend::set_op_hook's
     ~OpProfile();
     bool on() const { return on_; }
     // kind (optional) splits an op further, e.g. a product by weight type.
@@ -107,9 +109,13 @@ class OpTimer {
     std::chrono::steady_clock::time_point t0_;
 };
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public Backend,
+                         public MoeOps,
+                         public AttentionOps,
+                         public LinearOps,
+                         public VisionOps {
   public:
-    explicit CpuBackend(const BackendOptions& opt);
+    explicit CpuBackend(const CpuOptions& opt);
     ~CpuBackend() override = default;
 
     std::string name() const override { return "cpu"; }

@@ -12,54 +12,12 @@ void CpuBackend::hc_coefficients(DevPtr<const float> mix_, int64_t T, int64_t S,
     float* pre = host(pre_);
     float* post = host(post_);
     float* comb = host(comb_);
+    check_streams(S);
     const int64_t M = (2 + S) * S;
     pool_.parallel_for(T, 8, [&](int64_t b, int64_t e, int) {
-        // The S x S matrix is tiny: iterate it in double, round once at the end.
-        std::vector<double> C(size_t(S * S));
-        auto at = [&](int64_t d, int64_t s) -> double& { return C[size_t(d * S + s)]; };
-        const double ep = double(eps);
-        for (int64_t t = b; t < e; ++t) {
-            const float* m = mix + t * M;
-            for (int64_t s = 0; s < S; ++s) {
-                pre[t * S + s] = sigmoid(scale[0] * m[s] + base[s]) + eps;
-                post[t * S + s] = 2.0f * sigmoid(scale[1] * m[S + s] + base[S + s]);
-            }
-            // Logits L[d][s] (d = destination, s = source), softmax over d per source.
-            for (int64_t s = 0; s < S; ++s) {
-                double mx = -INFINITY;
-                for (int64_t d = 0; d < S; ++d) {
-                    const int64_t i = 2 * S + d + S * s;
-                    at(d, s) = double(scale[2] * m[i] + base[i]);
-                    mx = std::max(mx, at(d, s));
-                }
-                double sum = 0.0;
-                for (int64_t d = 0; d < S; ++d) {
-                    at(d, s) = std::exp(at(d, s) - mx);
-                    sum += at(d, s);
-                }
-                for (int64_t d = 0; d < S; ++d) at(d, s) = at(d, s) / sum + ep;
-            }
-            auto normalise_rows = [&] {  // per destination, over sources
-                for (int64_t d = 0; d < S; ++d) {
-                    double sum = 0.0;
-                    for (int64_t s = 0; s < S; ++s) sum += at(d, s);
-                    for (int64_t s = 0; s < S; ++s) at(d, s) /= (sum + ep);
-                }
-            };
-            auto normalise_cols = [&] {  // per source, over destinations
-                for (int64_t s = 0; s < S; ++s) {
-                    double sum = 0.0;
-                    for (int64_t d = 0; d < S; ++d) sum += at(d, s);
-                    for (int64_t d = 0; d < S; ++d) at(d, s) /= (sum + ep);
-                }
-            };
-            normalise_rows();
-            for (int64_t it = 1; it < iterations; ++it) {
-                normalise_cols();
-                normalise_rows();
-            }
-            for (int64_t i = 0; i < S * S; ++i) comb[t * S * S + i] = float(C[size_t(i)]);
-        }
+        for (int64_t t = b; t < e; ++t)
+            hc_token(mix + t * M, S, base, scale, eps, iterations, pre + t * S, post + t * S,
+                     comb + t * S * S);
     });
 }
 

@@ -27,13 +27,13 @@ void CpuBackend::l2_norm(DevPtr<const float> x_, int64_t n_rows, int64_t dim, fl
 
 void CpuBackend::apply_sigmoid(DevPtr<float> y_, int64_t n) {
     float* y = host(y_);
-    for (int64_t i = 0; i < n; ++i) y[i] = sigmoid(y[i]);
+    for (int64_t i = 0; i < n; ++i) y[i] = hd_sigmoid(y[i]);
 }
 
 void CpuBackend::mul_sigmoid(DevPtr<float> y_, DevPtr<const float> gate_, int64_t n) {
     float* y = host(y_);
     const float* gate = host(gate_);
-    for (int64_t i = 0; i < n; ++i) y[i] *= sigmoid(gate[i]);
+    for (int64_t i = 0; i < n; ++i) y[i] *= hd_sigmoid(gate[i]);
 }
 
 void CpuBackend::causal_conv(std::span<const ConvSeq> seqs, int64_t C, const float* taps, int64_t K,
@@ -85,7 +85,7 @@ void CpuBackend::bounded_decay(DevPtr<const float> z_, const float* bias, const 
             for (int64_t h = 0; h < H; ++h)
                 for (int64_t i = 0; i < D; ++i) {
                     const int64_t c = h * D + i;
-                    g[t * H * D + c] = lower * sigmoid(rate[h] * (z[t * H * D + c] + bias[c]));
+                    g[t * H * D + c] = lower * hd_sigmoid(rate[h] * (z[t * H * D + c] + bias[c]));
                 }
     });
 }

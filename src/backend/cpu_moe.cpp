@@ -18,24 +18,14 @@ void CpuBackend::moe_route(const MoeRouter& m, DevPtr<const float> x_, int64_t T
     std::vector<float> logits(static_cast<size_t>(T * X));
     products(m.router, 1, x, E, 0, T, logits.data(), X, 0);
     std::vector<float> p(static_cast<size_t>(X)), sel(static_cast<size_t>(X));
-    std::vector<int32_t> order(static_cast<size_t>(X));
     for (int64_t t = 0; t < T; ++t) {
         for (int64_t e = 0; e < X; ++e) {
-            p[size_t(e)] = sigmoid(logits[size_t(t * X + e)]);
+            p[size_t(e)] = hd_sigmoid(logits[size_t(t * X + e)]);
             sel[size_t(e)] = p[size_t(e)] + (m.bias ? m.bias[e] : 0.0f);
         }
-        kernels::top_k_desc(sel.data(), X, K, order);
-        double sum = 0.0;
-        for (int64_t k = 0; k < K; ++k) sum += double(p[size_t(order[size_t(k)])]);
-        const float denom = std::max(float(sum), 6.103515625e-5f);
-        for (int64_t k = 0; k < K; ++k) {
-            const int32_t e = order[size_t(k)];
-            float wk = p[size_t(e)];
-            if (m.norm_weights) wk = wk / denom;
-            wk *= m.weights_scale;
-            ids[size_t(t * K + k)] = e;
-            wts[size_t(t * K + k)] = wk;
-        }
+        route_pick([&](int64_t e) { return sel[size_t(e)]; },
+                   [&](int64_t e) { return p[size_t(e)]; }, X, int(K), m.norm_weights,
+                   m.weights_scale, ids + t * K, wts + t * K);
     }
 }
 

@@ -18,10 +18,12 @@
 
 namespace glm5::model {
 
+using backend::AttentionOps;
 using backend::Backend;
 using backend::CacheRows;
 using backend::CacheType;
 using backend::DevPtr;
+using backend::LinearOps;
 
 namespace {
 
@@ -322,7 +324,7 @@ size_t Glm5NextModel::scratch_bytes(int64_t T, int64_t R, int64_t D) const {
     b += rows * (n_sel + n_sel * B + B) * 4 + rows * 16;  // picks, cells, visibility
     if (depth / B > n_sel) b += rows * (depth / B) * 4;   // pool scores
     const size_t n_vis = std::min(depth, n_sel * B + B);
-    b += backend_->attention_scratch_bytes(int64_t(heads), int64_t(n_vis));
+    b += attn_.attention_scratch_bytes(int64_t(heads), int64_t(n_vis));
     if (h.n_expert > 0)
         b += moe_scratch_bytes(T, h.n_embd, h.n_ff_exp, h.n_expert_used,
                                h.n_ff_exp * h.n_expert_shared);
@@ -336,8 +338,8 @@ void Glm5NextModel::hyper_coeffs(const Batch& b, const HyperConn& hc, DevPtr<con
     const int64_t S = hp_.hc_streams, SE = S * hp_.n_embd, T = b.T;
     be.rms_norm(X, SE, nullptr, T, SE, hp_.eps, b.xhat, SE);
     be.matmul(hc.fn, b.xhat, SE, T, b.mix, (2 + S) * S);
-    be.hc_coefficients(b.mix, T, S, hc.base, hc.scale, hp_.hc_eps, hp_.hc_iters, b.pre, b.post,
-                       b.comb);
+    linear_.hc_coefficients(b.mix, T, S, hc.base, hc.scale, hp_.hc_eps, hp_.hc_iters, b.pre, b.post,
+                            b.comb);
 }
 
 // KDA linear attention (spec 6.4): x [T][E] normed input, out [T][E].
@@ -355,7 +357,7 @@ void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, DevPtr<const
 
     // 1. Projections and the short convs, continuing from each sequence's tail.
     const backend::Weight* proj[3] = {&L.wq, &L.wk, &L.wv};
-    std::vector<Backend::ConvSeq> cs(b.segs.size());
+    std::vector<LinearOps::ConvSeq> cs(b.segs.size());
     for (int u = 0; u < 3; ++u) {
         DevPtr<float> r = raw + u * T * di;
         DevPtr<float> c = qkv + u * T * di;
@@ -365,26 +367,26 @@ void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, DevPtr<const
             cs[i] = {r + s.first * di, s.state->conv_tail_out(il, u, (K - 1) * di),
                      c + s.first * di, s.n, s.state->conv_tail_in(il, u, (K - 1) * di)};
         }
-        be.causal_conv(cs, di, L.conv[u], K, di, di, /*silu=*/true);
+        linear_.causal_conv(cs, di, L.conv[u], K, di, di, /*silu=*/true);
     }
     DevPtr<float> q = qkv;
     DevPtr<float> k = qkv + T * di;
     DevPtr<float> v = qkv + 2 * T * di;
     // 2. Unit-length query and key per head.
-    be.l2_norm(q, T * H, D, hp_.eps, q);
-    be.l2_norm(k, T * H, D, hp_.eps, k);
+    linear_.l2_norm(q, T * H, D, hp_.eps, q);
+    linear_.l2_norm(k, T * H, D, hp_.eps, k);
 
     // 3. Per-channel decay in (lower, 0) from the low-rank gate.
     be.matmul(L.f_a, x, E, T, b.lowrank, L.f_a.rows);
     be.matmul(L.f_b, b.lowrank, L.f_a.rows, T, g, di);
-    be.bounded_decay(g, L.dt_bias, L.decay_rate.data(), T, H, D, hp_.gate_lower, g);
+    linear_.bounded_decay(g, L.dt_bias, L.decay_rate.data(), T, H, D, hp_.gate_lower, g);
 
     // 4. Beta per head.
     be.matmul(L.beta, x, E, T, beta, H);
-    be.apply_sigmoid(beta, T * H);
+    linear_.apply_sigmoid(beta, T * H);
 
     // 5. The gated delta rule, token by token, on each sequence's state.
-    std::vector<Backend::DeltaRuleSeq> ds(b.segs.size());
+    std::vector<LinearOps::DeltaRuleSeq> ds(b.segs.size());
     for (size_t i = 0; i < b.segs.size(); ++i) {
         const auto& s = b.segs[i];
         const int64_t off = s.first * di;
@@ -398,7 +400,7 @@ void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, DevPtr<const
                  s.n,
                  s.state->delta_in(il)};
     }
-    be.gated_delta_rule(ds, H, D, 1.0f / std::sqrt(float(D)));
+    linear_.gated_delta_rule(ds, H, D, 1.0f / std::sqrt(float(D)));
 
     // 6. Output gate and the per-head RMSNorm shared by all heads.
     if (L.g_full) {
@@ -408,7 +410,7 @@ void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, DevPtr<const
         be.matmul(L.g_b, b.lowrank, L.g_a.rows, T, gate, di);
     }
     be.rms_norm(o, D, L.o_norm, T * H, D, hp_.eps, o, D);
-    be.mul_sigmoid(o, gate, T * di);
+    linear_.mul_sigmoid(o, gate, T * di);
 
     // 7. Output projection.
     be.matmul(L.wo, o, di, T, out, E);
@@ -421,14 +423,14 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, DevPtr<const
     const Glm5NextHParams& h = hp_;
     const int64_t T = b.T;
     const MlaBlock mla(
-        be, h.mla_shape(L.n_head), L.attn,
+        be, attn_, h.mla_shape(L.n_head), L.attn,
         {.qr = b.w[0], .q = b.w[1], .kv = b.w[2], .qfull = b.w[3], .olat = b.w[4], .ov = b.w[5]},
         T);
 
     // Which cells each query attends to: all of them while no pool can be
     // dropped, else the picked pools plus the query's trailing partial pool (the
     // backend decides per row from the plan's positions).
-    Backend::Selection sel;
+    AttentionOps::Selection sel;
     if (!L.indexer) {
         mla.project(x);
     } else {
@@ -453,8 +455,8 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, DevPtr<const
         for (const auto& s : b.segs) {
             be.cache_store(s.state->cells(il), cellrow + s.first * CW, CW, s.n,
                            b.plan.pos + s.first);
-            be.pool_compress(s.state->cells(il), Di, Gw, B, L.idx_ape, L.idx_norm, h.eps,
-                             s.state->pools(il), b.plan.pos + s.first, s.n);
+            attn_.pool_compress(s.state->cells(il), Di, Gw, B, L.idx_ape, L.idx_norm, h.eps,
+                                s.state->pools(il), b.plan.pos + s.first, s.n);
         }
 
         // Queries past the dense limit score the complete pools; the picks
@@ -465,10 +467,10 @@ void Glm5NextModel::mla(const Batch& b, int64_t il, const Layer& L, DevPtr<const
             const DevPtr<int32_t> picked = be.scratch_ids(size_t(T * n_sel));
             const DevPtr<int32_t> rows = be.scratch_ids(size_t(T * per_query));
             be.scale(iw, 1.0f / std::sqrt(float(Di * Hi)), T * Hi);
-            std::vector<Backend::Segment> pools;
+            std::vector<AttentionOps::Segment> pools;
             for (const auto& s : b.segs) pools.push_back({s.state->pools(il), s.first, s.n});
-            be.indexer_select(iq, iw, b.plan.pos, pools, B, Hi, Di, n_sel, picked);
-            be.pool_cells(picked, b.plan.pos, T, n_sel, B, rows, per_query);
+            attn_.indexer_select(iq, iw, b.plan.pos, pools, B, Hi, Di, n_sel, picked);
+            attn_.pool_cells(picked, b.plan.pos, T, n_sel, B, rows, per_query);
             sel = {rows, per_query, n_sel, B};
             if (selection_hook_) {  // a diagnostic: the picks read back to the host
                 std::vector<int32_t> picks(static_cast<size_t>(n_sel));
@@ -497,7 +499,7 @@ void Glm5NextModel::ffn(const Batch& b, const Layer& L, DevPtr<const float> x, D
         // The router picks each row's experts (their ids and weights stay on the
         // backend); the routed experts run with the shared one in the same passes, or
         // where their weights are (in system RAM beside a device).
-        moe_ffn(be, L.host_experts ? experts_be_ : nullptr, L.moe, x, T, E, out);
+        moe_ffn(be, moe_, L.host_experts ? experts_be_ : nullptr, L.moe, x, T, E, out);
         return;
     }
     DevPtr<float> fg = b.w[0];
@@ -570,23 +572,23 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
 
         // ---- attention sublayer between the hyper-connections
         hyper_coeffs(b, L.hc_attn, X);
-        be.hc_reduce(X, b.pre, T, S, E, x);
+        linear_.hc_reduce(X, b.pre, T, S, E, x);
         be.rms_norm(x, E, L.attn_norm, T, E, h.eps, x, E);
         if (L.mla)
             mla(b, il, L, x, sub);
         else
             kda(b, il, L, x, sub);
         be.reduce_sum(sub, T * E);  // tensor parallel: every rank's heads
-        be.hc_expand(X, sub, b.post, b.comb, T, S, E, Xnext);
+        linear_.hc_expand(X, sub, b.post, b.comb, T, S, E, Xnext);
         std::swap(X, Xnext);
 
         // ---- FFN sublayer
         hyper_coeffs(b, L.hc_ffn, X);
-        be.hc_reduce(X, b.pre, T, S, E, x);
+        linear_.hc_reduce(X, b.pre, T, S, E, x);
         be.rms_norm(x, E, L.ffn_norm, T, E, h.eps, x, E);
         ffn(b, L, x, sub);
         if (ff_split_ && !L.dense) be.reduce_sum(sub, T * E);  // every rank's expert strips
-        be.hc_expand(X, sub, b.post, b.comb, T, S, E, Xnext);
+        linear_.hc_expand(X, sub, b.post, b.comb, T, S, E, Xnext);
         std::swap(X, Xnext);
     }
 
@@ -609,7 +611,7 @@ void Glm5NextModel::forward(std::span<const SeqInput> inputs, std::vector<float>
     DevPtr<float> Xo = be.scratch(size_t(R * SE));
     be.copy_rows(X, SE, b.plan.out_rows, R, SE, Xo, SE);
     DevPtr<float> xo = be.scratch(size_t(R * E));
-    be.hc_reduce(Xo, nullptr, R, S, E, xo);
+    linear_.hc_reduce(Xo, nullptr, R, S, E, xo);
     be.rms_norm(xo, E, output_norm_, R, E, h.eps, xo, E);
     DevPtr<float> lg = be.scratch(size_t(R * h.n_vocab));
     be.matmul(output_, xo, E, R, lg, h.n_vocab);

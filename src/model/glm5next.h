@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/attention_ops.h"
+#include "backend/linear_ops.h"
+#include "backend/moe_ops.h"
 #include "model/mla.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -166,6 +169,11 @@ class Glm5NextModel final : public Model {
     // Computes the routed experts of the layers flagged host_experts (in system RAM
     // beside a device); with one, every routed expert is loaded as stored.
     backend::Backend* experts_be_ = nullptr;
+    // The op families the forward is written in beside the core (refused at load when
+    // the backend lacks one).
+    backend::AttentionOps& attn_;
+    backend::LinearOps& linear_;
+    backend::MoeOps& moe_;
     TensorSource tensors_;
     backend::Weight tok_embd_, output_;
     const float* output_norm_ = nullptr;

@@ -156,6 +156,9 @@ Glm5NextHParams Glm5NextHParams::from_gguf(const gguf::File& f) {
     h.hc_eps = float(f.get_float(key("hyper_connection.epsilon")));
     if (h.hc_streams <= 0 || h.hc_iters <= 0)
         throw bad("glm5next: hyper_connection.count and sinkhorn_iterations must be positive");
+    if (h.hc_streams > backend::kMaxStreams)
+        throw bad("glm5next: hyper_connection.count is " + std::to_string(h.hc_streams) +
+                  "; at most " + std::to_string(backend::kMaxStreams) + " streams are supported");
 
     // FFN / MoE
     h.n_dense = hparam(f, key("leading_dense_block_count"), 0);
@@ -198,6 +201,9 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
       file_(f),
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
       experts_be_(opt.experts_backend),
+      attn_(backend::require<backend::AttentionOps>(be, "glm5next")),
+      linear_(backend::require<backend::LinearOps>(be, "glm5next")),
+      moe_(backend::require<backend::MoeOps>(be, "glm5next")),
       tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_, &be) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
     full_heads_ = hp_.n_head;

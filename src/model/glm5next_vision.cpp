@@ -14,6 +14,7 @@
 namespace glm5::model {
 
 using backend::Backend;
+using backend::VisionOps;
 
 namespace {
 
@@ -36,6 +37,7 @@ size_t VisionTower::scratch_bytes(int64_t N) const {
 
 void VisionTower::encode(std::span<const Image> images, std::vector<float>& out) {
     Backend& be = be_;
+    VisionOps& vo = ops_;
     const VisionHParams& h = hp_;
     const int64_t D = h.width, F = h.n_ff, H = h.n_head, d = h.head_dim, E = h.out;
     const int64_t P = h.patch, P3 = 3 * P * P, U = P * h.merge;
@@ -54,7 +56,7 @@ void VisionTower::encode(std::span<const Image> images, std::vector<float>& out)
     if (N == 0) return;
     std::vector<float> patches(size_t(N * P3));
     std::vector<int32_t> prow(static_cast<size_t>(N)), pcol(static_cast<size_t>(N));
-    std::vector<Backend::FullAttentionSeq> seqs;
+    std::vector<VisionOps::FullAttentionSeq> seqs;
     {
         int64_t n = 0;
         for (const Image& im : images) {
@@ -103,7 +105,7 @@ void VisionTower::encode(std::span<const Image> images, std::vector<float>& out)
 
     // x_p = (W_t0 + W_t1) * pixels_p + b
     be.matmul(patch_embd_, px, P3, N, X, D);
-    be.add_bias(X, N, D, D, patch_bias_);
+    vo.add_bias(X, N, D, D, patch_bias_);
 
     for (const Block& B : blocks_) {
         // ---- attention: fused QKV, per-head norms, 2-D RoPE, all patches of
@@ -111,16 +113,16 @@ void VisionTower::encode(std::span<const Image> images, std::vector<float>& out)
         be.rms_norm(X, D, B.ln1, N, D, h.eps, hn, D);
         const Backend::MatmulOut qkv[3] = {{&B.q, q, D}, {&B.k, k, D}, {&B.v, v, D}};
         be.matmuls(qkv, hn, D, N);
-        be.add_bias(q, N, D, D, B.q_bias);
-        be.add_bias(k, N, D, D, B.k_bias);
-        be.add_bias(v, N, D, D, B.v_bias);
+        vo.add_bias(q, N, D, D, B.q_bias);
+        vo.add_bias(k, N, D, D, B.k_bias);
+        vo.add_bias(v, N, D, D, B.v_bias);
         be.rms_norm(q, d, B.q_norm, N * H, d, h.eps, q, d);
         be.rms_norm(k, d, B.k_norm, N * H, d, h.eps, k, d);
-        be.rope_2d(q, N, D, H, d, prow.data(), pcol.data(), h.rope_theta);
-        be.rope_2d(k, N, D, H, d, prow.data(), pcol.data(), h.rope_theta);
-        be.attention_full(seqs, H, d, D, 1.0f / std::sqrt(float(d)));
+        vo.rope_2d(q, N, D, H, d, prow.data(), pcol.data(), h.rope_theta);
+        vo.rope_2d(k, N, D, H, d, prow.data(), pcol.data(), h.rope_theta);
+        vo.attention_full(seqs, H, d, D, 1.0f / std::sqrt(float(d)));
         be.matmul(B.wo, att, D, N, hn, D);
-        be.add_bias(hn, N, D, D, B.wo_bias);
+        vo.add_bias(hn, N, D, D, B.wo_bias);
         be.add(X, hn, N * D);
 
         // ---- clamped SwiGLU MLP, chunk by chunk
@@ -130,11 +132,11 @@ void VisionTower::encode(std::span<const Image> images, std::vector<float>& out)
             be.rms_norm(xr, D, B.ln2, n, D, h.eps, hn, D);
             const Backend::MatmulOut gu[2] = {{&B.gate, g, F}, {&B.up, u, F}};
             be.matmuls(gu, hn, D, n);
-            if (B.gate_bias) be.add_bias(g, n, F, F, B.gate_bias);
-            if (B.up_bias) be.add_bias(u, n, F, F, B.up_bias);
+            if (B.gate_bias) vo.add_bias(g, n, F, F, B.gate_bias);
+            if (B.up_bias) vo.add_bias(u, n, F, F, B.up_bias);
             be.swiglu(g, u, n, F, F, h.limit, g);
             be.matmul(B.down, g, F, n, hn, D);
-            if (B.down_bias) be.add_bias(hn, n, D, D, B.down_bias);
+            if (B.down_bias) vo.add_bias(hn, n, D, D, B.down_bias);
             be.add(xr, hn, n * D);
         }
     }
@@ -149,10 +151,10 @@ void VisionTower::encode(std::span<const Image> images, std::vector<float>& out)
     const backend::DevPtr<float> pu = be.scratch(size_t(M * Fp));
     const backend::DevPtr<float> o = be.scratch(size_t(M * E));
     be.matmul(merger_, X, 4 * D, M, y, E);
-    be.add_bias(y, M, E, E, merger_bias_);
+    vo.add_bias(y, M, E, E, merger_bias_);
     be.matmul(fc_, y, E, M, z, E);
     be.layer_norm(z, post_norm_w_, post_norm_b_, M, E, 1e-5f, z);
-    be.gelu_erf(z, M * E);
+    vo.gelu_erf(z, M * E);
     const Backend::MatmulOut proj[2] = {{&mm_gate_, pg, Fp}, {&mm_up_, pu, Fp}};
     be.matmuls(proj, z, E, M);
     be.swiglu(pg, pu, M, Fp, Fp, h.limit, pg);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/vision_ops.h"
 #include "model/model.h"
 #include "model/weights.h"
 
@@ -87,6 +88,7 @@ class VisionTower {
 
     const gguf::File& file_;
     backend::Backend& be_;
+    backend::VisionOps& ops_;
     VisionHParams hp_;
     std::string name_;
     TensorSource tensors_;

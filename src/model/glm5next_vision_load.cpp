@@ -143,6 +143,7 @@ VisionTower::VisionTower(const gguf::File& f, backend::Backend& be, const ModelI
                          const LoadOptions& opt)
     : file_(f),
       be_(be),
+      ops_(backend::require<backend::VisionOps>(be, "the vision tower")),
       hp_(checked_hparams(f, text)),
       name_(model_name(f)),
       tensors_(f, opt.in_memory) {

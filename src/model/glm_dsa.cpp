@@ -16,6 +16,7 @@
 
 namespace glm5::model {
 
+using backend::AttentionOps;
 using backend::Backend;
 using backend::CacheRows;
 using backend::CacheType;
@@ -31,14 +32,15 @@ using backend::MoeWeights;
 class GlmDsaModel::DsaState final : public SequenceState {
   public:
     // Caches for the layers this process holds only (the others are empty).
+    // key_type: the indexer keys' storage (AttentionOps::indexer_key_type).
     DsaState(backend::Backend& be, const GlmDsaHParams& hp, const HeldLayers& held, CacheType type,
-             int64_t n_ctx, int64_t capacity, bool mtp)
+             CacheType key_type, int64_t n_ctx, int64_t capacity, bool mtp)
         : be_(be), type_(type), n_ctx_(n_ctx), n_embd_(hp.n_embd) {
         for (int64_t il = 0; il < hp.n_layer; ++il) {
             const bool mine = held.holds_layer(il);
             latent_.push_back(CacheRows{nullptr, mine ? hp.kv_lora + hp.n_rot : 0, type});
-            keys_.push_back(CacheRows{nullptr, mine && hp.idx_full[size_t(il)] ? hp.idx_dim : 0,
-                                      be.indexer_key_type(type)});
+            keys_.push_back(
+                CacheRows{nullptr, mine && hp.idx_full[size_t(il)] ? hp.idx_dim : 0, key_type});
         }
         mtp_latent_ = CacheRows{nullptr, mtp ? hp.kv_lora + hp.n_rot : 0, type};
         try {
@@ -184,7 +186,8 @@ class GlmDsaModel::DsaState final : public SequenceState {
 
 std::unique_ptr<SequenceState> GlmDsaModel::new_state(int64_t n_ctx, int64_t capacity) {
     if (n_ctx <= 0) throw Error("context size must be positive");
-    return std::make_unique<DsaState>(*backend_, hp_, held_, cache_type_, n_ctx,
+    return std::make_unique<DsaState>(*backend_, hp_, held_, cache_type_,
+                                      attn_.indexer_key_type(cache_type_), n_ctx,
                                       capacity > 0 ? capacity : n_ctx, nextn_ != nullptr);
 }
 
@@ -228,7 +231,7 @@ size_t GlmDsaModel::scratch_bytes(int64_t T, int64_t R, int64_t D) const {
     b += rows * (top_k * 4 + 16);              // selections, visibility
     if (depth > top_k) b += rows * depth * 4;  // indexer scores
     const size_t n_vis = std::min(depth, top_k);
-    b += backend_->attention_scratch_bytes(int64_t(H), int64_t(n_vis));
+    b += attn_.attention_scratch_bytes(int64_t(H), int64_t(n_vis));
     if (h.n_expert > 0)
         b += moe_scratch_bytes(T, h.n_embd, int64_t(F), h.n_expert_used, int64_t(S));
     b += rows * std::max({E, size_t(h.q_lora), F, H * size_t(h.v_mla), size_t(h.kv_lora)}) * 4;
@@ -241,7 +244,7 @@ struct GlmDsaModel::Buffers {
     MlaBuffers mla;
     DevPtr<int32_t> sel;  // the indexer's selection, reused by shared layers
     // What the attention sees: dense until a full layer's indexer has selected.
-    backend::Backend::Selection selection;
+    backend::AttentionOps::Selection selection;
     Buffers(backend::Backend& be, const GlmDsaHParams& h, int64_t T) {
         const int64_t E = h.n_embd, H = h.n_head, W = h.kv_lora + h.n_rot;
         const int64_t F = std::max(h.n_ff, h.n_ff_exp);
@@ -270,7 +273,7 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T,
     const GlmDsaHParams& h = hp_;
     const int64_t E = h.n_embd, Di = h.idx_dim, Hi = h.idx_heads;
     // This rank's heads (all of them but under tensor parallelism).
-    const MlaBlock mla(be, h.mla_shape(n_head_local_), L.attn, b.mla, T);
+    const MlaBlock mla(be, attn_, h.mla_shape(n_head_local_), L.attn, b.mla, T);
 
     // ---- attention input: the projections of the normed row and of the
     // query latent, the indexer's (full layers) in the same ops.
@@ -294,9 +297,9 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T,
         // While a row sees no more than top_k tokens it keeps them all: the backend
         // decides per row from the plan's positions.
         if (!dense_attention_) {
-            std::vector<Backend::Segment> keys;
+            std::vector<AttentionOps::Segment> keys;
             for (const BlockSegment& s : segs) keys.push_back({*s.keys, s.first, s.n});
-            be.indexer_select(b.iq, b.iw, dpos, keys, 1, Hi, Di, h.idx_top_k, b.sel);
+            attn_.indexer_select(b.iq, b.iw, dpos, keys, 1, Hi, Di, h.idx_top_k, b.sel);
             b.selection = {b.sel, h.idx_top_k, h.idx_top_k, 1};
         }
     }
@@ -320,7 +323,7 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T,
         // The router picks each row's experts (their ids and weights stay on the
         // backend); the routed experts run with the shared one in the same passes, or
         // where their weights are (in system RAM beside a device).
-        moe_ffn(be, L.host_experts ? experts_be_ : nullptr, L.moe, b.xn, T, E, b.tmp);
+        moe_ffn(be, moe_, L.host_experts ? experts_be_ : nullptr, L.moe, b.xn, T, E, b.tmp);
         if (ff_split_) be.reduce_sum(b.tmp, T * E);  // tensor parallel: every rank's strip
     }
     be.add(x, b.tmp, T * E);

@@ -143,6 +143,8 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
       head_first_(n_head_local_ * opt.tp_rank),
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
       experts_be_(opt.experts_backend),
+      attn_(backend::require<backend::AttentionOps>(be, "glm-dsa")),
+      moe_(backend::require<backend::MoeOps>(be, "glm-dsa")),
       tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_, &be) {
     const int64_t E = hp_.n_embd, V = hp_.n_vocab;
     if (opt.tp_size > 1 && (hp_.n_head % opt.tp_size != 0 || opt.tp_rank < 0 ||

@@ -42,7 +42,8 @@ void MlaBlock::project(backend::DevPtr<const float> xn, std::span<const MatmulOu
 }
 
 void MlaBlock::attend(backend::DevPtr<const int32_t> pos, std::span<const MlaSeq> seqs,
-                      const backend::Backend::Selection& sel, backend::DevPtr<float> out) const {
+                      const backend::AttentionOps::Selection& sel,
+                      backend::DevPtr<float> out) const {
     backend::Backend& be = be_;
     const int64_t T = T_, H = s_.n_head, R = s_.kv_lora, W = s_.row();
     const int64_t Dq = s_.k_mla, Dv = s_.v_mla, n_rot = s_.n_rot;
@@ -59,9 +60,9 @@ void MlaBlock::attend(backend::DevPtr<const int32_t> pos, std::span<const MlaSeq
     be.matmul_slices(w_.k_b, b_.q, H * Dq, Dq, T, b_.qfull, H * W, W);
     if (n_rot > 0) be.copy_rows(b_.q + s_.nope(), Dq, nullptr, T * H, n_rot, b_.qfull + R, W);
 
-    std::vector<backend::Backend::Segment> segs;
+    std::vector<backend::AttentionOps::Segment> segs;
     for (const MlaSeq& q : seqs) segs.push_back({*q.latent, q.first, q.n});
-    be.mla_attention(b_.qfull, pos, segs, sel, H, R, 1.0f / std::sqrt(float(Dq)), b_.olat);
+    attn_.mla_attention(b_.qfull, pos, segs, sel, H, R, 1.0f / std::sqrt(float(Dq)), b_.olat);
 
     // Decompress each head's latent output with V_b[h], then project out.
     be.matmul_slices(w_.v_b, b_.olat, H * R, R, T, b_.ov, H * Dv, Dv);

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 
+#include "backend/attention_ops.h"
 #include "backend/backend.h"
 #include "model/weights.h"
 
@@ -63,9 +64,9 @@ struct MlaSeq {
 class MlaBlock {
   public:
     using MatmulOut = backend::Backend::MatmulOut;
-    MlaBlock(backend::Backend& be, const MlaShape& s, const MlaWeights& w, const MlaBuffers& b,
-             int64_t T)
-        : be_(be), s_(s), w_(w), b_(b), T_(T) {}
+    MlaBlock(backend::Backend& be, backend::AttentionOps& attn, const MlaShape& s,
+             const MlaWeights& w, const MlaBuffers& b, int64_t T)
+        : be_(be), attn_(attn), s_(s), w_(w), b_(b), T_(T) {}
 
     // The projections of the normed input xn [T][n_embd]: the normed query
     // latent (qr), the heads' queries (q) and the latent rows (kv). from_x and
@@ -80,10 +81,11 @@ class MlaBlock {
     // outputs projected to out [T][n_embd] (under tensor parallelism this rank's
     // part of the sum).
     void attend(backend::DevPtr<const int32_t> pos, std::span<const MlaSeq> seqs,
-                const backend::Backend::Selection& sel, backend::DevPtr<float> out) const;
+                const backend::AttentionOps::Selection& sel, backend::DevPtr<float> out) const;
 
   private:
     backend::Backend& be_;
+    backend::AttentionOps& attn_;
     MlaShape s_;
     const MlaWeights& w_;  // the layer's (outlives the block)
     MlaBuffers b_;

@@ -99,10 +99,12 @@ std::vector<bool> expert_blocks_from_overrides(const gguf::File& f, const std::s
     return host;
 }
 
-void check_experts_backend(const std::vector<bool>& host, const backend::Backend* experts_backend,
+void check_experts_backend(const std::vector<bool>& host, backend::Backend* experts_backend,
                            const std::string& what) {
-    if (!experts_backend && std::find(host.begin(), host.end(), true) != host.end())
+    if (std::find(host.begin(), host.end(), true) == host.end()) return;
+    if (!experts_backend)
         throw Error(what + ": routed experts placed in system RAM, but no backend computes them");
+    backend::require<backend::MoeOps>(*experts_backend, what + "'s routed experts");
 }
 
 void check_expert_placement(const LoadOptions& opt, const std::string& path) {
@@ -121,16 +123,17 @@ void count_experts(ModelInfo& info, const backend::MoeWeights& m, bool host) {
         m.experts.gate.bytes() + m.experts.up.bytes() + m.experts.down.bytes();
 }
 
-void moe_ffn(backend::Backend& be, backend::Backend* host, const backend::MoeWeights& m,
-             backend::DevPtr<const float> x, int64_t T, int64_t E, backend::DevPtr<float> out) {
+void moe_ffn(backend::Backend& be, backend::MoeOps& moe, backend::Backend* host,
+             const backend::MoeWeights& m, backend::DevPtr<const float> x, int64_t T, int64_t E,
+             backend::DevPtr<float> out) {
     const int n_used = m.route.n_used;
     const size_t n_sel = size_t(T) * size_t(n_used), n_rows = size_t(T * E);
     const backend::DevPtr<int32_t> ids = be.scratch_ids(n_sel);
     const backend::DevPtr<float> wts = be.scratch(n_sel);
-    be.moe_route(m.route, x, T, ids, wts);
+    moe.moe_route(m.route, x, T, ids, wts);
     if (!host) {
-        be.moe_experts(m.experts, x, T, ids, wts, n_used, m.shared ? &m.shared : nullptr, nullptr,
-                       out);
+        moe.moe_experts(m.experts, x, T, ids, wts, n_used, m.shared ? &m.shared : nullptr, nullptr,
+                        out);
         return;
     }
     // The shared expert where the layer lives; the routed experts where their weights
@@ -138,9 +141,11 @@ void moe_ffn(backend::Backend& be, backend::Backend* host, const backend::MoeWei
     backend::DevPtr<float> shared;
     if (m.shared) {
         shared = be.scratch(n_rows);
-        be.moe_shared(m.shared, x, T, shared);
+        moe.moe_shared(m.shared, x, T, shared);
     }
     backend::Backend& h = *host;
+    // Found once at load (check_experts_backend); a lookup, not a refusal, here.
+    backend::MoeOps& hm = backend::require<backend::MoeOps>(h, "routed experts in system RAM");
     const backend::DevPtr<float> hx = h.scratch(n_rows), hout = h.scratch(n_rows);
     const backend::DevPtr<int32_t> hids = h.scratch_ids(n_sel);
     const backend::DevPtr<float> hwts = h.scratch(n_sel);
@@ -150,7 +155,7 @@ void moe_ffn(backend::Backend& be, backend::Backend* host, const backend::MoeWei
     h.copy_from(be, bytes(ids), hids.as<uint8_t>(), n_sel * sizeof(int32_t));
     h.copy_from(be, bytes(wts), hwts.as<uint8_t>(), n_sel * sizeof(float));
     if (m.shared) h.copy_from(be, bytes(shared), hshared.as<uint8_t>(), n_rows * sizeof(float));
-    h.moe_experts(m.experts, hx, T, hids, hwts, n_used, nullptr, hshared, hout);
+    hm.moe_experts(m.experts, hx, T, hids, hwts, n_used, nullptr, hshared, hout);
     be.copy_from(h, bytes(hout), out.as<uint8_t>(), n_rows * sizeof(float));
     // Copies here are complete when they return: the host's scratch is free again.
     h.reset_scratch();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/moe_ops.h"
 #include "model/model.h"
 
 namespace glm5::gguf {
@@ -33,8 +34,9 @@ std::vector<bool> expert_blocks_from_overrides(const gguf::File& f, const std::s
 // Refuses (glm5::Error naming the file) an experts backend beside a layer split or
 // tensor parallelism, which do not combine with it yet.
 void check_expert_placement(const LoadOptions& opt, const std::string& path);
-// Refuses (glm5::Error naming `what`) experts moved without a backend to compute them.
-void check_experts_backend(const std::vector<bool>& host, const backend::Backend* experts_backend,
+// Refuses (glm5::Error naming `what`) experts moved without a backend to compute them,
+// or to a backend without the MoE family.
+void check_experts_backend(const std::vector<bool>& host, backend::Backend* experts_backend,
                            const std::string& what);
 // Adds a loaded MoE block to info's moe_blocks / host_expert_* counts.
 void count_experts(ModelInfo& info, const backend::MoeWeights& m, bool host);
@@ -44,7 +46,7 @@ void count_experts(ModelInfo& info, const backend::MoeWeights& m, bool host);
 // The load places LoadOptions::host_experts the same way.
 template <class Layer>
 void place_layers(std::vector<Layer>& layers, Layer* nextn, const std::vector<bool>& host,
-                  const backend::Backend* experts_backend, ModelInfo& info) {
+                  backend::Backend* experts_backend, ModelInfo& info) {
     check_experts_backend(host, experts_backend, info.name);
     auto on_host = [&](size_t b) { return b < host.size() && host[b]; };
     info.moe_blocks = info.host_expert_blocks = 0;
@@ -60,10 +62,11 @@ void place_layers(std::vector<Layer>& layers, Layer* nextn, const std::vector<bo
 }
 
 // out [T][E] (overwritten) = the MoE FFN of the normed rows x [T][E]: routing and the
-// shared expert on `be`, the routed experts on `host` (its inputs and output copied
-// between the two; null: on `be` too). Bit for bit the one-backend result: the split
-// ops are the fused one's parts.
-void moe_ffn(backend::Backend& be, backend::Backend* host, const backend::MoeWeights& m,
-             backend::DevPtr<const float> x, int64_t T, int64_t E, backend::DevPtr<float> out);
+// shared expert on `be` (its MoE family `moe`), the routed experts on `host` (its inputs
+// and output copied between the two; null: on `be` too). Bit for bit the one-backend
+// result: the split ops are the fused one's parts.
+void moe_ffn(backend::Backend& be, backend::MoeOps& moe, backend::Backend* host,
+             const backend::MoeWeights& m, backend::DevPtr<const float> x, int64_t T, int64_t E,
+             backend::DevPtr<float> out);
 
 }  // namespace glm5::model

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/moe_ops.h"
 #include "core/mmap_file.h"
 #include "model/model.h"
 

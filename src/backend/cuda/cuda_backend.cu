@@ -143,15 +143,11 @@ __global__ void cache_store_kernel(uint8_t* cache, size_t row_bytes, int64_t wid
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int ordinal, const BackendOptions& opt) {
-    return std::make_unique<CudaBackend>(ordinal, opt);
+std::unique_ptr<Backend> make_cuda_backend(int ordinal) {
+    return std::make_unique<CudaBackend>(ordinal);
 }
 
-CudaBackend::CudaBackend(int ordinal, const BackendOptions& opt)
-    : dev_(ordinal), fault_hook_(opt.fault_hook) {
-    if (opt.attention_bf16)
-        throw Error("--attn-bf16 is the CPU's AMX attention: the GPU runs its exact attention");
-}
+CudaBackend::CudaBackend(int ordinal) : dev_(ordinal) {}
 
 CudaBackend::~CudaBackend() {
     try {
@@ -168,11 +164,6 @@ CudaBackend::~CudaBackend() {
 
 std::string CudaBackend::name() const {
     return "cuda:" + std::to_string(dev_.info().ordinal) + " (" + dev_.info().name + ")";
-}
-
-void CudaBackend::refuse(const char* op) const {
-    throw Error(std::string("the CUDA backend does not run ") + op +
-                " yet (the vision tower's ops run on the CPU)");
 }
 
 // ---- memory --------------------------------------------------------------
@@ -562,23 +553,6 @@ void CudaBackend::reset_counters() {
     cache_bytes_ = 0;
     high_water_ = 0;
     for (const Block& b : blocks_) high_water_ += b.used;
-}
-
-// ---- the vision tower's ops: not on the GPU yet ----------------------------------
-
-void CudaBackend::add_bias(DevPtr<float>, int64_t, int64_t, int64_t, const float*) {
-    refuse("add_bias");
-}
-void CudaBackend::gelu_erf(DevPtr<float>, int64_t) {
-    refuse("gelu_erf");
-}
-void CudaBackend::rope_2d(DevPtr<float>, int64_t, int64_t, int64_t, int64_t, const int32_t*,
-                          const int32_t*, float) {
-    refuse("rope_2d");
-}
-void CudaBackend::attention_full(std::span<const FullAttentionSeq>, int64_t, int64_t, int64_t,
-                                 float) {
-    refuse("attention_full");
 }
 
 }  // namespace glm5::backend::cuda

@@ -1,7 +1,7 @@
-// The CUDA backend: backend.h's ops on an NVIDIA GPU (plain C++ here; the kernels live
-// in the .cu files beside it). glm-dsa's and GLM-5.3-Flash's text ops run on the device;
-// the vision tower's refuse with an error naming the op, and the apps keep the tower on
-// the CPU.
+// The CUDA backend: the core contract and the MoE, attention and linear-attention
+// families on an NVIDIA GPU (plain C++ here; the kernels live in the .cu files beside
+// it): glm-dsa's and GLM-5.3-Flash's text forwards run on the device. It has no vision
+// family, so a vision tower refuses it at load.
 //
 // Memory is the device's: activations and selections in a scratch arena, caches in
 // allocations of their own, weight matrices uploaded once when the loader registers
@@ -18,6 +18,6 @@
 namespace glm5::backend::cuda {
 
 // Opens GPU `ordinal` (cuda:N); throws glm5::Error with the reason when it cannot.
-std::unique_ptr<Backend> make_cuda_backend(int ordinal, const BackendOptions& opt);
+std::unique_ptr<Backend> make_cuda_backend(int ordinal);
 
 }  // namespace glm5::backend::cuda

@@ -14,8 +14,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/attention_ops.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/linear_ops.h"
+#include "backend/moe_ops.h"
 
 namespace glm5::backend::cuda {
 
@@ -52,17 +55,14 @@ __device__ inline void store_value(uint8_t* row, int64_t i, float v, bool f16) {
         reinterpret_cast<float*>(row)[i] = v;
 }
 
-// The CPU's forms (backend/cpu_kernels.h): 1 / (1 + exp(-x)) and x / (1 + exp(-x)).
-__device__ inline float sigmoid_of(float x) {
-    return 1.0f / (1.0f + expf(-x));
-}
+// The CPU's form (backend/cpu_kernels.h): x / (1 + exp(-x)); the sigmoid is core/hd.h's.
 __device__ inline float silu_of(float x) {
     return x / (1.0f + expf(-x));
 }
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public MoeOps, public AttentionOps, public LinearOps {
   public:
-    CudaBackend(int ordinal, const BackendOptions& opt);
+    explicit CudaBackend(int ordinal);
     ~CudaBackend() override;
     std::string name() const override;
     size_t attention_scratch_bytes(int64_t n_heads, int64_t n_visible) const override;
@@ -150,13 +150,6 @@ class CudaBackend final : public Backend {
                        float, const CacheRows&, DevPtr<const int32_t>, int64_t) override;
     void pool_cells(DevPtr<const int32_t>, DevPtr<const int32_t>, int64_t, int64_t, int64_t,
                     DevPtr<int32_t>, int64_t) override;
-    // The vision tower's: refused with the op's name (cuda_backend.h).
-    void add_bias(DevPtr<float>, int64_t, int64_t, int64_t, const float*) override;
-    void gelu_erf(DevPtr<float>, int64_t) override;
-    void rope_2d(DevPtr<float>, int64_t, int64_t, int64_t, int64_t, const int32_t*, const int32_t*,
-                 float) override;
-    void attention_full(std::span<const FullAttentionSeq>, int64_t, int64_t, int64_t,
-                        float) override;
 
     // ---- for the kernels' files --------------------------------------------
     template <class T>
@@ -203,10 +196,7 @@ class CudaBackend final : public Backend {
         CudaBackend& b_;
         size_t block_, used_;
     };
-    void op(const char* name, int64_t rows) {
-        if (fault_hook_) fault_hook_(name, rows);
-    }
-    [[noreturn]] void refuse(const char* op) const;
+    void op(const char* name, int64_t rows) { op_hook(name, rows); }
     uint64_t cache_bytes_ = 0;
     uint64_t matmul_calls_ = 0;
 
@@ -239,7 +229,6 @@ class CudaBackend final : public Backend {
     std::vector<int32_t> plan_pos_;
     const int32_t* plan_pos_dev_ = nullptr;
     std::vector<int32_t> pos_tmp_;
-    std::function<void(const char*, int64_t)> fault_hook_;
 };
 
 }  // namespace glm5::backend::cuda

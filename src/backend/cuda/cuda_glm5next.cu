@@ -27,7 +27,7 @@ __global__ void l2_norm_kernel(const float* x, int64_t dim, float eps, float* y)
 __global__ void sigmoid_kernel(float* y, const float* gate, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    y[i] = gate ? __fmul_rn(y[i], sigmoid_of(gate[i])) : sigmoid_of(y[i]);
+    y[i] = gate ? __fmul_rn(y[i], hd_sigmoid(gate[i])) : hd_sigmoid(y[i]);
 }
 
 struct ConvDesc {
@@ -63,7 +63,7 @@ __global__ void decay_kernel(const float* z, const float* bias, const float* rat
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_tok * H * D) return;
     const int64_t c = i % (H * D), h = c / D;
-    g[i] = __fmul_rn(lower, sigmoid_of(__fmul_rn(rate[h], z[i] + bias[c])));
+    g[i] = __fmul_rn(lower, hd_sigmoid(__fmul_rn(rate[h], z[i] + bias[c])));
 }
 
 struct DeltaDesc {
@@ -114,57 +114,14 @@ __global__ void delta_rule_kernel(const DeltaDesc* seqs, int64_t H, int64_t D, f
     }
 }
 
-constexpr int kMaxStreams = 8;
-
-// Thread per token: the CPU's double iteration of the S x S matrix.
+// Thread per token: the Sinkhorn rule (linear_ops.h).
 __global__ void hc_coeff_kernel(const float* mix, int64_t T, int64_t S, const float* base,
                                 const float* scale, float eps, int64_t iterations, float* pre,
                                 float* post, float* comb) {
     const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (t >= T) return;
-    const int64_t M = (2 + S) * S;
-    const float* m = mix + t * M;
-    double C[kMaxStreams * kMaxStreams];
-    auto at = [&](int64_t d, int64_t src) -> double& { return C[d * S + src]; };
-    const double ep = double(eps);
-    for (int64_t s = 0; s < S; ++s) {
-        pre[t * S + s] = sigmoid_of(__fmul_rn(scale[0], m[s]) + base[s]) + eps;
-        post[t * S + s] = __fmul_rn(2.0f, sigmoid_of(__fmul_rn(scale[1], m[S + s]) + base[S + s]));
-    }
-    for (int64_t s = 0; s < S; ++s) {
-        double mx = -INFINITY;
-        for (int64_t d = 0; d < S; ++d) {
-            const int64_t i = 2 * S + d + S * s;
-            at(d, s) = double(__fmul_rn(scale[2], m[i]) + base[i]);
-            mx = fmax(mx, at(d, s));
-        }
-        double sum = 0.0;
-        for (int64_t d = 0; d < S; ++d) {
-            at(d, s) = exp(at(d, s) - mx);
-            sum += at(d, s);
-        }
-        for (int64_t d = 0; d < S; ++d) at(d, s) = at(d, s) / sum + ep;
-    }
-    auto rows = [&] {
-        for (int64_t d = 0; d < S; ++d) {
-            double sum = 0.0;
-            for (int64_t s = 0; s < S; ++s) sum += at(d, s);
-            for (int64_t s = 0; s < S; ++s) at(d, s) /= (sum + ep);
-        }
-    };
-    auto cols = [&] {
-        for (int64_t s = 0; s < S; ++s) {
-            double sum = 0.0;
-            for (int64_t d = 0; d < S; ++d) sum += at(d, s);
-            for (int64_t d = 0; d < S; ++d) at(d, s) /= (sum + ep);
-        }
-    };
-    rows();
-    for (int64_t it = 1; it < iterations; ++it) {
-        cols();
-        rows();
-    }
-    for (int64_t i = 0; i < S * S; ++i) comb[t * S * S + i] = float(C[i]);
+    hc_token(mix + t * (2 + S) * S, S, base, scale, eps, iterations, pre + t * S, post + t * S,
+             comb + t * S * S);
 }
 
 __global__ void hc_reduce_kernel(const float* X, const float* w, int64_t T, int64_t S, int64_t E,
@@ -249,7 +206,7 @@ __global__ void pool_cells_kernel(const int32_t* picked, const int32_t* pos, int
     const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (t >= n_rows) return;
     const int64_t n_vis = int64_t(pos[t]) + 1;
-    if (!Backend::Selection::selects(n_vis, B, n_sel)) return;
+    if (!AttentionOps::Selection::selects(n_vis, B, n_sel)) return;
     const int32_t* p = picked + t * n_sel;
     int32_t* r = rows + t * stride;
     int64_t n = 0;
@@ -330,9 +287,7 @@ void CudaBackend::hc_coefficients(DevPtr<const float> mix, int64_t n_tok, int64_
                                   DevPtr<float> comb) {
     Temporaries tmp(*this);
     if (n_tok <= 0) return;
-    if (n_streams > kMaxStreams)
-        throw Error("hc_coefficients: " + std::to_string(n_streams) + " streams (at most " +
-                    std::to_string(kMaxStreams) + " on the GPU)");
+    check_streams(n_streams);
     const int64_t M = (2 + n_streams) * n_streams;
     GLM5_LAUNCH(hc_coeff_kernel, grid_for(n_tok, 64), 64, 0, stream(), dev(mix), n_tok, n_streams,
                 vec(base, M), vec(scale, 3), eps, iterations, dev(pre), dev(post), dev(comb));

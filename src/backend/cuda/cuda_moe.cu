@@ -11,47 +11,17 @@ namespace glm5::backend::cuda {
 
 namespace {
 
-// One thread per token: sigmoid probabilities, the top k by probability plus the
-// selection-only bias (ties to the lower expert), weights renormalised and scaled.
+// One thread per token: the routing rule (moe_ops.h) over sigmoid probabilities.
 __global__ void route_kernel(const float* logits, int64_t n_tok, int64_t n_expert, int n_used,
                              const float* bias, bool norm, float weights_scale, int32_t* ids,
                              float* weights) {
     const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (t >= n_tok) return;
     const float* l = logits + t * n_expert;
-    int32_t* id = ids + t * n_used;
-    float* wt = weights + t * n_used;
-    auto prob = [&](int64_t e) { return sigmoid_of(l[e]); };
-    // A NaN logit ranks last (the CPU's sort would place it anywhere; here it must not
-    // leave a pick empty).
-    auto sel = [&](int64_t e) {
-        const float v = prob(e) + (bias ? bias[e] : 0.0f);
-        return isnan(v) ? -INFINITY : v;
-    };
-    // The k-th pick is the best expert below the (k-1)-th in the order.
-    float last = INFINITY;
-    int64_t last_e = -1;
-    double sum = 0.0;
-    for (int k = 0; k < n_used; ++k) {
-        int64_t be = -1;
-        float bv = -INFINITY;
-        for (int64_t e = 0; e < n_expert; ++e) {
-            const float v = sel(e);
-            const bool below = v < last || (v == last && e > last_e);
-            if (below && (be < 0 || v > bv)) be = e, bv = v;
-        }
-        if (be < 0) be = 0;  // fewer experts than picks: cannot happen for a valid router
-        id[k] = int32_t(be);
-        last = bv;
-        last_e = be;
-        sum += double(prob(be));
-    }
-    const float denom = fmaxf(float(sum), 6.103515625e-5f);
-    for (int k = 0; k < n_used; ++k) {
-        float w = prob(id[k]);
-        if (norm) w = w / denom;
-        wt[k] = __fmul_rn(w, weights_scale);
-    }
+    auto prob = [&](int64_t e) { return hd_sigmoid(l[e]); };
+    auto sel = [&](int64_t e) { return prob(e) + (bias ? bias[e] : 0.0f); };
+    route_pick(sel, prob, n_expert, n_used, norm, weights_scale, ids + t * n_used,
+               weights + t * n_used);
 }
 
 // out[t][c] = sum_k w[t][k] * rows[t * K + k][c], in k order (the first a product, then
