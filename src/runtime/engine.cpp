@@ -242,133 +242,146 @@ void Engine::loop() {
 
 // Binds queued requests to free slots, adopting a retained prefix when one fits.
 void Engine::admit(std::unique_lock<std::mutex>& lk) {
-    // Requests cancelled while queued end here. They are taken out first and
-    // finished after: finish() needs the lock released, and a submit() while
-    // it is released may reallocate the queue under any iterator kept.
-    std::vector<std::unique_ptr<Job>> cancelled;
-    for (auto& j : queue_)
-        if (j->req->cancelled()) cancelled.push_back(std::move(j));
-    if (!cancelled.empty()) {
-        queue_.erase(std::remove(queue_.begin(), queue_.end(), nullptr), queue_.end());
-        lk.unlock();
-        for (auto& j : cancelled) {
-            Slot tmp;
-            tmp.job = std::move(j);
-            finish(tmp, "cancelled");
-        }
-        lk.lock();
-    }
+    drop_cancelled(lk);
     while (!queue_.empty() && int(slots_.size()) < opt_.n_parallel) {
-        Job& job = *queue_.front();
-        const std::vector<int32_t>& prompt = job.params.prompt;
+        const Job& job = *queue_.front();
         const int64_t want = reach(job.params);
-        const model::StateCost cost = model_.state_cost();
-
-        // The retained entry sharing the longest usable prefix.
-        auto best = retained_.end();
-        int64_t best_p = 0;
-        if (opt_.prefix_cache && job.params.use_prefix_cache) {
-            for (auto it = retained_.begin(); it != retained_.end(); ++it) {
-                // Same ids, and the same image bytes under image tokens.
-                const std::vector<uint64_t>& content = job.expanded.content;
-                auto key = [](const std::vector<uint64_t>& c, size_t i) {
-                    return i < c.size() ? c[i] : uint64_t(0);
-                };
-                size_t lcp = 0;
-                while (lcp < it->tokens.size() && lcp < prompt.size() &&
-                       it->tokens[lcp] == prompt[lcp] && key(it->content, lcp) == key(content, lcp))
-                    ++lcp;
-                // Keep one prompt token to evaluate: its logits start the reply.
-                const int64_t p = int64_t(std::min(lcp, prompt.size() - 1));
-                if (p <= best_p) continue;
-                if (int64_t(it->tokens.size()) - p > opt_.max_rewind) continue;
-                if (!it->state->can_rewind(p)) continue;
-                best = it;
-                best_p = p;
-            }
-        }
+        const size_t bytes = model_.state_cost().bytes(want);
+        auto [best, best_p] = best_prefix(job);
         // Reserve the request's cache memory in the pool: an adopted entry
         // that holds enough moves over as it is; one that must grow keeps its
         // old caches until the copy is made, so both count; else a fresh state.
         size_t reserved = 0;
         if (best != retained_.end() && best->state->capacity() < want) {
-            if (make_room(cost.bytes(want), &*best)) {
-                reserved = cost.bytes(want);
+            if (make_room(bytes, &*best)) {
+                reserved = bytes;
             } else {
                 retained_.erase(best);
                 best = retained_.end();
             }
         }
         if (best == retained_.end()) {
-            if (!make_room(cost.bytes(want), nullptr)) {
+            if (!make_room(bytes, nullptr)) {
                 if (!slots_.empty()) break;  // waits for running requests to end
                 // Nothing runs and nothing is retained: it can never fit.
-                auto j = std::move(queue_.front());
-                queue_.pop_front();
-                lk.unlock();
-                Slot tmp;
-                tmp.job = std::move(j);
-                finish(tmp, "error",
-                       "the request's caches need " + std::to_string(cost.bytes(want)) +
-                           " bytes; the planned cache memory holds " +
-                           std::to_string(opt_.cache_pool_bytes));
-                lk.lock();
+                refuse_front(lk, "the request's caches need " + std::to_string(bytes) +
+                                     " bytes; the planned cache memory holds " +
+                                     std::to_string(opt_.cache_pool_bytes));
                 continue;
             }
-            reserved = cost.bytes(want);
+            reserved = bytes;
         }
-        auto s = std::make_unique<Slot>();
-        for (bool taken = true; taken; ++s->id) {
-            taken = false;
-            for (const auto& o : slots_) taken = taken || o->id == s->id;
-            if (!taken) break;
-        }
-        s->job = std::move(queue_.front());
-        queue_.pop_front();
-        s->admitted = Clock::now();
-        if (best != retained_.end()) {
-            s->state = std::move(best->state);
-            s->tokens = std::move(best->tokens);
-            if (!reserved) reserved = best->bytes;
-            retained_.erase(best);
-            s->state->rewind(best_p);
-            s->tokens.resize(size_t(best_p));
-            s->cached = best_p;
-        }
-        s->bytes = reserved;
-        active_bytes_ += reserved;
-        lk.unlock();
-        std::string alloc_error;
-        try {
-            if (!s->state)
-                s->state = model_.new_state(opt_.n_ctx, want);
-            else if (s->state->capacity() < want)
-                s->state->resize(want);
-        } catch (const std::exception& e) {
-            alloc_error = std::string("cannot allocate the sequence's caches: ") + e.what();
-        }
-        if (!alloc_error.empty()) {
-            s->state.reset();
-            s->admitted = {};
-            finish(*s, "error", alloc_error);  // (returns the reservation)
-            lk.lock();
-            continue;
-        }
-        s->prompt_pos = size_t(s->cached);
-        s->sampler = s->job->params.sampler ? s->job->params.sampler
-                                            : std::make_shared<Sampler>(s->job->params.sampling);
-        s->history = s->job->params.prompt;
-        s->spec = s->job->params.spec ? *s->job->params.spec : opt_.spec;
-        s->drafter = s->spec.type == DraftType::Auto
-                         ? (model_.can_draft() ? DraftType::Mtp : DraftType::Ngram)
-                         : s->spec.type;
-        s->governor = std::make_unique<WindowGovernor>(s->spec);
-        lk.lock();
-        stats_.prompt_tokens += s->job->params.prompt.size();
-        stats_.cached_tokens += uint64_t(s->cached);
-        ++busy_;
-        slots_.push_back(std::move(s));
+        start_slot(lk, best, best_p, reserved, want);
     }
+}
+
+void Engine::drop_cancelled(std::unique_lock<std::mutex>& lk) {
+    // Requests cancelled while queued end here. They are taken out first and
+    // finished after: finish() needs the lock released, and a submit() while
+    // it is released may reallocate the queue under any iterator kept.
+    std::vector<std::unique_ptr<Job>> cancelled;
+    for (auto& j : queue_)
+        if (j->req->cancelled()) cancelled.push_back(std::move(j));
+    if (cancelled.empty()) return;
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), nullptr), queue_.end());
+    lk.unlock();
+    for (auto& j : cancelled) {
+        Slot tmp;
+        tmp.job = std::move(j);
+        finish(tmp, "cancelled");
+    }
+    lk.lock();
+}
+
+void Engine::refuse_front(std::unique_lock<std::mutex>& lk, const std::string& why) {
+    auto j = std::move(queue_.front());
+    queue_.pop_front();
+    lk.unlock();
+    Slot tmp;
+    tmp.job = std::move(j);
+    finish(tmp, "error", why);
+    lk.lock();
+}
+
+std::pair<std::list<Engine::Retained>::iterator, int64_t> Engine::best_prefix(const Job& job) {
+    auto best = retained_.end();
+    int64_t best_p = 0;
+    if (!opt_.prefix_cache || !job.params.use_prefix_cache) return {best, best_p};
+    const std::vector<int32_t>& prompt = job.params.prompt;
+    // Same ids, and the same image bytes under image tokens.
+    const std::vector<uint64_t>& content = job.expanded.content;
+    auto key = [](const std::vector<uint64_t>& c, size_t i) {
+        return i < c.size() ? c[i] : uint64_t(0);
+    };
+    for (auto it = retained_.begin(); it != retained_.end(); ++it) {
+        size_t lcp = 0;
+        while (lcp < it->tokens.size() && lcp < prompt.size() && it->tokens[lcp] == prompt[lcp] &&
+               key(it->content, lcp) == key(content, lcp))
+            ++lcp;
+        // Keep one prompt token to evaluate: its logits start the reply.
+        const int64_t p = int64_t(std::min(lcp, prompt.size() - 1));
+        if (p <= best_p) continue;
+        if (int64_t(it->tokens.size()) - p > opt_.max_rewind) continue;
+        if (!it->state->can_rewind(p)) continue;
+        best = it;
+        best_p = p;
+    }
+    return {best, best_p};
+}
+
+void Engine::start_slot(std::unique_lock<std::mutex>& lk, std::list<Retained>::iterator best,
+                        int64_t best_p, size_t reserved, int64_t want) {
+    auto s = std::make_unique<Slot>();
+    for (bool taken = true; taken; ++s->id) {
+        taken = false;
+        for (const auto& o : slots_) taken = taken || o->id == s->id;
+        if (!taken) break;
+    }
+    s->job = std::move(queue_.front());
+    queue_.pop_front();
+    s->admitted = Clock::now();
+    if (best != retained_.end()) {
+        s->state = std::move(best->state);
+        s->tokens = std::move(best->tokens);
+        if (!reserved) reserved = best->bytes;
+        retained_.erase(best);
+        s->state->rewind(best_p);
+        s->tokens.resize(size_t(best_p));
+        s->cached = best_p;
+    }
+    s->bytes = reserved;
+    active_bytes_ += reserved;
+    lk.unlock();
+    std::string alloc_error;
+    try {
+        if (!s->state)
+            s->state = model_.new_state(opt_.n_ctx, want);
+        else if (s->state->capacity() < want)
+            s->state->resize(want);
+    } catch (const std::exception& e) {
+        alloc_error = std::string("cannot allocate the sequence's caches: ") + e.what();
+    }
+    if (!alloc_error.empty()) {
+        s->state.reset();
+        s->admitted = {};
+        finish(*s, "error", alloc_error);  // (returns the reservation)
+        lk.lock();
+        return;
+    }
+    s->prompt_pos = size_t(s->cached);
+    s->sampler = s->job->params.sampler ? s->job->params.sampler
+                                        : std::make_shared<Sampler>(s->job->params.sampling);
+    s->history = s->job->params.prompt;
+    s->spec = s->job->params.spec ? *s->job->params.spec : opt_.spec;
+    s->drafter = s->spec.type == DraftType::Auto
+                     ? (model_.can_draft() ? DraftType::Mtp : DraftType::Ngram)
+                     : s->spec.type;
+    s->governor = std::make_unique<WindowGovernor>(s->spec);
+    lk.lock();
+    stats_.prompt_tokens += s->job->params.prompt.size();
+    stats_.cached_tokens += uint64_t(s->cached);
+    ++busy_;
+    slots_.push_back(std::move(s));
 }
 
 int64_t Engine::reach(const RequestParams& p) const {
@@ -401,6 +414,17 @@ bool Engine::make_room(size_t more, const Retained* keep) {
     return used + more <= limit;
 }
 
+// One forward's rows: for slots still prefilling a prompt chunk (sharing the micro-batch
+// budget); for slots that are generating, the rows a rollback left to re-feed, the pending
+// token and the draft window. `feeds` and `embeds` hold what the inputs point into.
+struct Engine::StepInputs {
+    std::vector<model::SeqInput> inputs;
+    std::vector<Slot*> owners;
+    std::vector<std::vector<int32_t>> feeds;
+    std::deque<std::vector<model::EmbedRows>> embeds;
+    bool prefilling = false;
+};
+
 bool Engine::step() {
     // Slots are only touched by this thread; the lock guards the lists.
     std::vector<Slot*> active;
@@ -411,16 +435,38 @@ bool Engine::step() {
     for (Slot* s : active)
         if (s->job->req->cancelled()) finish(*s, "cancelled");
 
-    // One forward: a prompt chunk for slots still prefilling (sharing the
-    // micro-batch budget); for slots that are generating, the rows a rollback
-    // left to re-feed, the pending token and the draft window.
-    std::vector<model::SeqInput> inputs;
-    std::vector<Slot*> owners;
-    std::vector<std::vector<int32_t>> feeds;
-    feeds.reserve(active.size());
-    std::deque<std::vector<model::EmbedRows>> embeds;  // alive until the forward returns
+    StepInputs in;
+    gather(active, in);
+    if (in.inputs.empty()) return false;
+    std::vector<float> logits;
+    const std::vector<bool> failed = forward(in, logits);
+
+    const size_t V = size_t(model_.info().n_vocab);
+    size_t row = 0;  // the next row of logits
+    for (size_t i = 0; i < in.owners.size(); ++i) {
+        if (failed[i]) continue;
+        Slot& s = *in.owners[i];
+        const model::SeqInput& si = in.inputs[i];
+        const int64_t n_before = s.state->n_past() - int64_t(si.tokens.size());
+        s.tokens.insert(s.tokens.end(), si.tokens.begin(), si.tokens.end());
+        s.forwards++;
+        if (s.prompt_pos < s.job->params.prompt.size()) {
+            if (take_prompt(s, si, logits.data() + row * V)) ++row;
+        } else {
+            row += verify_window(s, n_before, logits.data() + row * V);
+        }
+    }
+
+    std::vector<Slot*> drafting;
+    for (Slot* s : in.owners)
+        if (!s->done && s->pending >= 0) drafting.push_back(s);
+    if (!drafting.empty()) plan_drafts(drafting);
+    return true;
+}
+
+void Engine::gather(const std::vector<Slot*>& active, StepInputs& in) {
+    in.feeds.reserve(active.size());  // inputs point into them
     int64_t budget = opt_.ubatch;
-    bool prefilling = false;
     for (Slot* s : active) {
         if (s->done) continue;
         const std::vector<int32_t>& prompt = s->job->params.prompt;
@@ -428,19 +474,19 @@ bool Engine::step() {
             if (budget <= 0) continue;
             const size_t n = std::min(prompt.size() - s->prompt_pos, size_t(budget));
             budget -= int64_t(n);
-            prefilling = true;
+            in.prefilling = true;
             const bool last = s->prompt_pos + n == prompt.size();
-            if (!image_rows(*s, n, embeds)) continue;
-            inputs.push_back({s->state.get(),
-                              std::span<const int32_t>(prompt.data() + s->prompt_pos, n), false,
-                              last && !s->job->params.prefill_only});
-            inputs.back().embeds = embeds.back();
+            if (!image_rows(*s, n, in.embeds)) continue;
+            in.inputs.push_back({s->state.get(),
+                                 std::span<const int32_t>(prompt.data() + s->prompt_pos, n), false,
+                                 last && !s->job->params.prefill_only});
+            in.inputs.back().embeds = in.embeds.back();
         } else if (s->pending >= 0) {
-            std::vector<int32_t>& f = feeds.emplace_back(s->refeed);
+            std::vector<int32_t>& f = in.feeds.emplace_back(s->refeed);
             f.push_back(s->pending);
             f.insert(f.end(), s->drafts.begin(), s->drafts.end());
-            model::SeqInput in{s->state.get(), f, false, true};
-            in.logits_from = int64_t(s->refeed.size());
+            model::SeqInput si{s->state.get(), f, false, true};
+            si.logits_from = int64_t(s->refeed.size());
             if (!s->drafts.empty()) {
                 try {
                     s->snap = s->state->snapshot();
@@ -450,147 +496,136 @@ bool Engine::step() {
                     log_info("glm5: snapshot failed, decoding without a window: %s\n", e.what());
                     s->drafts.clear();
                     f.resize(s->refeed.size() + 1);
-                    in.tokens = f;
+                    si.tokens = f;
                 }
             }
-            inputs.push_back(in);
+            in.inputs.push_back(si);
         } else {
             continue;
         }
-        owners.push_back(s);
+        in.owners.push_back(s);
     }
-    if (inputs.empty()) return false;
+}
 
-    std::vector<float> logits;
+std::vector<bool> Engine::forward(StepInputs& in, std::vector<float>& logits) {
     const auto t0 = Clock::now();
     // A failed forward changes no state (states commit when a forward
     // completes), so it is retried sequence by sequence: only a sequence
     // that fails on its own gets the error.
-    std::vector<bool> failed(owners.size(), false);
+    std::vector<bool> failed(in.owners.size(), false);
     try {
-        model_.forward(inputs, logits);
+        model_.forward(in.inputs, logits);
     } catch (const std::exception& e) {
-        log_info("glm5: forward of %zu sequences failed (%s)%s\n", inputs.size(), e.what(),
-                 inputs.size() > 1 ? "; retrying each alone" : "");
+        log_info("glm5: forward of %zu sequences failed (%s)%s\n", in.inputs.size(), e.what(),
+                 in.inputs.size() > 1 ? "; retrying each alone" : "");
         logits.clear();
-        for (size_t i = 0; i < inputs.size(); ++i) {
+        for (size_t i = 0; i < in.inputs.size(); ++i) {
             std::vector<float> one;
             try {
-                if (inputs.size() == 1) throw;
-                model_.forward({&inputs[i], 1}, one);
+                if (in.inputs.size() == 1) throw;
+                model_.forward({&in.inputs[i], 1}, one);
                 logits.insert(logits.end(), one.begin(), one.end());
             } catch (const std::exception& e1) {
                 failed[i] = true;
-                owners[i]->snap.reset();
-                finish(*owners[i], "error", e1.what());
+                in.owners[i]->snap.reset();
+                finish(*in.owners[i], "error", e1.what());
             }
         }
     }
     const auto t1 = Clock::now();
     int64_t rows_total = 0;
-    for (const auto& in : inputs) rows_total += int64_t(in.tokens.size());
-    if (!prefilling) verify_cost_.record(int(rows_total), seconds(t0, t1));
+    for (const auto& si : in.inputs) rows_total += int64_t(si.tokens.size());
+    if (!in.prefilling) verify_cost_.record(int(rows_total), seconds(t0, t1));
     int windows = 0;
-    for (const Slot* s : owners) windows += s->snap != nullptr;
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        stats_.forwards++;
-        if (windows >= 2) stats_.shared_verifies++;
-        stats_.busy_seconds += seconds(t0, t1);
+    for (const Slot* s : in.owners) windows += s->snap != nullptr;
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.forwards++;
+    if (windows >= 2) stats_.shared_verifies++;
+    stats_.busy_seconds += seconds(t0, t1);
+    return failed;
+}
+
+bool Engine::take_prompt(Slot& s, const model::SeqInput& in, const float* logits) {
+    s.prompt_pos += in.tokens.size();
+    if (s.job->params.prefill_only && s.prompt_pos == s.job->params.prompt.size()) {
+        finish(s, "length");  // (a prefill-only request asks for no logits)
+        return false;
     }
+    if (!in.logits) return false;
+    // The last prompt chunk: its last row starts the reply.
+    std::string reason;
+    emit(s, {logits, size_t(model_.info().n_vocab)}, s.state->n_past(), reason);
+    if (!reason.empty()) finish(s, reason);
+    return true;
+}
 
-    const int64_t V = model_.info().n_vocab;
-    size_t row = 0;
-    for (size_t i = 0; i < owners.size(); ++i) {
-        if (failed[i]) continue;
-        Slot& s = *owners[i];
-        const model::SeqInput& in = inputs[i];
-        const int64_t n_before = s.state->n_past() - int64_t(in.tokens.size());
-        s.tokens.insert(s.tokens.end(), in.tokens.begin(), in.tokens.end());
-        s.forwards++;
-        if (s.prompt_pos < s.job->params.prompt.size()) {
-            s.prompt_pos += in.tokens.size();
-            if (s.job->params.prefill_only && s.prompt_pos == s.job->params.prompt.size()) {
-                finish(s, "length");
-                continue;
-            }
-            if (!in.logits) continue;
-            // The last prompt chunk: its last row starts the reply.
-            std::span<const float> lg(logits.data() + row * size_t(V), size_t(V));
-            ++row;
-            std::string reason;
-            emit(s, lg, s.state->n_past(), reason);
-            if (!reason.empty()) finish(s, reason);
-            continue;
-        }
+size_t Engine::verify_window(Slot& s, int64_t n_before, const float* logits) {
+    // A window: rows [pending, d1..dK] after the re-fed ones. Row j's token is sampled
+    // as plain decoding would sample it; while it equals the draft d(j+1) the next row
+    // is valid too.
+    const size_t V = size_t(model_.info().n_vocab);
+    const int64_t first = int64_t(s.refeed.size());
+    const int W = int(s.drafts.size());
+    std::string reason;
+    int j = 0;
+    for (;; ++j) {
+        std::span<const float> lg(logits + size_t(j) * V, V);
+        const int32_t tok = emit(s, lg, n_before + first + 1 + j, reason);
+        if (!reason.empty() || j == W || tok != s.drafts[size_t(j)]) break;
+    }
+    if (W > 0) record_window(s, W, j);
+    // Rows past row j were drafts that plain decoding would not have fed.
+    if (roll_back(s, n_before + first + 1 + j) && !reason.empty()) finish(s, reason);
+    return size_t(W + 1);
+}
 
-        // A window: rows [pending, d1..dK] after the re-fed ones. Row j's
-        // token is sampled as plain decoding would sample it; while it equals
-        // the draft d(j+1) the next row is valid too.
-        const int64_t first = int64_t(s.refeed.size());
-        const int W = int(s.drafts.size());
-        std::string reason;
-        int j = 0;
-        for (;; ++j) {
-            std::span<const float> lg(logits.data() + (row + size_t(j)) * size_t(V), size_t(V));
-            const int32_t tok = emit(s, lg, n_before + first + 1 + j, reason);
-            if (!reason.empty() || j == W || tok != s.drafts[size_t(j)]) break;
+void Engine::record_window(Slot& s, int W, int accepted) {
+    s.verifies++;
+    s.draft_n += W;
+    s.draft_accepted += accepted;
+    s.governor->record(W, accepted);
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.verifies++;
+    stats_.draft_tokens += uint64_t(W);
+    stats_.draft_accepted += uint64_t(accepted);
+    if (stats_.drafted_at.size() < size_t(W)) {
+        stats_.drafted_at.resize(size_t(W), 0);
+        stats_.accepted_at.resize(size_t(W), 0);
+    }
+    for (int k = 0; k < W && k <= accepted; ++k) {
+        stats_.drafted_at[size_t(k)]++;
+        if (k < accepted) stats_.accepted_at[size_t(k)]++;
+    }
+}
+
+bool Engine::roll_back(Slot& s, int64_t keep) {
+    s.refeed.clear();
+    if (s.state->n_past() > keep && !s.state->rewind(keep)) {
+        // Recurrent state cannot rewind: restore the snapshot taken before
+        // the forward and re-feed the kept rows with the next forward.
+        try {
+            s.state->restore(*s.snap);
+        } catch (const std::exception& e) {
+            // The state is past what was emitted and cannot come back:
+            // this sequence ends here (and is not retained).
+            s.snap.reset();
+            s.drafts.clear();
+            s.state.reset();
+            finish(s, "error", std::string("rollback failed: ") + e.what());
+            return false;
         }
-        row += size_t(W + 1);
-        // Rows past row j were drafts that plain decoding would not have fed.
-        if (W > 0) {
-            s.verifies++;
-            s.draft_n += W;
-            s.draft_accepted += j;
-            s.governor->record(W, j);
+        {
             std::lock_guard<std::mutex> lk(mu_);
-            stats_.verifies++;
-            stats_.draft_tokens += uint64_t(W);
-            stats_.draft_accepted += uint64_t(j);
-            if (stats_.drafted_at.size() < size_t(W)) {
-                stats_.drafted_at.resize(size_t(W), 0);
-                stats_.accepted_at.resize(size_t(W), 0);
-            }
-            for (int k = 0; k < W && k <= j; ++k) {
-                stats_.drafted_at[size_t(k)]++;
-                if (k < j) stats_.accepted_at[size_t(k)]++;
-            }
+            stats_.rollbacks++;
         }
-        const int64_t keep = n_before + first + 1 + j;
-        s.refeed.clear();
-        if (s.state->n_past() > keep && !s.state->rewind(keep)) {
-            // Recurrent state cannot rewind: restore the snapshot taken before
-            // the forward and re-feed the kept rows with the next forward.
-            try {
-                s.state->restore(*s.snap);
-            } catch (const std::exception& e) {
-                // The state is past what was emitted and cannot come back:
-                // this sequence ends here (and is not retained).
-                s.snap.reset();
-                s.drafts.clear();
-                s.state.reset();
-                finish(s, "error", std::string("rollback failed: ") + e.what());
-                continue;
-            }
-            {
-                std::lock_guard<std::mutex> lk(mu_);
-                stats_.rollbacks++;
-            }
-            const int64_t at = s.state->n_past();
-            s.refeed.assign(s.tokens.begin() + at, s.tokens.begin() + keep);
-            s.tokens.resize(size_t(at));
-        } else {
-            s.tokens.resize(size_t(keep));
-        }
-        s.snap.reset();
-        s.drafts.clear();
-        if (!reason.empty()) finish(s, reason);
+        const int64_t at = s.state->n_past();
+        s.refeed.assign(s.tokens.begin() + at, s.tokens.begin() + keep);
+        s.tokens.resize(size_t(at));
+    } else {
+        s.tokens.resize(size_t(keep));
     }
-
-    std::vector<Slot*> drafting;
-    for (Slot* s : owners)
-        if (!s->done && s->pending >= 0) drafting.push_back(s);
-    if (!drafting.empty()) plan_drafts(drafting);
+    s.snap.reset();
+    s.drafts.clear();
     return true;
 }
 

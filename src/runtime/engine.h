@@ -238,7 +238,30 @@ class Engine {
     std::unique_ptr<Job> make_job(RequestParams p, TokenCallback on_token, DoneCallback on_done);
     void loop();
     bool step();  // one scheduling round; false when there was nothing to do
+    // The stages of a step: the rows each slot feeds; the forward (each sequence alone
+    // when the batch fails; true: that sequence's failed and it is finished); a prompt
+    // chunk taken (true when it had a row of logits); a draft window verified, its
+    // accepted tokens emitted and the rest rolled back (returns the rows it had).
+    struct StepInputs;
+    void gather(const std::vector<Slot*>& active, StepInputs& in);
+    std::vector<bool> forward(StepInputs& in, std::vector<float>& logits);
+    bool take_prompt(Slot& s, const model::SeqInput& in, const float* logits);
+    size_t verify_window(Slot& s, int64_t n_before, const float* logits);
+    void record_window(Slot& s, int drafted, int accepted);
+    // Cuts the state back to `keep` tokens (restoring the snapshot and queueing a re-feed
+    // where it cannot rewind); false when that failed and the slot was finished.
+    bool roll_back(Slot& s, int64_t keep);
     void admit(std::unique_lock<std::mutex>& lk);
+    // The stages of an admission (each takes the lock held, and may release it while it
+    // finishes a request): queued requests cancelled end; the retained entry sharing the
+    // longest usable prefix with a job's prompt, and how many tokens of it it keeps; the
+    // front request refused; the front request bound to a slot, adopting `best` (or
+    // retained_.end()) with `reserved` bytes of the pool.
+    void drop_cancelled(std::unique_lock<std::mutex>& lk);
+    std::pair<std::list<Retained>::iterator, int64_t> best_prefix(const Job& job);
+    void refuse_front(std::unique_lock<std::mutex>& lk, const std::string& why);
+    void start_slot(std::unique_lock<std::mutex>& lk, std::list<Retained>::iterator best,
+                    int64_t best_p, size_t reserved, int64_t want);
     void finish(Slot& s, const std::string& reason, const std::string& error = "");
     bool image_rows(Slot& s, size_t n, std::deque<std::vector<model::EmbedRows>>& out);
     void retain(Slot& s);

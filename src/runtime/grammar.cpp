@@ -761,12 +761,9 @@ std::string show_byte(int c) {
     return "byte " + std::to_string(c);
 }
 
-}  // namespace
-
-void link_grammar(Grammar& g) {
+// 1. References resolved to what they name; a cycle of references alone names nothing.
+void resolve_refs(Grammar& g) {
     auto& nodes = g.nodes;
-
-    // 1. Resolve references.
     auto resolve = [&](int32_t id) {
         for (int hops = 0; nodes[size_t(id)].kind == Kind::Ref; ++hops) {
             if (hops > int(nodes.size()))
@@ -782,11 +779,12 @@ void link_grammar(Grammar& g) {
         for (auto& p : n.props) p.value = resolve(p.value);
         for (auto& a : n.alts) a = resolve(a);
     }
+}
 
-    // 2. Flatten nested unions.
-    const size_t n_before = nodes.size();
-    std::vector<std::vector<int32_t>> flat(n_before);
-    for (size_t u = 0; u < n_before; ++u) {
+// 2. Each union's alternatives with nested unions flattened into it, in order.
+std::vector<std::vector<int32_t>> flatten_unions(const std::vector<Node>& nodes) {
+    std::vector<std::vector<int32_t>> flat(nodes.size());
+    for (size_t u = 0; u < nodes.size(); ++u) {
         if (nodes[u].kind != Kind::Union) continue;
         std::vector<int32_t> out, todo(nodes[u].alts.rbegin(), nodes[u].alts.rend());
         std::set<int32_t> seen{int32_t(u)};
@@ -804,8 +802,11 @@ void link_grammar(Grammar& g) {
         }
         flat[u] = std::move(out);
     }
+    return flat;
+}
 
-    // 3. First bytes of the leaves.
+// 3. The bytes each leaf can start with.
+void set_first_bytes(std::vector<Node>& nodes) {
     for (auto& n : nodes) {
         switch (n.kind) {
             case Kind::Lit:
@@ -829,166 +830,184 @@ void link_grammar(Grammar& g) {
                 break;
         }
     }
+}
 
-    // 4. Normalize unions: merge literals, integer into number; alternatives must then be
-    // told apart by their first byte.
-    for (size_t u = 0; u < n_before; ++u) {
-        if (nodes[u].kind != Kind::Union) continue;
-        const bool ex = nodes[u].exclusive;
-        const std::string where = nodes[u].where;
-        const char* kw = ex ? "oneOf" : "anyOf";
-        // (Sets for the duplicates: time linear in the alternatives and their literals.)
-        std::vector<std::string> lits;
-        std::vector<int32_t> others;
-        std::unordered_set<std::string> lit_seen;
-        std::unordered_set<int32_t> other_seen;
-        for (int32_t a : flat[u]) {
-            const Node& n = nodes[size_t(a)];
-            if (n.kind == Kind::Lit) {
-                for (const auto& l : n.lits) {
-                    if (!lit_seen.insert(l).second) {
-                        if (ex) refuse(where, "'oneOf' alternatives both accept " + l);
-                        continue;
-                    }
-                    lits.push_back(l);
+// A union's alternatives as its literals and its other alternatives, each once (sets for
+// the duplicates: time linear in the alternatives and their literals). oneOf refuses a
+// duplicate, since both alternatives would match.
+void split_alternatives(const std::vector<Node>& nodes, const std::vector<int32_t>& flat, bool ex,
+                        const std::string& where, std::vector<std::string>& lits,
+                        std::vector<int32_t>& others) {
+    std::unordered_set<std::string> lit_seen;
+    std::unordered_set<int32_t> other_seen;
+    for (int32_t a : flat) {
+        const Node& n = nodes[size_t(a)];
+        if (n.kind == Kind::Lit) {
+            for (const auto& l : n.lits) {
+                if (!lit_seen.insert(l).second) {
+                    if (ex) refuse(where, "'oneOf' alternatives both accept " + l);
+                    continue;
                 }
-                continue;
+                lits.push_back(l);
             }
-            if (!other_seen.insert(a).second) {
-                if (ex) refuse(where, "'oneOf' lists the same alternative twice");
-                continue;
-            }
-            others.push_back(a);
+            continue;
         }
-        auto drop_if = [&](auto pred) {
-            others.erase(std::remove_if(others.begin(), others.end(), pred), others.end());
-        };
-        // integer | number: number (for anyOf); identical strings / numbers: one.
-        bool has_number = false;
-        for (int32_t a : others)
-            has_number =
-                has_number || (nodes[size_t(a)].kind == Kind::Num && !nodes[size_t(a)].integer);
-        if (has_number) {
-            for (int32_t a : others)
-                if (nodes[size_t(a)].kind == Kind::Num && nodes[size_t(a)].integer && ex)
-                    refuse(where, "'oneOf' alternatives integer and number overlap");
-            drop_if([&](int32_t a) {
-                return nodes[size_t(a)].kind == Kind::Num && nodes[size_t(a)].integer;
-            });
+        if (!other_seen.insert(a).second) {
+            if (ex) refuse(where, "'oneOf' lists the same alternative twice");
+            continue;
         }
-        if (!ex) {
-            std::vector<int32_t> kept;
-            for (int32_t a : others) {
-                const Node& n = nodes[size_t(a)];
-                bool dup = false;
-                for (int32_t k : kept) {
-                    const Node& m = nodes[size_t(k)];
-                    dup = dup ||
-                          (n.kind == m.kind && ((n.kind == Kind::Num && n.integer == m.integer) ||
-                                                (n.kind == Kind::Str && n.min_len == m.min_len &&
-                                                 n.max_len == m.max_len)));
-                }
-                if (!dup) kept.push_back(a);
-            }
-            others = std::move(kept);
-        }
-        // Literals another alternative also starts with: drop them when it accepts them.
-        std::vector<std::string> kept_lits;
-        for (const auto& l : lits) {
-            int32_t clash = -1;
-            for (int32_t a : others)
-                if (nodes[size_t(a)].first[uint8_t(l[0])]) clash = a;
-            if (clash < 0) {
-                kept_lits.push_back(l);
-                continue;
-            }
-            const Kind k = nodes[size_t(clash)].kind;
-            if (ex || !(k == Kind::Str || k == Kind::Num) || !scalar_accepts(g, clash, l))
-                refuse(where, std::string("'") + kw + "' alternatives overlap on " + l);
-        }
-        for (size_t i = 0; i < others.size(); ++i)
-            for (size_t j = i + 1; j < others.size(); ++j) {
-                const auto both = nodes[size_t(others[i])].first & nodes[size_t(others[j])].first;
-                if (both.any()) {
-                    int c = 0;
-                    while (!both[size_t(c)]) ++c;
-                    refuse(where, std::string("'") + kw + "' alternatives that both start with " +
-                                      show_byte(c) + " are not supported");
-                }
-            }
-        if (!kept_lits.empty()) {
-            Node l;
-            l.kind = Kind::Lit;
-            l.where = where;
-            l.lits = std::move(kept_lits);
-            for (const auto& s : l.lits) l.first.set(uint8_t(s[0]));
-            nodes.push_back(std::move(l));
-            others.push_back(int32_t(nodes.size() - 1));
-        }
-        nodes[u].alts = std::move(others);
-        nodes[u].first.reset();
-        for (int32_t a : nodes[u].alts) nodes[u].first |= nodes[size_t(a)].first;
+        others.push_back(a);
     }
+}
 
-    // 5. Shortest document of every node (a fixed point: schemas may recurse).
-    auto minlen_of = [&](const Node& n) -> int64_t {
-        switch (n.kind) {
-            case Kind::Lit: {
-                int64_t m = kInf;
-                for (const auto& l : n.lits) m = std::min<int64_t>(m, int64_t(l.size()));
-                return m;
-            }
-            case Kind::Str:
-                return int64_t(n.min_len) + 2;
-            case Kind::Num:
-                return 1;
-            case Kind::Arr: {
-                const int64_t m = n.min_items, it = nodes[size_t(n.item)].minlen;
-                return m == 0 ? 2 : sat_add(sat_mul(m, it), m + 1);
-            }
-            case Kind::Obj: {
-                int64_t sum = 2, cnt = 0;
-                for (const auto& p : n.props)
-                    if (p.required) {
-                        sum = sat_add(
-                            sum, sat_add(int64_t(p.key.size()) + 1, nodes[size_t(p.value)].minlen));
-                        ++cnt;
-                    }
-                return sat_add(sum, std::max<int64_t>(0, cnt - 1));
-            }
-            case Kind::Map:
-                return 2;
-            case Kind::Union: {
-                int64_t m = kInf;
-                for (int32_t a : n.alts) m = std::min(m, nodes[size_t(a)].minlen);
-                return m;
-            }
-            case Kind::Ref:
-                return nodes[size_t(n.target)].minlen;
-            case Kind::Text:
-                return 0;
-            case Kind::Call: {
-                int64_t m = kInf;
-                for (size_t j = 0; j < n.alts.size(); ++j)
-                    m = std::min(
-                        m, sat_add(int64_t(n.lits[j].size()), nodes[size_t(n.alts[j])].minlen));
-                return sat_add(m, 2);  // <tool_call> and </tool_call>
-            }
-            case Kind::Tags: {
-                int64_t sum = 0;  // <arg_key> KEY </arg_key> <arg_value> VALUE </arg_value>
-                for (const auto& p : n.props)
-                    if (p.required)
-                        sum = sat_add(
-                            sum, sat_add(4 + int64_t(p.key.size()), nodes[size_t(p.value)].minlen));
-                return sum;
+// integer | number: number (for anyOf); identical strings / numbers: one.
+void merge_scalars(const std::vector<Node>& nodes, bool ex, const std::string& where,
+                   std::vector<int32_t>& others) {
+    bool has_number = false;
+    for (int32_t a : others)
+        has_number =
+            has_number || (nodes[size_t(a)].kind == Kind::Num && !nodes[size_t(a)].integer);
+    if (has_number) {
+        for (int32_t a : others)
+            if (nodes[size_t(a)].kind == Kind::Num && nodes[size_t(a)].integer && ex)
+                refuse(where, "'oneOf' alternatives integer and number overlap");
+        others.erase(std::remove_if(others.begin(), others.end(),
+                                    [&](int32_t a) {
+                                        return nodes[size_t(a)].kind == Kind::Num &&
+                                               nodes[size_t(a)].integer;
+                                    }),
+                     others.end());
+    }
+    if (ex) return;
+    std::vector<int32_t> kept;
+    for (int32_t a : others) {
+        const Node& n = nodes[size_t(a)];
+        bool dup = false;
+        for (int32_t k : kept) {
+            const Node& m = nodes[size_t(k)];
+            dup = dup ||
+                  (n.kind == m.kind &&
+                   ((n.kind == Kind::Num && n.integer == m.integer) ||
+                    (n.kind == Kind::Str && n.min_len == m.min_len && n.max_len == m.max_len)));
+        }
+        if (!dup) kept.push_back(a);
+    }
+    others = std::move(kept);
+}
+
+// 4. A union normalized: literals merged, integer into number; its alternatives must then
+// be told apart by their first byte.
+void normalize_union(Grammar& g, size_t u, const std::vector<int32_t>& flat) {
+    auto& nodes = g.nodes;
+    const bool ex = nodes[u].exclusive;
+    const std::string where = nodes[u].where;
+    const char* kw = ex ? "oneOf" : "anyOf";
+    std::vector<std::string> lits;
+    std::vector<int32_t> others;
+    split_alternatives(nodes, flat, ex, where, lits, others);
+    merge_scalars(nodes, ex, where, others);
+    // Literals another alternative also starts with: drop them when it accepts them.
+    std::vector<std::string> kept_lits;
+    for (const auto& l : lits) {
+        int32_t clash = -1;
+        for (int32_t a : others)
+            if (nodes[size_t(a)].first[uint8_t(l[0])]) clash = a;
+        if (clash < 0) {
+            kept_lits.push_back(l);
+            continue;
+        }
+        const Kind k = nodes[size_t(clash)].kind;
+        if (ex || !(k == Kind::Str || k == Kind::Num) || !scalar_accepts(g, clash, l))
+            refuse(where, std::string("'") + kw + "' alternatives overlap on " + l);
+    }
+    for (size_t i = 0; i < others.size(); ++i)
+        for (size_t j = i + 1; j < others.size(); ++j) {
+            const auto both = nodes[size_t(others[i])].first & nodes[size_t(others[j])].first;
+            if (both.any()) {
+                int c = 0;
+                while (!both[size_t(c)]) ++c;
+                refuse(where, std::string("'") + kw + "' alternatives that both start with " +
+                                  show_byte(c) + " are not supported");
             }
         }
-        return kInf;
-    };
+    if (!kept_lits.empty()) {
+        Node l;
+        l.kind = Kind::Lit;
+        l.where = where;
+        l.lits = std::move(kept_lits);
+        for (const auto& s : l.lits) l.first.set(uint8_t(s[0]));
+        nodes.push_back(std::move(l));
+        others.push_back(int32_t(nodes.size() - 1));
+    }
+    nodes[u].alts = std::move(others);
+    nodes[u].first.reset();
+    for (int32_t a : nodes[u].alts) nodes[u].first |= nodes[size_t(a)].first;
+}
+
+// The length of a node's shortest document, given its children's.
+int64_t shortest(const std::vector<Node>& nodes, const Node& n) {
+    switch (n.kind) {
+        case Kind::Lit: {
+            int64_t m = kInf;
+            for (const auto& l : n.lits) m = std::min<int64_t>(m, int64_t(l.size()));
+            return m;
+        }
+        case Kind::Str:
+            return int64_t(n.min_len) + 2;
+        case Kind::Num:
+            return 1;
+        case Kind::Arr: {
+            const int64_t m = n.min_items, it = nodes[size_t(n.item)].minlen;
+            return m == 0 ? 2 : sat_add(sat_mul(m, it), m + 1);
+        }
+        case Kind::Obj: {
+            int64_t sum = 2, cnt = 0;
+            for (const auto& p : n.props)
+                if (p.required) {
+                    sum = sat_add(
+                        sum, sat_add(int64_t(p.key.size()) + 1, nodes[size_t(p.value)].minlen));
+                    ++cnt;
+                }
+            return sat_add(sum, std::max<int64_t>(0, cnt - 1));
+        }
+        case Kind::Map:
+            return 2;
+        case Kind::Union: {
+            int64_t m = kInf;
+            for (int32_t a : n.alts) m = std::min(m, nodes[size_t(a)].minlen);
+            return m;
+        }
+        case Kind::Ref:
+            return nodes[size_t(n.target)].minlen;
+        case Kind::Text:
+            return 0;
+        case Kind::Call: {
+            int64_t m = kInf;
+            for (size_t j = 0; j < n.alts.size(); ++j)
+                m = std::min(m,
+                             sat_add(int64_t(n.lits[j].size()), nodes[size_t(n.alts[j])].minlen));
+            return sat_add(m, 2);  // <tool_call> and </tool_call>
+        }
+        case Kind::Tags: {
+            int64_t sum = 0;  // <arg_key> KEY </arg_key> <arg_value> VALUE </arg_value>
+            for (const auto& p : n.props)
+                if (p.required)
+                    sum = sat_add(
+                        sum, sat_add(4 + int64_t(p.key.size()), nodes[size_t(p.value)].minlen));
+            return sum;
+        }
+    }
+    return kInf;
+}
+
+// 5. Shortest document of every node (a fixed point: schemas may recurse); parts with no
+// finite document can never be chosen and are dropped.
+void shortest_documents(Grammar& g) {
+    auto& nodes = g.nodes;
     for (bool changed = true; changed;) {
         changed = false;
         for (auto& n : nodes) {
-            const int64_t m = minlen_of(n);
+            const int64_t m = shortest(nodes, n);
             if (m < n.minlen) {
                 n.minlen = m;
                 changed = true;
@@ -997,104 +1016,117 @@ void link_grammar(Grammar& g) {
     }
     if (nodes[size_t(g.root)].minlen >= kInf)
         refuse("#", "the schema accepts no finite document (required recursion)");
-    // Parts with no finite document can never be chosen.
+    auto endless = [&](int32_t id) { return nodes[size_t(id)].minlen >= kInf; };
     for (auto& n : nodes) {
         if (n.kind == Kind::Obj)
-            n.props.erase(std::remove_if(n.props.begin(), n.props.end(),
-                                         [&](const Prop& p) {
-                                             return !p.required &&
-                                                    nodes[size_t(p.value)].minlen >= kInf;
-                                         }),
-                          n.props.end());
-        if (n.kind == Kind::Arr && nodes[size_t(n.item)].minlen >= kInf) n.max_items = 0;
-        if (n.kind == Kind::Map && nodes[size_t(n.value)].minlen >= kInf) n.max_members = 0;
+            n.props.erase(
+                std::remove_if(n.props.begin(), n.props.end(),
+                               [&](const Prop& p) { return !p.required && endless(p.value); }),
+                n.props.end());
+        if (n.kind == Kind::Arr && endless(n.item)) n.max_items = 0;
+        if (n.kind == Kind::Map && endless(n.value)) n.max_members = 0;
         if (n.kind == Kind::Union)
-            n.alts.erase(std::remove_if(n.alts.begin(), n.alts.end(),
-                                        [&](int32_t a) { return nodes[size_t(a)].minlen >= kInf; }),
-                         n.alts.end());
+            n.alts.erase(std::remove_if(n.alts.begin(), n.alts.end(), endless), n.alts.end());
     }
+}
 
-    // 6. Dispatch tables, literal and key tries, per-object suffix sums.
-    auto insert = [&](int32_t root, const std::string& s, int32_t term) {
-        int32_t t = root;
-        std::vector<int32_t> path{t};
-        for (unsigned char c : s) {
-            int32_t nx = trie_child(g.tries, t, c);
-            if (nx < 0) {
-                nx = int32_t(g.tries.size());
-                g.tries.emplace_back();
-                auto& next = g.tries[size_t(t)].next;
-                next.emplace_back(c, nx);
-                std::sort(next.begin(), next.end());
-            }
-            t = nx;
-            path.push_back(t);
+// `s` added under trie `root` with terminal `term`; the trie nodes of its path.
+std::vector<int32_t> trie_insert(Grammar& g, int32_t root, const std::string& s, int32_t term) {
+    int32_t t = root;
+    std::vector<int32_t> path{t};
+    for (unsigned char c : s) {
+        int32_t nx = trie_child(g.tries, t, c);
+        if (nx < 0) {
+            nx = int32_t(g.tries.size());
+            g.tries.emplace_back();
+            auto& next = g.tries[size_t(t)].next;
+            next.emplace_back(c, nx);
+            std::sort(next.begin(), next.end());
         }
-        g.tries[size_t(t)].term = term;
-        return path;
-    };
+        t = nx;
+        path.push_back(t);
+    }
+    g.tries[size_t(t)].term = term;
+    return path;
+}
+
+int32_t new_trie(Grammar& g) {
+    g.tries.emplace_back();
+    return int32_t(g.tries.size() - 1);
+}
+
+// A union's alternative by first byte, and whether its shortest document is a scalar's.
+void union_tables(const std::vector<Node>& nodes, Node& n) {
+    n.dispatch.fill(-1);
+    for (int32_t a : n.alts)
+        for (int c = 0; c < 256; ++c)
+            if (nodes[size_t(a)].first[size_t(c)]) n.dispatch[size_t(c)] = int16_t(a);
+    int64_t scalar_min = kInf;
+    for (int32_t a : n.alts)
+        if (!is_container(nodes[size_t(a)].kind))
+            scalar_min = std::min(scalar_min, nodes[size_t(a)].minlen);
+    n.depth_cap = scalar_min < kInf && scalar_min == n.minlen;
+}
+
+// An object's per-member suffix sums and its key trie, each trie node knowing what the
+// members reachable through it still cost.
+void object_tables(Grammar& g, Node& n) {
+    const size_t np = n.props.size();
+    n.req_sum.assign(np + 1, 0);
+    n.req_cnt.assign(np + 1, 0);
+    n.opt_min.assign(np + 1, kInf);
+    n.hi.assign(np + 1, int32_t(np) - 1);
+    for (size_t j = np; j-- > 0;) {
+        const Prop& p = n.props[j];
+        const int64_t member = sat_add(int64_t(p.key.size()) + 1, g.nodes[size_t(p.value)].minlen);
+        n.req_sum[j] = n.req_sum[j + 1];
+        n.req_cnt[j] = n.req_cnt[j + 1];
+        n.hi[j] = n.hi[j + 1];
+        if (p.required) {
+            n.req_sum[j] = sat_add(n.req_sum[j], member);
+            ++n.req_cnt[j];
+            n.hi[j] = int32_t(j);
+        }
+        n.opt_min[j] = std::min(n.opt_min[j + 1], member);
+    }
+    n.trie = new_trie(g);
+    for (size_t j = 0; j < np; ++j) {
+        const Prop& p = n.props[j];
+        const auto path = trie_insert(g, n.trie, p.key, int32_t(j));
+        const int64_t after = sat_add(n.req_sum[j + 1], n.req_cnt[j + 1] + 1);
+        const int64_t tail = sat_add(sat_add(g.nodes[size_t(p.value)].minlen, 1), after);
+        for (size_t d = 0; d < path.size(); ++d)
+            g.tries[size_t(path[d])].via.emplace_back(int32_t(j),
+                                                      sat_add(int64_t(p.key.size() - d), tail));
+    }
+}
+
+// 6. Dispatch tables, literal and key tries, per-object suffix sums, trie distances.
+void build_tables(Grammar& g) {
+    auto& nodes = g.nodes;
     for (auto& n : nodes) {
         if (n.kind == Kind::Union) {
-            n.dispatch.fill(-1);
-            for (int32_t a : n.alts)
-                for (int c = 0; c < 256; ++c)
-                    if (nodes[size_t(a)].first[size_t(c)]) n.dispatch[size_t(c)] = int16_t(a);
-            int64_t scalar_min = kInf;
-            for (int32_t a : n.alts)
-                if (!is_container(nodes[size_t(a)].kind))
-                    scalar_min = std::min(scalar_min, nodes[size_t(a)].minlen);
-            n.depth_cap = scalar_min < kInf && scalar_min == n.minlen;
+            union_tables(nodes, n);
         } else if (n.kind == Kind::Lit) {
-            n.trie = int32_t(g.tries.size());
-            g.tries.emplace_back();
-            for (size_t i = 0; i < n.lits.size(); ++i) insert(n.trie, n.lits[i], int32_t(i));
+            n.trie = new_trie(g);
+            for (size_t i = 0; i < n.lits.size(); ++i)
+                trie_insert(g, n.trie, n.lits[i], int32_t(i));
         } else if (n.kind == Kind::Obj) {
-            const size_t np = n.props.size();
-            n.req_sum.assign(np + 1, 0);
-            n.req_cnt.assign(np + 1, 0);
-            n.opt_min.assign(np + 1, kInf);
-            n.hi.assign(np + 1, int32_t(np) - 1);
-            for (size_t j = np; j-- > 0;) {
-                const Prop& p = n.props[j];
-                const int64_t member =
-                    sat_add(int64_t(p.key.size()) + 1, nodes[size_t(p.value)].minlen);
-                n.req_sum[j] = n.req_sum[j + 1];
-                n.req_cnt[j] = n.req_cnt[j + 1];
-                n.hi[j] = n.hi[j + 1];
-                if (p.required) {
-                    n.req_sum[j] = sat_add(n.req_sum[j], member);
-                    ++n.req_cnt[j];
-                    n.hi[j] = int32_t(j);
-                }
-                n.opt_min[j] = std::min(n.opt_min[j + 1], member);
-            }
-            n.trie = int32_t(g.tries.size());
-            g.tries.emplace_back();
-            for (size_t j = 0; j < np; ++j) {
-                const Prop& p = n.props[j];
-                const auto path = insert(n.trie, p.key, int32_t(j));
-                const int64_t after = sat_add(n.req_sum[j + 1], n.req_cnt[j + 1] + 1);
-                const int64_t tail = sat_add(sat_add(nodes[size_t(p.value)].minlen, 1), after);
-                for (size_t d = 0; d < path.size(); ++d)
-                    g.tries[size_t(path[d])].via.emplace_back(
-                        int32_t(j), sat_add(int64_t(p.key.size() - d), tail));
-            }
+            object_tables(g, n);
         } else if (n.kind == Kind::Tags) {
             // Keys in any order: the matcher adds up what the unused required ones cost.
-            n.trie = int32_t(g.tries.size());
-            g.tries.emplace_back();
+            n.trie = new_trie(g);
             for (size_t j = 0; j < n.props.size(); ++j) {
-                const auto path = insert(n.trie, n.props[j].key, int32_t(j));
+                const auto path = trie_insert(g, n.trie, n.props[j].key, int32_t(j));
                 for (size_t d = 0; d < path.size(); ++d)
                     g.tries[size_t(path[d])].via.emplace_back(int32_t(j),
                                                               int64_t(n.props[j].key.size() - d));
             }
         } else if (n.kind == Kind::Call) {
             // A name is followed by its tool's arguments and </tool_call>.
-            n.trie = int32_t(g.tries.size());
-            g.tries.emplace_back();
+            n.trie = new_trie(g);
             for (size_t j = 0; j < n.lits.size(); ++j) {
-                const auto path = insert(n.trie, n.lits[j], int32_t(j));
+                const auto path = trie_insert(g, n.trie, n.lits[j], int32_t(j));
                 g.tries[size_t(path.back())].term_cost =
                     sat_add(nodes[size_t(n.alts[j])].minlen, 1);
             }
@@ -1107,6 +1139,19 @@ void link_grammar(Grammar& g) {
         for (const auto& [c, nx] : tr.next)
             tr.dist = std::min(tr.dist, g.tries[size_t(nx)].dist + 1);
     }
+}
+
+}  // namespace
+
+void link_grammar(Grammar& g) {
+    resolve_refs(g);
+    const size_t n_before = g.nodes.size();  // unions normalized add literal nodes after
+    const std::vector<std::vector<int32_t>> flat = flatten_unions(g.nodes);
+    set_first_bytes(g.nodes);
+    for (size_t u = 0; u < n_before; ++u)
+        if (g.nodes[u].kind == Kind::Union) normalize_union(g, u, flat[u]);
+    shortest_documents(g);
+    build_tables(g);
 }
 
 }  // namespace glm5::runtime
