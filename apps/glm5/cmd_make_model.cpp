@@ -114,17 +114,7 @@ int make_mmproj(const Args& a) {
     return 0;
 }
 
-}  // namespace
-
-int cmd_make_model(int argc, char** argv) {
-    std::string types;
-    for (const auto& n : gen::scheme_names()) types += (types.empty() ? "" : " ") + n;
-    Args a("make-model",
-           "Write a synthetic GLM model: deterministic random weights in the real glm-dsa or\n"
-           "glm5next GGUF layout (metadata, tokenizer, tensor names and shapes) and real\n"
-           "storage types.\n"
-           "Weights are Irwin-Hall(12) normal samples times gain/sqrt(fan_in); the same flags\n"
-           "give the same bytes on every machine. Progress goes to stderr; stdout gets the path.");
+void declare_flags(Args& a, const std::string& types) {
     a.option("output", "FILE", "", "the GGUF file to write", "-o");
     a.option("preset", "NAME", "tiny",
              "glm-dsa: tiny | small (the test fixtures' shapes) | bench (GLM-5.2's proportions, "
@@ -170,10 +160,10 @@ int cmd_make_model(int argc, char** argv) {
            "print the tensors (name, type, shape) and the weight bytes a decoded token reads to "
            "stdout and write nothing");
     a.flag("quiet", "no banner or progress on stderr");
-    if (!a.parse(argc, argv, 2)) return 0;
+}
 
-    if (a.get("arch") == "mmproj") return make_mmproj(a);
-
+// The architecture, its preset and the dimension flags that apply to it.
+GenOptions arch_options(const Args& a) {
     GenOptions o;
     o.preset = a.get("preset");
     const std::string arch = a.get("arch");
@@ -219,7 +209,13 @@ int cmd_make_model(int argc, char** argv) {
             o.glm_dsa.indexer_full = gen::glm52_indexer_pattern(o.glm_dsa.n_layer);
         o.glm_dsa.n_nextn = with_nextn ? 1 : 0;
     }
+    return o;
+}
 
+// The storage: the type or mix, importance vectors, the NextN block's type, the blocks'
+// source, the threads.
+void storage_options(const Args& a, const std::string& types, GenOptions& o) {
+    const bool next = o.arch == gen::Arch::Glm5Next;
     o.type = a.is_set("type") ? a.get("type")
              : next           ? gen::Glm5NextHParams::preset_default_type(o.preset)
                               : GlmDsaHParams::preset_default_type(o.preset);
@@ -246,30 +242,30 @@ int cmd_make_model(int argc, char** argv) {
     else
         throw UsageError("--blocks must be exact, pool or auto, got '" + bl + "'");
     o.n_threads = a.is_set("threads") ? int(a.get_int("threads", 1, 1024)) : 0;
-    const bool quiet = a.get_flag("quiet");
+}
 
-    const gen::ModelPlan p = gen::plan(o);  // validates everything
-    if (a.get_flag("dry-run")) {
-        for (const auto& t : p.tensors) {
-            std::string shape;
-            for (int64_t n : t.ne) shape += (shape.empty() ? "" : ", ") + std::to_string(n);
-            std::printf("%-40s %-8s [%s]%s\n", t.name.c_str(), quant::name(t.type), shape.c_str(),
-                        t.pooled ? " pooled" : "");
-        }
-        // One summary line: tools count the tensor lines above it.
-        const gen::DecodeBytes d = gen::decode_bytes_per_token(o);
-        std::printf(
-            "# %zu tensors, %.3f G params, %s of tensor data; decode reads %.2f MB of weights "
-            "per token (%.2f dense, %.2f routed experts, %.2f shared experts, %.2f head; the "
-            "NextN block not counted)\n",
-            p.tensors.size(), double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str(),
-            double(d.total()) * 1e-6, double(d.dense) * 1e-6, double(d.routed) * 1e-6,
-            double(d.shared) * 1e-6, double(d.head) * 1e-6);
-        return 0;
+// --dry-run: the tensors, and one summary line (tools count the tensor lines above it).
+void print_plan(const gen::ModelPlan& p, const GenOptions& o) {
+    for (const auto& t : p.tensors) {
+        std::string shape;
+        for (int64_t n : t.ne) shape += (shape.empty() ? "" : ", ") + std::to_string(n);
+        std::printf("%-40s %-8s [%s]%s\n", t.name.c_str(), quant::name(t.type), shape.c_str(),
+                    t.pooled ? " pooled" : "");
     }
-    const std::string out = a.get("output");
-    if (out.empty()) throw UsageError("-o FILE is required");
+    // One summary line: tools count the tensor lines above it.
+    const gen::DecodeBytes d = gen::decode_bytes_per_token(o);
+    std::printf(
+        "# %zu tensors, %.3f G params, %s of tensor data; decode reads %.2f MB of weights "
+        "per token (%.2f dense, %.2f routed experts, %.2f shared experts, %.2f head; the "
+        "NextN block not counted)\n",
+        p.tensors.size(), double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str(),
+        double(d.total()) * 1e-6, double(d.dense) * 1e-6, double(d.routed) * 1e-6,
+        double(d.shared) * 1e-6, double(d.head) * 1e-6);
+}
 
+// The file, with a banner and progress on stderr (a line a decile where it is no terminal).
+void write_model(const GenOptions& o, const gen::ModelPlan& p, const std::string& out, bool quiet) {
+    const bool next = o.arch == gen::Arch::Glm5Next;
     const int threads = o.n_threads > 0 ? o.n_threads : ThreadPool::default_threads();
     if (!quiet) {
         std::string counts;
@@ -310,6 +306,32 @@ int cmd_make_model(int argc, char** argv) {
     if (!quiet)
         std::fprintf(stderr, "make-model: wrote %s: %llu bytes (%s) in %.1f s\n", out.c_str(),
                      (unsigned long long)r.file_bytes, gb(r.file_bytes).c_str(), r.seconds);
+}
+
+}  // namespace
+
+int cmd_make_model(int argc, char** argv) {
+    std::string types;
+    for (const auto& n : gen::scheme_names()) types += (types.empty() ? "" : " ") + n;
+    Args a("make-model",
+           "Write a synthetic GLM model: deterministic random weights in the real glm-dsa or\n"
+           "glm5next GGUF layout (metadata, tokenizer, tensor names and shapes) and real\n"
+           "storage types.\n"
+           "Weights are Irwin-Hall(12) normal samples times gain/sqrt(fan_in); the same flags\n"
+           "give the same bytes on every machine. Progress goes to stderr; stdout gets the path.");
+    declare_flags(a, types);
+    if (!a.parse(argc, argv, 2)) return 0;
+    if (a.get("arch") == "mmproj") return make_mmproj(a);
+    GenOptions o = arch_options(a);
+    storage_options(a, types, o);
+    const gen::ModelPlan p = gen::plan(o);  // validates everything
+    if (a.get_flag("dry-run")) {
+        print_plan(p, o);
+        return 0;
+    }
+    const std::string out = a.get("output");
+    if (out.empty()) throw UsageError("-o FILE is required");
+    write_model(o, p, out, a.get_flag("quiet"));
     std::printf("%s\n", out.c_str());
     return 0;
 }

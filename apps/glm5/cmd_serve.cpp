@@ -70,14 +70,7 @@ std::string base_name(const std::string& path) {
     return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-}  // namespace
-
-int cmd_serve(int argc, char** argv) {
-    Args a("serve",
-           "An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions "
-           "(streaming or not), GET /v1/models, /health and /metrics. Requests beyond --parallel "
-           "queue; SIGINT / SIGTERM finish the requests in flight (a second one cancels them) and "
-           "exit with code 0.");
+void declare_flags(Args& a) {
     add_model_flags(a, false);
     a.option("host", "ADDR", "127.0.0.1", "address to listen on");
     a.option("port", "N", "8080", "port to listen on (0: any free port, printed at start)");
@@ -128,8 +121,9 @@ int cmd_serve(int argc, char** argv) {
              "with --slot-save-path: the most bytes its files may hold together; a save that "
              "would go over is refused (0: no limit; a save takes about the slot's cache)");
     add_vision_flags(a, false);
-    if (!a.parse(argc, argv, 2)) return 0;
+}
 
+server::ServerOptions server_options(const Args& a) {
     server::ServerOptions so;
     so.host = a.get("host");
     so.port = int(a.get_int("port", 0, 65535));
@@ -167,7 +161,10 @@ int cmd_serve(int argc, char** argv) {
         if (!why.empty()) throw UsageError("--slot-save-path: " + why);
     }
     so.slot_save_max = parse_size(a.get("slot-save-max"), "slot-save-max");
+    return so;
+}
 
+runtime::EngineOptions engine_options(const Args& a) {
     runtime::EngineOptions eo;
     eo.n_parallel = int(a.get_int("parallel", 1, 1024));
     requested_context_check(a);
@@ -175,37 +172,29 @@ int cmd_serve(int argc, char** argv) {
     eo.prefix_cache = a.get_flag("prefix-cache");
     eo.cache_budget_bytes = parse_size(a.get("cache-budget"), "cache-budget");
     eo.max_queue = int(a.get_int("max-queue", 0, 1 << 20));
-    const double drain = a.get_double("drain-timeout", 0, 86400);
+    return eo;
+}
 
-    const runtime::SamplerParams sp = sampling_from_args(a, true);
-    const int64_t seed = a.get_int("seed", -1, INT64_MAX);
-
-    const std::string path = a.is_set("model") ? a.get("model") : ensure_default_model();
-    LoadedModel m = open_model(a, path);
-    LoadedVision vision = open_vision(a, m);  // --mmproj: image_url content parts
-    eo.vision = vision.tower.get();
-    eo.image_token = vision.image_token;
-    std::unique_ptr<text::Tokenizer> tok = text::Tokenizer::from_gguf(*m.file);
-    text::ChatFormat format = text::ChatFormat::from_gguf(*m.file);
-    if (!format.template_warning().empty())
-        log_info("glm5: %s\n", format.template_warning().c_str());
-
+// What the HTTP layer knows of the model: its names, tokenizer and chat format, the
+// request defaults and limits.
+server::ModelContext model_context(const Args& a, const LoadedModel& m, const LoadedVision& vision,
+                                   const text::Tokenizer& tok, const text::ChatFormat& format,
+                                   const std::string& path, const runtime::SamplerParams& sp,
+                                   int64_t seed) {
     server::ModelContext mc;
-    mc.tok = tok.get();
+    mc.tok = &tok;
     mc.format = &format;
     mc.id = a.get("alias").empty() ? m.model->info().name : a.get("alias");
     mc.path = path;
-    if (!so.slot_save_path.empty())
-        so.slot_fingerprint = model_fingerprint(*m.file, a.get("cache-type"));
     mc.names = {mc.id, m.model->info().name, base_name(path)};
     if (base_name(path).size() > 5 && base_name(path).ends_with(".gguf"))
         mc.names.push_back(base_name(path).substr(0, base_name(path).size() - 5));
     try {
-        mc.json_vocab = std::make_shared<const runtime::JsonVocab>(*tok);
+        mc.json_vocab = std::make_shared<const runtime::JsonVocab>(tok);
     } catch (const Error& e) {
         log_info("glm5 serve: response_format is unavailable: %s\n", e.what());
     }
-    mc.tool_vocab = std::make_shared<const server::ToolVocab>(*tok);
+    mc.tool_vocab = std::make_shared<const server::ToolVocab>(tok);
     mc.sampling = sp;
     mc.seed_fixed = seed >= 0;
     mc.spec = m.spec;
@@ -216,6 +205,67 @@ int cmd_serve(int argc, char** argv) {
     mc.max_images = int(a.get_int("max-images", 0, 4096));
     mc.reasoning_budget = a.get_int("reasoning-budget", -1, INT64_MAX / 4);
     if (vision.tower) mc.vision = &vision.tower->hparams();
+    return mc;
+}
+
+// Serves until a signal (or the listener's failure: false), then drains: the requests in
+// flight may finish within `drain` seconds, a second signal cancels them.
+bool serve_until_signalled(server::Server& srv, runtime::Engine& engine, double drain) {
+    while (!wait_signal(1000))
+        if (!srv.running()) {
+            // The listener ended by itself (its socket failed).
+            log_info("glm5 serve: the listener stopped unexpectedly\n");
+            engine.shutdown(false);
+            srv.stop();
+            return false;
+        }
+
+    srv.begin_drain();
+    log_info(
+        "glm5 serve: shutting down: %d request(s) in flight, waiting up to %g s (signal again "
+        "to cancel them)\n",
+        srv.in_flight(), drain);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(drain);
+    while (srv.in_flight() > 0 && g_signals.load() < 2 &&
+           std::chrono::steady_clock::now() < deadline)
+        srv.wait_idle(std::chrono::milliseconds(100));
+    if (srv.in_flight() > 0) {
+        log_info("glm5 serve: cancelling %d request(s)\n", srv.in_flight());
+        engine.shutdown(false);
+        srv.wait_idle(std::chrono::seconds(10));
+    }
+    srv.stop();
+    engine.shutdown(true);
+    return true;
+}
+
+}  // namespace
+
+int cmd_serve(int argc, char** argv) {
+    Args a("serve",
+           "An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions "
+           "(streaming or not), GET /v1/models, /health and /metrics. Requests beyond --parallel "
+           "queue; SIGINT / SIGTERM finish the requests in flight (a second one cancels them) and "
+           "exit with code 0.");
+    declare_flags(a);
+    if (!a.parse(argc, argv, 2)) return 0;
+    server::ServerOptions so = server_options(a);
+    runtime::EngineOptions eo = engine_options(a);
+    const double drain = a.get_double("drain-timeout", 0, 86400);
+    const runtime::SamplerParams sp = sampling_from_args(a, true);
+    const int64_t seed = a.get_int("seed", -1, INT64_MAX);
+    const std::string path = a.is_set("model") ? a.get("model") : ensure_default_model();
+    LoadedModel m = open_model(a, path);
+    LoadedVision vision = open_vision(a, m);  // --mmproj: image_url content parts
+    eo.vision = vision.tower.get();
+    eo.image_token = vision.image_token;
+    std::unique_ptr<text::Tokenizer> tok = text::Tokenizer::from_gguf(*m.file);
+    text::ChatFormat format = text::ChatFormat::from_gguf(*m.file);
+    if (!format.template_warning().empty())
+        log_info("glm5: %s\n", format.template_warning().c_str());
+    server::ModelContext mc = model_context(a, m, vision, *tok, format, path, sp, seed);
+    if (!so.slot_save_path.empty())
+        so.slot_fingerprint = model_fingerprint(*m.file, a.get("cache-type"));
 
     eo.spec = m.spec;
     ContextRequest cr;
@@ -239,31 +289,7 @@ int cmd_serve(int argc, char** argv) {
         so.host.c_str(), srv.port(), mc.id.c_str(), eo.n_parallel, (long long)eo.n_ctx,
         eo.prefix_cache ? "on" : "off");
 
-    while (!wait_signal(1000))
-        if (!srv.running()) {
-            // The listener ended by itself (its socket failed).
-            log_info("glm5 serve: the listener stopped unexpectedly\n");
-            engine.shutdown(false);
-            srv.stop();
-            return 1;
-        }
-
-    srv.begin_drain();
-    log_info(
-        "glm5 serve: shutting down: %d request(s) in flight, waiting up to %g s (signal again "
-        "to cancel them)\n",
-        srv.in_flight(), drain);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(drain);
-    while (srv.in_flight() > 0 && g_signals.load() < 2 &&
-           std::chrono::steady_clock::now() < deadline)
-        srv.wait_idle(std::chrono::milliseconds(100));
-    if (srv.in_flight() > 0) {
-        log_info("glm5 serve: cancelling %d request(s)\n", srv.in_flight());
-        engine.shutdown(false);
-        srv.wait_idle(std::chrono::seconds(10));
-    }
-    srv.stop();
-    engine.shutdown(true);
+    if (!serve_until_signalled(srv, engine, drain)) return 1;
     log_info("glm5 serve: stopped\n");
     return 0;
 }
