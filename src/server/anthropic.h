@@ -1,7 +1,7 @@
 // Anthropic's Messages API on the chat pipeline: a POST /v1/messages body becomes the
 // OpenAI chat body parse_chat_request reads, so both APIs share one validation, one
 // prompt renderer and one engine path; the replies are shaped here and in
-// server_anthropic.cpp.
+// routes_anthropic.cpp.
 //
 //   system (a string or text blocks; also "system" messages)  -> a system message
 //   user: text and image blocks (base64 sources)              -> a user message, text and

@@ -119,6 +119,23 @@ inline std::optional<ApiError> failure(const runtime::RequestResult& r) {
     return std::nullopt;
 }
 
+// What a streamed reply sends, in its API's shape (routes_openai.cpp's chunks,
+// routes_anthropic.cpp's events); Server::stream() sends it, a turn of the content
+// provider at a time.
+class StreamShape {
+  public:
+    virtual ~StreamShape() = default;
+    // The reply's start, sent at once: the client sees the reply start.
+    virtual std::string opening() = 0;
+    // What one event from the engine thread sends.
+    virtual std::string on_event(Event& e) = 0;
+    // The end of a turn, after its events: adds what else it sends to `out`; true once
+    // the reply is finished.
+    virtual bool end_turn(std::string& out) = 0;
+    // The finished reply's line in the log (generation_summary()).
+    virtual std::string summary() const = 0;
+};
+
 struct Server::Exchange {
     std::shared_ptr<Channel> channel = std::make_shared<Channel>();
     std::vector<std::shared_ptr<runtime::Request>> requests;

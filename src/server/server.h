@@ -1,12 +1,16 @@
 // The OpenAI-compatible HTTP server over a runtime::Engine, with Anthropic's Messages
-// API beside it.
+// API beside it. Routes, by the file that serves them:
 //
-//   POST /v1/chat/completions, /v1/completions   (also without the /v1 prefix)
-//   POST /v1/messages, /v1/messages/count_tokens (Anthropic's shapes: anthropic.h)
-//   GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
-//   GET  /, /webui.js, /webui.css: the chat page (webui.h), unless --no-webui
-//   POST /tokenize, /detokenize, /apply-template; GET /props (llama-server's shapes)
-//   POST /slots/{id}?action=save|restore|erase (--slot-save-path: the prompt cache on disk)
+//   routes_openai.cpp     POST /v1/chat/completions, /v1/completions (also without /v1);
+//                         GET /v1/models, /v1/models/{id}
+//   routes_anthropic.cpp  POST /v1/messages, /v1/messages/count_tokens (anthropic.h)
+//   routes_llama.cpp      POST /tokenize, /detokenize, /apply-template; GET /props
+//                         (llama-server's shapes)
+//   routes_slots.cpp      POST /slots/{id}?action=save|restore|erase (--slot-save-path:
+//                         the prompt cache on disk)
+//   webui.cpp             GET /, /webui.js, /webui.css: the chat page, unless --no-webui
+//   server.cpp            GET /health, /metrics (Prometheus text); the routes table, who
+//                         is served (Host, Origin, API key) and the error replies
 //
 // Each choice of a request is one engine request (one slot; beyond --parallel they
 // queue in the engine). Tokens come back on the engine thread, are turned into text
@@ -25,6 +29,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,10 +37,11 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "runtime/engine.h"
-#include "server/request.h"
+#include "server/openai_request.h"
 
 namespace httplib {
 class Server;
@@ -49,6 +55,8 @@ namespace glm5::server {
 class Transport;
 class ParseLane;
 struct ChoiceState;
+struct InFlight;
+class StreamShape;
 
 struct ServerOptions {
     std::string host = "127.0.0.1";
@@ -106,15 +114,55 @@ class Server {
     struct Exchange;  // one HTTP request's engine requests and their channel
 
   private:
+    // A route's handler; a generation endpoint's also gets its body, read by the route
+    // table (`large`: over kLargeBody, parsed on parse_lane_; large_body.h).
+    using Handler = void (Server::*)(const httplib::Request&, httplib::Response&);
+    using BodyHandler = void (Server::*)(const httplib::Request&, httplib::Response&,
+                                         std::string_view body, bool large);
+    // A row of the routes table: its method, its path pattern and its handler.
+    enum class Method { Get, Post, Options };
+    struct Route {
+        Method method;
+        const char* pattern;
+        std::variant<Handler, BodyHandler> handler;
+    };
+
+    // server.cpp: the routes table, admission, errors, health and metrics.
+    void routes();
+    // Registers a route: whatever its handler throws becomes its error reply, and a
+    // BodyHandler reads its own body.
+    void add_route(const Route& r);
     // /health's status and body (also answered beyond the connection cap).
     std::pair<int, std::string> health() const;
     // Whether a request's Host (as sent) may be served, and its Origin (a browser page's).
     bool host_allowed(const std::string& host) const;
     bool origin_allowed(const std::string& origin, const std::string& host) const;
-    void routes();
-    // `large`: a body over kLargeBody, parsed on parse_lane_ (large_body.h).
+    // Before routing: answers a request that is not to be served (its Host, its Origin,
+    // its API key) and returns true; sets the CORS headers of one that is.
+    bool refuse(const httplib::Request& req, httplib::Response& res) const;
+    // httplib's own replies (no route, body too large, bad HTTP) in our error shape;
+    // false: the reply already has a body.
+    bool error_reply(const httplib::Request& req, httplib::Response& res) const;
+    void get_health(const httplib::Request& req, httplib::Response& res);
+    void get_metrics(const httplib::Request& req, httplib::Response& res);
+    void preflight(const httplib::Request& req, httplib::Response& res);
+
+    // routes_openai.cpp: OpenAI's API, and the generation path every API shares.
+    void chat_completions(const httplib::Request& req, httplib::Response& res,
+                          std::string_view body, bool large);
+    void completions(const httplib::Request& req, httplib::Response& res, std::string_view body,
+                     bool large);
+    void list_models(const httplib::Request& req, httplib::Response& res);
+    void get_model(const httplib::Request& req, httplib::Response& res);
+    nlohmann::ordered_json model_json() const;
     void generate(const httplib::Request& req, httplib::Response& res, std::string_view body,
                   bool large, Endpoint ep);
+    // A generation request's start, whatever its API: counted in flight (503 while
+    // draining) for as long as the result lives, and its body parsed by `parse` (on
+    // parse_lane_ when it is large).
+    std::shared_ptr<InFlight> start_generation(
+        std::string_view body, bool large,
+        const std::function<void(const nlohmann::ordered_json&)>& parse);
     // The request's choices, submitted to the engine as one group (429, 400, 503 as
     // ApiError).
     std::shared_ptr<Exchange> submit(const GenRequest& g, Endpoint ep);
@@ -126,18 +174,40 @@ class Server {
                        std::shared_ptr<Exchange> ex);
     void respond_stream(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
                         std::shared_ptr<Exchange> ex);
-    // Anthropic's Messages API (server_anthropic.cpp); count_only: count_tokens.
+    // Sends a reply as server-sent events in `shape`, as the engine produces it.
+    void stream(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Exchange> ex,
+                std::shared_ptr<StreamShape> shape);
+    // The end of one turn of a stream's content provider: writes the turn's bytes `out`;
+    // a finished reply is logged (`summary`) and ends the stream; otherwise the client
+    // must still be there. A client gone has its requests cancelled. Returns the
+    // provider's result.
+    bool stream_turn(httplib::DataSink& sink, Exchange& ex, const std::string& out, bool finished,
+                     const std::string& path, const std::string& summary);
+
+    // routes_anthropic.cpp: Anthropic's Messages API; count_only: count_tokens.
+    void messages_create(const httplib::Request& req, httplib::Response& res, std::string_view body,
+                         bool large);
+    void messages_count_tokens(const httplib::Request& req, httplib::Response& res,
+                               std::string_view body, bool large);
     void messages(const httplib::Request& req, httplib::Response& res, std::string_view body,
                   bool large, bool count_only);
     void messages_plain(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
                         std::shared_ptr<Exchange> ex, const std::string& model);
     void messages_stream(const httplib::Request& req, httplib::Response& res, const GenRequest& g,
                          std::shared_ptr<Exchange> ex, const std::string& model);
-    // The end of one turn of a stream's content provider, after its bytes were written:
-    // a finished reply is logged (`summary`) and ends the stream; otherwise the client
-    // must still be there (or its requests are cancelled). Returns the provider's result.
-    bool stream_turn(httplib::DataSink& sink, Exchange& ex, bool finished, const std::string& path,
-                     const std::string& summary);
+
+    // routes_llama.cpp: llama-server's utility endpoints.
+    void tokenize(const httplib::Request& req, httplib::Response& res);
+    void detokenize(const httplib::Request& req, httplib::Response& res);
+    void apply_template(const httplib::Request& req, httplib::Response& res);
+    void props(const httplib::Request& req, httplib::Response& res);
+
+    // routes_slots.cpp: llama-server's slot actions.
+    void slot_action(const httplib::Request& req, httplib::Response& res);
+
+    // webui.cpp: the chat page's files.
+    void page(const httplib::Request& req, httplib::Response& res);
+
     void count_status(int status);
     void sample_rates();
 

@@ -1,6 +1,11 @@
 #include "server/webui.h"
 
+#include <httplib.h>
+
 #include <array>
+#include <string>
+
+#include "server/server.h"
 
 // The page's bytes, placed in .rodata by the assembler (CMake passes the folder; the
 // files are the object's dependencies, so an edited page rebuilds it).
@@ -45,3 +50,17 @@ const Asset* find(std::string_view path) {
 }
 
 }  // namespace glm5::server::webui
+
+namespace glm5::server {
+
+// GET /, /index.html, /webui.js, /webui.css. The page itself is public: what it asks of
+// the API needs the key.
+void Server::page(const httplib::Request& req, httplib::Response& res) {
+    const webui::Asset* a = webui::find(req.path);
+    res.set_header("Content-Security-Policy", std::string(webui::kContentSecurityPolicy));
+    res.set_header("X-Content-Type-Options", "nosniff");
+    res.set_header("Cache-Control", "no-cache");
+    res.set_content(a->bytes.data(), a->bytes.size(), std::string(a->content_type));
+}
+
+}  // namespace glm5::server

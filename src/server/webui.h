@@ -1,5 +1,6 @@
 // The chat page glm5 serve opens at / (src/server/webui/: one HTML file, its script and
-// its style), compiled into the binary: no build step, nothing fetched at run time.
+// its style), compiled into the binary: no build step, nothing fetched at run time;
+// webui.cpp also serves them (Server::page).
 #pragma once
 
 #include <string_view>

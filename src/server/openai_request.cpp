@@ -1,4 +1,4 @@
-#include "server/request.h"
+#include "server/openai_request.h"
 
 #include "image/image.h"
 #include "server/http_transport.h"
