@@ -180,38 +180,8 @@ TEST(Glm5NextBatching, MultiSequenceBatchIsBitwiseEqual) {
         TestModel m(data_path(kModel), ct, ct == backend::CacheType::F16 ? 2 : kThreads);
         std::vector<std::vector<int32_t>> prompts;
         for (const auto& p : golden()["prompts"]) prompts.push_back(to_ids(p["tokens"]));
-        std::vector<std::vector<float>> alone;
-        for (const auto& t : prompts) alone.push_back(m.batch_logits(t, true));
-
-        std::vector<std::unique_ptr<model::SequenceState>> states;
-        std::vector<model::SeqInput> ins;
-        for (const auto& t : prompts) {
-            states.push_back(m.model->new_state(128));
-            ins.push_back({states.back().get(), t, true});
-        }
-        std::vector<float> lg;
-        m.model->forward(ins, lg);
-        size_t off = 0;
-        for (size_t i = 0; i < prompts.size(); ++i) {
-            std::vector<float> part(lg.begin() + long(off),
-                                    lg.begin() + long(off + alone[i].size()));
-            off += alone[i].size();
-            EXPECT_TRUE(bitwise_equal(part, alone[i])) << "sequence " << i;
-        }
-        // One decode step for all four at once equals four separate forwards.
-        std::vector<int32_t> next = {5, 60, 7, 300};
-        std::vector<model::SeqInput> step;
-        for (size_t i = 0; i < prompts.size(); ++i)
-            step.push_back({states[i].get(), {&next[i], 1}, false});
-        m.model->forward(step, lg);
-        const size_t V = size_t(m.n_vocab());
-        for (size_t i = 0; i < prompts.size(); ++i) {
-            auto t = prompts[i];
-            t.push_back(next[i]);
-            const auto solo = m.batch_logits(t, false);
-            std::vector<float> part(lg.begin() + long(i * V), lg.begin() + long((i + 1) * V));
-            EXPECT_TRUE(bitwise_equal(part, solo)) << "decode " << i;
-        }
+        expect_batch_invariant(m, prompts, {5, 60, 7, 300},
+                               ct == backend::CacheType::F16 ? "f16" : "f32");
     }
 }
 

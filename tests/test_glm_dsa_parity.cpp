@@ -172,38 +172,7 @@ TEST(GlmDsaBatch, MultiSequenceBatchIsBitwiseEqual) {
         const auto g = load_json(data_path(std::string("glm-dsa/") + name + ".golden.json"));
         std::vector<std::vector<int32_t>> prompts;
         for (const auto& p : g["prompts"]) prompts.push_back(to_ids(p["tokens"]));
-        std::vector<std::vector<float>> alone;
-        for (const auto& t : prompts) alone.push_back(m.batch_logits(t, true));
-
-        std::vector<std::unique_ptr<model::SequenceState>> states;
-        std::vector<model::SeqInput> ins;
-        for (const auto& t : prompts) {
-            states.push_back(m.model->new_state(128));
-            ins.push_back({states.back().get(), t, true});
-        }
-        std::vector<float> lg;
-        m.model->forward(ins, lg);
-        size_t off = 0;
-        for (size_t i = 0; i < prompts.size(); ++i) {
-            std::vector<float> part(lg.begin() + long(off),
-                                    lg.begin() + long(off + alone[i].size()));
-            off += alone[i].size();
-            EXPECT_TRUE(bitwise_equal(part, alone[i])) << name << " sequence " << i;
-        }
-        // A decode step for all four at once equals four separate steps.
-        std::vector<int32_t> next = {5, 6, 7, 8};
-        std::vector<model::SeqInput> step;
-        for (size_t i = 0; i < prompts.size(); ++i)
-            step.push_back({states[i].get(), {&next[i], 1}, false});
-        m.model->forward(step, lg);
-        for (size_t i = 0; i < prompts.size(); ++i) {
-            auto t = prompts[i];
-            t.push_back(next[i]);
-            auto solo = m.batch_logits(t, false);
-            std::vector<float> part(lg.begin() + long(i * size_t(m.n_vocab())),
-                                    lg.begin() + long((i + 1) * size_t(m.n_vocab())));
-            EXPECT_TRUE(bitwise_equal(part, solo)) << name << " decode " << i;
-        }
+        expect_batch_invariant(m, prompts, {5, 6, 7, 8}, name);
     }
 }
 

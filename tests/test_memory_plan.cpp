@@ -17,13 +17,6 @@ using namespace glm5::test;
 
 namespace {
 
-MemoryAvailable simulated(uint64_t bytes) {
-    MemoryAvailable a;
-    a.bytes = bytes;
-    a.source = "test";
-    return a;
-}
-
 // "VmHWM" minus the file-backed and shared pages resident now: the peak of
 // anonymous memory, as long as the file pages (the mapped weights, the
 // binary) have not shrunk since the peak.
@@ -94,7 +87,7 @@ TEST(MemoryPlan, AutomaticContextIsTheLargestThatFits) {
     r.n_slots = 3;
     r.ubatch = 256;
     for (uint64_t mib : {64, 200, 900}) {
-        const MemoryAvailable a = simulated(mib << 20);
+        const MemoryAvailable a = simulated_memory(mib << 20);
         const uint64_t reserve = runtime::default_reserve(a, -1);
         const int64_t n = runtime::largest_context(*m.model, r, a, reserve, 1 << 20, 1 << 20);
         ASSERT_GT(n, 0) << mib;
@@ -106,13 +99,13 @@ TEST(MemoryPlan, AutomaticContextIsTheLargestThatFits) {
             << mib << " MiB: one more step would fit too";
     }
     // The file's context caps it.
-    const MemoryAvailable big = simulated(uint64_t(64) << 30);
+    const MemoryAvailable big = simulated_memory(uint64_t(64) << 30);
     EXPECT_EQ(runtime::largest_context(*m.model, r, big, 0, 0, 5000), 5000);
 }
 
 TEST(MemoryPlan, RefusalNamesRemediesThatFit) {
     TestModel m(data_path("glm5next/tiny.gguf"), backend::CacheType::F16, 2);
-    const MemoryAvailable a = simulated(uint64_t(300) << 20);
+    const MemoryAvailable a = simulated_memory(uint64_t(300) << 20);
     runtime::PlanRequest r;
     r.n_slots = 4;
     r.n_ctx = 400000;

@@ -13,13 +13,6 @@ using namespace glm5::test;
 
 namespace {
 
-MemoryAvailable simulated(uint64_t bytes) {
-    MemoryAvailable a;
-    a.bytes = bytes;
-    a.source = "test";
-    return a;
-}
-
 runtime::DeviceRequest device(uint64_t cap) {
     runtime::DeviceRequest r;
     r.cap = cap;
@@ -113,7 +106,7 @@ TEST(Placement, AnOperatorsPlacementThatDoesNotFitNamesOneThatDoes) {
 TEST(Placement, TheContextAMachineHolds) {
     TestModel m(data_path("glm5next/tiny.gguf"), backend::CacheType::F16, 1);
     runtime::MachineMemory mem;
-    mem.avail = simulated(uint64_t(300) << 20);
+    mem.avail = simulated_memory(uint64_t(300) << 20);
     mem.reserve = runtime::default_reserve(mem.avail, -1);
     runtime::ContextRequest r;
     r.n_slots = 2;
@@ -144,7 +137,7 @@ TEST(Placement, TheContextAMachineHolds) {
     EXPECT_EQ(c.n_ctx, std::min<int64_t>(m.model->info().n_ctx_train, 4096));
     EXPECT_NE(c.summary.find("free memory is unknown"), std::string::npos) << c.summary;
 
-    mem.avail = simulated(uint64_t(1) << 20);  // too little for any context
+    mem.avail = simulated_memory(uint64_t(1) << 20);  // too little for any context
     c = runtime::choose_context(*m.model, r, mem);
     EXPECT_FALSE(c.refusal.empty());
 }

@@ -8,11 +8,13 @@
 #include <thread>
 
 #include "server/server_process.h"
+#include "server/shared_server.h"
 
 using glm5::test::http_get;
 using glm5::test::http_post;
 using glm5::test::HttpReply;
 using glm5::test::ServerProcess;
+using glm5::test::SharedServer;
 using json = nlohmann::json;
 
 namespace {
@@ -47,19 +49,14 @@ void expect_api_error(const HttpReply& r, int status, const std::string& param,
     }
 }
 
-class ServerHttp : public ::testing::Test {
-  protected:
-    static void SetUpTestSuite() {
-        server_ = new ServerProcess({"-m", kModel, "--port", "0", "-t", "1", "--ctx-size", "256",
-                                     "--max-body", "64K", "--parallel", "2"});
+class ServerHttp : public SharedServer<ServerHttp> {
+  public:
+    static std::vector<std::string> flags() {
+        return {"-m",         kModel, "--port",     "0",   "-t",         "1",
+                "--ctx-size", "256",  "--max-body", "64K", "--parallel", "2"};
     }
-    static void TearDownTestSuite() {
-        delete server_;
-        server_ = nullptr;
-    }
-    void SetUp() override { ASSERT_GT(server_->port(), 0) << server_->log(); }
-    int port() const { return server_->port(); }
 
+  protected:
     // A good request right after a bad one still gets its reply.
     void expect_still_serving() {
         const HttpReply r = http_post(port(), "/v1/chat/completions", chat_body(""));
@@ -68,10 +65,7 @@ class ServerHttp : public ::testing::Test {
         EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
         EXPECT_GE(j["usage"]["completion_tokens"].get<int>(), 1);
     }
-
-    static ServerProcess* server_;
 };
-ServerProcess* ServerHttp::server_ = nullptr;
 
 struct BadCase {
     const char* what;

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "server/server_process.h"
+#include "server/shared_server.h"
 
 using glm5::test::connect_loopback;
 using glm5::test::http_get;
@@ -26,6 +27,7 @@ using glm5::test::http_raw;
 using glm5::test::HttpReply;
 using glm5::test::send_all;
 using glm5::test::ServerProcess;
+using glm5::test::SharedServer;
 using glm5::test::vm_kib;
 using json = nlohmann::json;
 
@@ -44,27 +46,21 @@ std::string error_code(const HttpReply& r) {
     return j["error"]["code"].is_string() ? j["error"]["code"].get<std::string>() : "null";
 }
 
-class ServerLimits : public ::testing::Test {
+class ServerLimits : public SharedServer<ServerLimits> {
+  public:
+    // A read timeout far beyond the clients' own, so that a reply that waits for it shows
+    // as the wrong status, not as a slow test.
+    static std::vector<std::string> flags() {
+        return {"-m",         kModel, "--port",         "0", "-t", "1", "--ctx-size", "256",
+                "--max-body", "64K",  "--read-timeout", "5"};
+    }
+
   protected:
-    static void SetUpTestSuite() {
-        // A read timeout far beyond the clients' own, so that a reply that waits for
-        // it shows as the wrong status, not as a slow test.
-        server_ = new ServerProcess({"-m", kModel, "--port", "0", "-t", "1", "--ctx-size", "256",
-                                     "--max-body", "64K", "--read-timeout", "5"});
-    }
-    static void TearDownTestSuite() {
-        delete server_;
-        server_ = nullptr;
-    }
-    void SetUp() override { ASSERT_GT(server_->port(), 0) << server_->log(); }
-    int port() const { return server_->port(); }
     void expect_still_serving() {
         const HttpReply r = http_post(port(), "/v1/chat/completions", chat_body("Hello"));
         EXPECT_EQ(r.status, 200) << r.raw;
     }
-    static ServerProcess* server_;
 };
-ServerProcess* ServerLimits::server_ = nullptr;
 
 }  // namespace
 

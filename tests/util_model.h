@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu.h"
+#include "core/memory.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "runtime/sampler.h"
@@ -131,6 +132,49 @@ inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>&
                std::memcpy(&uy, &y, 4);
                return ux == uy;
            });
+}
+
+// Sequences sharing one forward get every row's logits they get alone; then one decode
+// step of all of them together (token next[i] each) equals each sequence's own forward.
+// `what` names the case in failures.
+inline void expect_batch_invariant(TestModel& m, const std::vector<std::vector<int32_t>>& prompts,
+                                   const std::vector<int32_t>& next, const std::string& what) {
+    std::vector<std::vector<float>> alone;
+    for (const auto& t : prompts) alone.push_back(m.batch_logits(t, true));
+    std::vector<std::unique_ptr<model::SequenceState>> states;
+    std::vector<model::SeqInput> ins;
+    for (const auto& t : prompts) {
+        states.push_back(m.model->new_state(128));
+        ins.push_back({states.back().get(), t, true});
+    }
+    std::vector<float> lg;
+    m.model->forward(ins, lg);
+    size_t off = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        std::vector<float> part(lg.begin() + long(off), lg.begin() + long(off + alone[i].size()));
+        off += alone[i].size();
+        EXPECT_TRUE(bitwise_equal(part, alone[i])) << what << " sequence " << i;
+    }
+    std::vector<model::SeqInput> step;
+    for (size_t i = 0; i < prompts.size(); ++i)
+        step.push_back({states[i].get(), {&next[i], 1}, false});
+    m.model->forward(step, lg);
+    const size_t V = size_t(m.n_vocab());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        auto t = prompts[i];
+        t.push_back(next[i]);
+        const auto solo = m.batch_logits(t, false);
+        std::vector<float> part(lg.begin() + long(i * V), lg.begin() + long((i + 1) * V));
+        EXPECT_TRUE(bitwise_equal(part, solo)) << what << " decode " << i;
+    }
+}
+
+// A machine offering `bytes` to the memory plan.
+inline MemoryAvailable simulated_memory(uint64_t bytes) {
+    MemoryAvailable a;
+    a.bytes = bytes;
+    a.source = "test";
+    return a;
 }
 
 }  // namespace glm5::test
