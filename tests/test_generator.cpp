@@ -17,15 +17,15 @@
 #include "text/chat.h"
 
 #include "core/error.h"
-#include "gen/generator.h"
-#include "gen/quant_mix.h"
-#include "gen/random.h"
-#include "gen/vocab.h"
 #include "gguf/gguf.h"
 #include "quant/quant.h"
+#include "synth/generator.h"
+#include "synth/quant_mix.h"
+#include "synth/random.h"
+#include "synth/vocab.h"
 
 namespace fs = std::filesystem;
-using namespace glm5::gen;
+using namespace glm5::synth;
 using glm5::quant::Type;
 
 namespace {

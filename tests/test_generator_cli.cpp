@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "gen/generator.h"
 #include "gguf/gguf.h"
+#include "synth/generator.h"
 
 namespace fs = std::filesystem;
 
@@ -60,8 +60,8 @@ TEST_F(CliTest, TinyEqualsTheLibraryAndPrintsOnlyThePath) {
     const CliResult r = run("-o " + path + " --threads 2");
     ASSERT_EQ(r.code, 0);
     EXPECT_EQ(r.out, path + "\n");
-    glm5::gen::GenOptions o;  // the CLI's defaults: tiny, F32, seed 20260822
-    glm5::gen::generate(o, file("lib.gguf"));
+    glm5::synth::GenOptions o;  // the CLI's defaults: tiny, F32, seed 20260822
+    glm5::synth::generate(o, file("lib.gguf"));
     EXPECT_TRUE(read_bytes(path) == read_bytes(file("lib.gguf")));
 }
 

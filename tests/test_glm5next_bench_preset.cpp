@@ -11,8 +11,8 @@
 #include <map>
 #include <set>
 
-#include "gen/generator.h"
 #include "model/glm5next.h"
+#include "synth/generator.h"
 #include "util_cli.h"
 #include "util_model.h"
 
@@ -22,13 +22,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-gen::GenOptions bench_options() {
-    gen::GenOptions o;
-    o.arch = gen::Arch::Glm5Next;
+synth::GenOptions bench_options() {
+    synth::GenOptions o;
+    o.arch = synth::Arch::Glm5Next;
     o.preset = "bench";
-    o.glm5next = gen::Glm5NextHParams::preset("bench");
-    o.type = gen::Glm5NextHParams::preset_default_type("bench");
-    o.blocks = gen::BlockSource::Pool;
+    o.glm5next = synth::Glm5NextHParams::preset("bench");
+    o.type = synth::Glm5NextHParams::preset_default_type("bench");
+    o.blocks = synth::BlockSource::Pool;
     return o;
 }
 
@@ -39,7 +39,7 @@ struct BlockShape {
     int64_t experts = 0, n_ff_exp = 0, hc_in = 0, hc_out = 0, kv_a_width = 0;
 };
 
-std::map<int, BlockShape> shapes(const gen::ModelPlan& p) {
+std::map<int, BlockShape> shapes(const synth::ModelPlan& p) {
     std::map<int, BlockShape> m;
     for (const auto& t : p.tensors) {
         int b = -1;
@@ -66,9 +66,9 @@ std::map<int, BlockShape> shapes(const gen::ModelPlan& p) {
 }
 
 TEST(Glm5NextBenchPreset, HasFlashProportions) {
-    const gen::GenOptions o = bench_options();
-    const gen::Glm5NextHParams& h = o.glm5next;
-    const gen::ModelPlan p = gen::plan(o);
+    const synth::GenOptions o = bench_options();
+    const synth::Glm5NextHParams& h = o.glm5next;
+    const synth::ModelPlan p = synth::plan(o);
     EXPECT_EQ(p.arch, "glm5next");
     const auto m = shapes(p);
     ASSERT_GE(h.n_layer, 16);
@@ -135,12 +135,12 @@ TEST(Glm5NextBenchPreset, HasFlashProportions) {
 }
 
 TEST(Glm5NextBenchPreset, DecodeReadsAboutAsManyBytesAsGlmDsaBench) {
-    gen::GenOptions dsa;
-    dsa.glm_dsa = gen::GlmDsaHParams::preset("bench");
+    synth::GenOptions dsa;
+    dsa.glm_dsa = synth::GlmDsaHParams::preset("bench");
     dsa.preset = "bench";
-    dsa.type = gen::GlmDsaHParams::preset_default_type("bench");
-    const gen::DecodeBytes a = gen::decode_bytes_per_token(dsa);
-    const gen::DecodeBytes b = gen::decode_bytes_per_token(bench_options());
+    dsa.type = synth::GlmDsaHParams::preset_default_type("bench");
+    const synth::DecodeBytes a = synth::decode_bytes_per_token(dsa);
+    const synth::DecodeBytes b = synth::decode_bytes_per_token(bench_options());
     const double ratio = double(b.total()) / double(a.total());
     std::printf("decode bytes per token: glm5next bench %.2f MB, glm-dsa bench %.2f MB (%.3f)\n",
                 double(b.total()) * 1e-6, double(a.total()) * 1e-6, ratio);
@@ -151,7 +151,7 @@ TEST(Glm5NextBenchPreset, DecodeReadsAboutAsManyBytesAsGlmDsaBench) {
 
     // The routed share is n_used of n_expert: the expert tensors of the plan's
     // trunk MoE layers times 8/72, counted here independently.
-    const gen::ModelPlan p = gen::plan(bench_options());
+    const synth::ModelPlan p = synth::plan(bench_options());
     const int64_t n_layer = bench_options().glm5next.n_layer;
     uint64_t exps = 0;
     for (const auto& t : p.tensors) {
@@ -174,9 +174,9 @@ class Glm5NextBenchReduced : public ::testing::Test {
     // The preset with a narrow width and 16 experts; the layer pattern,
     // streams, clamps and per-head dims stay. top_k 8 so that a 32-token
     // prompt takes the indexer's sparse path.
-    static gen::GenOptions reduced() {
-        gen::GenOptions o = bench_options();
-        gen::Glm5NextHParams& h = o.glm5next;
+    static synth::GenOptions reduced() {
+        synth::GenOptions o = bench_options();
+        synth::Glm5NextHParams& h = o.glm5next;
         h.n_vocab = 768;
         h.n_embd = 256;
         h.n_ff = 768;
@@ -193,9 +193,9 @@ class Glm5NextBenchReduced : public ::testing::Test {
 };
 
 TEST_F(Glm5NextBenchReduced, LoadsRunsAndReadsThePredictedBytes) {
-    const gen::GenOptions o = reduced();
+    const synth::GenOptions o = reduced();
     const std::string path = (dir_ / "bench-reduced.gguf").string();
-    gen::generate(o, path);
+    synth::generate(o, path);
 
     TestModel m(path, backend::CacheType::F32, 2);
     EXPECT_EQ(m.model->info().arch, "glm5next");
@@ -240,7 +240,7 @@ TEST_F(Glm5NextBenchReduced, LoadsRunsAndReadsThePredictedBytes) {
     model::SeqInput step{st.get(), one, false};
     m.model->forward({&step, 1}, out);
     const double counted = double(m.be->counters().weight_bytes);
-    const double predicted = double(gen::decode_bytes_per_token(o).total());
+    const double predicted = double(synth::decode_bytes_per_token(o).total());
     std::printf("reduced preset: kernels read %.0f bytes for one token, predicted %.0f\n", counted,
                 predicted);
     EXPECT_LE(counted, predicted);

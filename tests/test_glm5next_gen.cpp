@@ -8,7 +8,7 @@
 #include <fstream>
 #include <set>
 
-#include "gen/generator.h"
+#include "synth/generator.h"
 #include "util_model.h"
 
 using namespace glm5;
@@ -26,11 +26,11 @@ class Glm5NextGen : public ::testing::Test {
     void TearDown() override { fs::remove_all(dir_); }
     std::string file(const std::string& n) const { return (dir_ / n).string(); }
 
-    static gen::GenOptions options(const std::string& type) {
-        gen::GenOptions o;
-        o.arch = gen::Arch::Glm5Next;
+    static synth::GenOptions options(const std::string& type) {
+        synth::GenOptions o;
+        o.arch = synth::Arch::Glm5Next;
         o.preset = "tiny";
-        o.glm5next = gen::Glm5NextHParams::preset("tiny");
+        o.glm5next = synth::Glm5NextHParams::preset("tiny");
         o.type = type;
         o.n_threads = 1;
         return o;
@@ -70,7 +70,7 @@ void expect_sane(const std::vector<float>& lg, int64_t V, const std::string& wha
 }
 
 TEST_F(Glm5NextGen, TinyHasTheFixtureLayout) {
-    const auto plan = gen::plan(options("F32"));
+    const auto plan = synth::plan(options("F32"));
     EXPECT_EQ(plan.arch, "glm5next");
     auto fixture = gguf::File::open(data_path("glm5next/tiny.gguf"));
     std::set<std::string> want, got;
@@ -90,7 +90,7 @@ TEST_F(Glm5NextGen, TinyHasTheFixtureLayout) {
 
     // The fixture's glm5next.* metadata, value for value (the vocabulary aside).
     const std::string path = file("tiny.gguf");
-    gen::generate(options("F32"), path);
+    synth::generate(options("F32"), path);
     auto gen = gguf::File::open(path);
     size_t compared = 0;
     for (const auto& [key, v] : fixture->metadata()) {
@@ -107,7 +107,7 @@ TEST_F(Glm5NextGen, TinyHasTheFixtureLayout) {
 TEST_F(Glm5NextGen, GeneratedModelsLoadAndGiveSaneLogits) {
     for (const char* type : {"F32", "Q8_0", "Q4_K_M"}) {
         const std::string path = file(std::string("tiny-") + type + ".gguf");
-        gen::generate(options(type), path);
+        synth::generate(options(type), path);
         TestModel m(path, backend::CacheType::F32, 1);
         EXPECT_EQ(m.model->info().arch, "glm5next");
         EXPECT_EQ(m.n_vocab(), 768);
@@ -130,7 +130,7 @@ TEST_F(Glm5NextGen, MakeModelCli) {
     // The same bytes as the library with the default options.
     auto o = options("F32");
     o.n_threads = 0;
-    gen::generate(o, file("lib.gguf"));
+    synth::generate(o, file("lib.gguf"));
     EXPECT_TRUE(read_bytes(path) == read_bytes(file("lib.gguf")));
 
     // glm-dsa's dimension flags do not apply.

@@ -16,10 +16,10 @@
 #include "backend/cpu.h"
 #include "backend/cpu_memory.h"
 #include "core/fp16.h"
-#include "gen/mmproj.h"
 #include "gguf/writer.h"
 #include "model/glm5next_vision.h"
 #include "quant/quant.h"
+#include "synth/mmproj.h"
 #include "util_backend.h"
 #include "util_model.h"
 
@@ -285,12 +285,12 @@ TEST_F(VisionLoad, HalfPrecisionMatrices) {
 // make-model --arch mmproj's writer: the tiny preset loads beside tiny.gguf
 // and encodes; the same seed gives the same bytes, another seed other ones.
 TEST_F(VisionLoad, SyntheticMmprojLoadsAndEncodes) {
-    const auto hp = gen::MmprojHParams::preset("tiny");
+    const auto hp = synth::MmprojHParams::preset("tiny");
     const std::string a = (*dir_ / "gen_a.gguf").string(), b = (*dir_ / "gen_b.gguf").string(),
                       c = (*dir_ / "gen_c.gguf").string();
-    gen::write_mmproj(hp, 1, a, 1, nullptr);
-    gen::write_mmproj(hp, 1, b, 1, nullptr);
-    gen::write_mmproj(hp, 2, c, 1, nullptr);
+    synth::write_mmproj(hp, 1, a, 1, nullptr);
+    synth::write_mmproj(hp, 1, b, 1, nullptr);
+    synth::write_mmproj(hp, 2, c, 1, nullptr);
     auto bytes = [](const std::string& p) {
         std::ifstream f(p, std::ios::binary);
         return std::string(std::istreambuf_iterator<char>(f), {});
@@ -302,5 +302,5 @@ TEST_F(VisionLoad, SyntheticMmprojLoadsAndEncodes) {
     const auto rows = t.encode({&g});
     ASSERT_EQ(int64_t(rows.size()), g["tokens"].get<int64_t>() * 64);
     for (float x : rows) ASSERT_TRUE(std::isfinite(x));
-    EXPECT_THROW(gen::MmprojHParams::preset("huge"), Error);
+    EXPECT_THROW(synth::MmprojHParams::preset("huge"), Error);
 }

@@ -15,13 +15,13 @@
 #include <set>
 
 #include "core/error.h"
-#include "gen/vocab.h"
 #include "gguf/gguf.h"
 #include "runtime/engine.h"
 #include "runtime/json_schema.h"
 #include "runtime/sampler.h"
 #include "runtime/tool_call.h"
 #include "server/response_format.h"
+#include "synth/vocab.h"
 #include "text/tokenizer.h"
 #include "util_model.h"
 
@@ -55,7 +55,7 @@ const Vocab& fixture() {
 // The generator's vocabulary padded to 32768 tokens (the bench model's n_vocab).
 const Vocab& vocab32k() {
     static Vocab v = [] {
-        const auto g = gen::make_vocab(32768);
+        const auto g = synth::make_vocab(32768);
         text::VocabData d;
         d.tokens = g.tokens;
         for (int32_t t : g.types) d.types.push_back(text::TokenType(t));

@@ -1,5 +1,5 @@
 // glm5 make-model: write a synthetic model (random weights, real layout and
-// storage types) with the library generator in src/gen/generator.h.
+// storage types) with the library generator in src/synth/generator.h.
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,16 +13,16 @@
 #include "commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "gen/generator.h"
-#include "gen/mmproj.h"
-#include "gen/quant_mix.h"
+#include "synth/generator.h"
+#include "synth/mmproj.h"
+#include "synth/quant_mix.h"
 
 namespace glm5::app {
 
 namespace {
 
-using gen::GenOptions;
-using gen::GlmDsaHParams;
+using synth::GenOptions;
+using synth::GlmDsaHParams;
 
 struct DimFlag {
     const char* flag;
@@ -65,7 +65,7 @@ std::string per_preset(int64_t GlmDsaHParams::*field) {
 }
 
 std::vector<bool> parse_pattern(const std::string& s, int64_t n_layer) {
-    if (s == "glm52") return gen::glm52_indexer_pattern(n_layer);
+    if (s == "glm52") return synth::glm52_indexer_pattern(n_layer);
     std::vector<bool> v;
     for (size_t i = 0; i < s.size(); ++i) {
         if (s[i] == ',') continue;
@@ -88,7 +88,7 @@ std::string gb(uint64_t bytes) {
 
 // --arch mmproj: a random glm5next vision tower (model/gen_mmproj.h).
 int make_mmproj(const Args& a) {
-    auto hp = gen::MmprojHParams::preset(a.get("preset"));
+    auto hp = synth::MmprojHParams::preset(a.get("preset"));
     if (a.is_set("type")) {
         const std::string t = a.get("type");
         if (t == "F32")
@@ -105,7 +105,7 @@ int make_mmproj(const Args& a) {
     const int threads = a.is_set("threads") ? int(a.get_int("threads", 1, 1024)) : 0;
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t bytes =
-        gen::write_mmproj(hp, uint64_t(a.get_int("seed", 0, INT64_MAX)), out, threads, nullptr);
+        synth::write_mmproj(hp, uint64_t(a.get_int("seed", 0, INT64_MAX)), out, threads, nullptr);
     if (!a.get_flag("quiet"))
         std::fprintf(stderr, "make-model: wrote %s: mmproj %s (%s matrices), %s in %.1f s\n",
                      out.c_str(), a.get("preset").c_str(), quant::name(hp.type), gb(bytes).c_str(),
@@ -172,7 +172,7 @@ GenOptions arch_options(const Args& a) {
     const bool next = arch == "glm5next";
     {
         const auto names =
-            next ? gen::Glm5NextHParams::preset_names() : GlmDsaHParams::preset_names();
+            next ? synth::Glm5NextHParams::preset_names() : GlmDsaHParams::preset_names();
         if (std::find(names.begin(), names.end(), o.preset) == names.end()) {
             std::string list;
             for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
@@ -192,8 +192,8 @@ GenOptions arch_options(const Args& a) {
                                  "--n-ff-exp)");
         if (a.is_set("indexer-types"))
             throw UsageError("--indexer-types applies to --arch glm-dsa only");
-        o.arch = gen::Arch::Glm5Next;
-        o.glm5next = gen::Glm5NextHParams::preset(o.preset);
+        o.arch = synth::Arch::Glm5Next;
+        o.glm5next = synth::Glm5NextHParams::preset(o.preset);
         if (a.is_set("n-head"))
             o.glm5next.kda_heads = o.glm5next.mla_heads = a.get_int("n-head", 1, int64_t(1) << 16);
         if (a.is_set("n-ff-exp")) o.glm5next.n_ff_exp = a.get_int("n-ff-exp", 1, int64_t(1) << 24);
@@ -206,7 +206,7 @@ GenOptions arch_options(const Args& a) {
         if (a.is_set("indexer-types"))
             o.glm_dsa.indexer_full = parse_pattern(a.get("indexer-types"), o.glm_dsa.n_layer);
         else if (o.glm_dsa.n_layer != preset_layers)
-            o.glm_dsa.indexer_full = gen::glm52_indexer_pattern(o.glm_dsa.n_layer);
+            o.glm_dsa.indexer_full = synth::glm52_indexer_pattern(o.glm_dsa.n_layer);
         o.glm_dsa.n_nextn = with_nextn ? 1 : 0;
     }
     return o;
@@ -215,37 +215,37 @@ GenOptions arch_options(const Args& a) {
 // The storage: the type or mix, importance vectors, the NextN block's type, the blocks'
 // source, the threads.
 void storage_options(const Args& a, const std::string& types, GenOptions& o) {
-    const bool next = o.arch == gen::Arch::Glm5Next;
+    const bool next = o.arch == synth::Arch::Glm5Next;
     o.type = a.is_set("type") ? a.get("type")
-             : next           ? gen::Glm5NextHParams::preset_default_type(o.preset)
+             : next           ? synth::Glm5NextHParams::preset_default_type(o.preset)
                               : GlmDsaHParams::preset_default_type(o.preset);
     o.pure = a.get_flag("pure");
-    if (!gen::parse_scheme(o.type, o.pure))
+    if (!synth::parse_scheme(o.type, o.pure))
         throw UsageError("--type: unknown type or mix '" + o.type + "' (one of: " + types + ")");
     o.seed = uint64_t(a.get_int("seed", 0, INT64_MAX));
     o.name = a.get("name");
     const std::string im = a.get("imatrix");
     if (im == "auto")
-        o.imatrix = gen::ImatrixMode::Auto;
+        o.imatrix = synth::ImatrixMode::Auto;
     else if (im == "on")
-        o.imatrix = gen::ImatrixMode::On;
+        o.imatrix = synth::ImatrixMode::On;
     else if (im == "off")
-        o.imatrix = gen::ImatrixMode::Off;
+        o.imatrix = synth::ImatrixMode::Off;
     else
         throw UsageError("--imatrix must be auto, on or off, got '" + im + "'");
     o.nextn_type = a.get("nextn-type");
     const std::string bl = a.get("blocks");
     if (bl == "pool" || (bl == "auto" && o.preset == "bench"))
-        o.blocks = gen::BlockSource::Pool;
+        o.blocks = synth::BlockSource::Pool;
     else if (bl == "exact" || bl == "auto")
-        o.blocks = gen::BlockSource::Exact;
+        o.blocks = synth::BlockSource::Exact;
     else
         throw UsageError("--blocks must be exact, pool or auto, got '" + bl + "'");
     o.n_threads = a.is_set("threads") ? int(a.get_int("threads", 1, 1024)) : 0;
 }
 
 // --dry-run: the tensors, and one summary line (tools count the tensor lines above it).
-void print_plan(const gen::ModelPlan& p, const GenOptions& o) {
+void print_plan(const synth::ModelPlan& p, const GenOptions& o) {
     for (const auto& t : p.tensors) {
         std::string shape;
         for (int64_t n : t.ne) shape += (shape.empty() ? "" : ", ") + std::to_string(n);
@@ -253,7 +253,7 @@ void print_plan(const gen::ModelPlan& p, const GenOptions& o) {
                     t.pooled ? " pooled" : "");
     }
     // One summary line: tools count the tensor lines above it.
-    const gen::DecodeBytes d = gen::decode_bytes_per_token(o);
+    const synth::DecodeBytes d = synth::decode_bytes_per_token(o);
     std::printf(
         "# %zu tensors, %.3f G params, %s of tensor data; decode reads %.2f MB of weights "
         "per token (%.2f dense, %.2f routed experts, %.2f shared experts, %.2f head; the "
@@ -264,8 +264,9 @@ void print_plan(const gen::ModelPlan& p, const GenOptions& o) {
 }
 
 // The file, with a banner and progress on stderr (a line a decile where it is no terminal).
-void write_model(const GenOptions& o, const gen::ModelPlan& p, const std::string& out, bool quiet) {
-    const bool next = o.arch == gen::Arch::Glm5Next;
+void write_model(const GenOptions& o, const synth::ModelPlan& p, const std::string& out,
+                 bool quiet) {
+    const bool next = o.arch == synth::Arch::Glm5Next;
     const int threads = o.n_threads > 0 ? o.n_threads : ThreadPool::default_threads();
     if (!quiet) {
         std::string counts;
@@ -274,13 +275,13 @@ void write_model(const GenOptions& o, const gen::ModelPlan& p, const std::string
                      "make-model: %s %s, type %s, seed %llu: %lld+%lld blocks, %.3f G params, "
                      "%s;%s%s; %d threads\n",
                      p.arch.c_str(), o.preset.c_str(),
-                     gen::parse_scheme(o.type, o.pure)->name.c_str(), (unsigned long long)o.seed,
+                     synth::parse_scheme(o.type, o.pure)->name.c_str(), (unsigned long long)o.seed,
                      (long long)(next ? o.glm5next.n_layer : o.glm_dsa.n_layer),
                      (long long)(next ? o.glm5next.n_nextn : o.glm_dsa.n_nextn),
                      double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str(), counts.c_str(),
-                     !p.imatrix                           ? ""
-                     : o.blocks == gen::BlockSource::Pool ? "; uniform imatrix (pool)"
-                                                          : "; derived imatrix",
+                     !p.imatrix                             ? ""
+                     : o.blocks == synth::BlockSource::Pool ? "; uniform imatrix (pool)"
+                                                            : "; derived imatrix",
                      threads);
     }
 
@@ -302,7 +303,7 @@ void write_model(const GenOptions& o, const gen::ModelPlan& p, const std::string
                          gb(total).c_str(), s);
         }
     };
-    const gen::GenResult r = gen::generate(o, out, progress);
+    const synth::GenResult r = synth::generate(o, out, progress);
     if (!quiet)
         std::fprintf(stderr, "make-model: wrote %s: %llu bytes (%s) in %.1f s\n", out.c_str(),
                      (unsigned long long)r.file_bytes, gb(r.file_bytes).c_str(), r.seconds);
@@ -312,7 +313,7 @@ void write_model(const GenOptions& o, const gen::ModelPlan& p, const std::string
 
 int cmd_make_model(int argc, char** argv) {
     std::string types;
-    for (const auto& n : gen::scheme_names()) types += (types.empty() ? "" : " ") + n;
+    for (const auto& n : synth::scheme_names()) types += (types.empty() ? "" : " ") + n;
     Args a("make-model",
            "Write a synthetic GLM model: deterministic random weights in the real glm-dsa or\n"
            "glm5next GGUF layout (metadata, tokenizer, tensor names and shapes) and real\n"
@@ -324,7 +325,7 @@ int cmd_make_model(int argc, char** argv) {
     if (a.get("arch") == "mmproj") return make_mmproj(a);
     GenOptions o = arch_options(a);
     storage_options(a, types, o);
-    const gen::ModelPlan p = gen::plan(o);  // validates everything
+    const synth::ModelPlan p = synth::plan(o);  // validates everything
     if (a.get_flag("dry-run")) {
         print_plan(p, o);
         return 0;

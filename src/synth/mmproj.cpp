@@ -1,4 +1,4 @@
-#include "gen/mmproj.h"
+#include "synth/mmproj.h"
 
 #include <cmath>
 #include <filesystem>
@@ -6,10 +6,10 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
-#include "gen/random.h"
 #include "gguf/writer.h"
+#include "synth/random.h"
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 MmprojHParams MmprojHParams::preset(std::string_view name) {
     MmprojHParams h;
@@ -114,4 +114,4 @@ uint64_t write_mmproj(const MmprojHParams& hp, uint64_t seed, const std::string&
     return std::filesystem::file_size(path);
 }
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth

@@ -29,10 +29,10 @@
 #include <string_view>
 #include <vector>
 
-#include "gen/glm5next.h"
 #include "quant/types.h"
+#include "synth/glm5next.h"
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 // glm-dsa (GLM-5.x) hyperparameters, named as in the fixtures' hparams.json.
 struct GlmDsaHParams {
@@ -186,4 +186,4 @@ std::vector<float> importance_vector(const GenOptions& opt, const std::string& t
 // How the importance vectors are derived, for --help and the file metadata.
 extern const char* const kImatrixDescription;
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth

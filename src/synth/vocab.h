@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 // GGUF tokenizer.ggml.token_type values.
 constexpr int32_t kTokenNormal = 1;
@@ -44,4 +44,4 @@ struct Vocab {
 // token_embd and output. Throws glm5::Error when n_vocab is too small.
 Vocab make_vocab(int64_t n_vocab);
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth

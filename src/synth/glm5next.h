@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 struct Layout;
 
@@ -71,4 +71,4 @@ struct Glm5NextHParams {
 // Metadata keys and tensors in the fixture's order.
 Layout build_glm5next_layout(const Glm5NextHParams& hp);
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth

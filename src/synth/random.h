@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 // splitmix64's output function: a bijective 64-bit mixer.
 inline uint64_t mix64(uint64_t z) {
@@ -55,4 +55,4 @@ inline int32_t normal_fixed(uint64_t seed, uint64_t i) {
     return int32_t(s) - kNormalMean;
 }
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth

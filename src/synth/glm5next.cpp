@@ -3,15 +3,15 @@
 // tests/data/glm5next/tiny.gguf carries them, with weight statistics like the
 // fixture's (matrices 1/sqrt(fan_in), negative decay rates, a negative decay
 // bias, hyper-connection bases and scales around 0 and 1).
-#include "gen/glm5next.h"
+#include "synth/glm5next.h"
 
 #include <cmath>
 
 #include "core/error.h"
-#include "gen/layout.h"
-#include "gen/vocab.h"
+#include "synth/layout.h"
+#include "synth/vocab.h"
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 Glm5NextHParams Glm5NextHParams::preset(std::string_view name) {
     Glm5NextHParams h;  // the defaults are the fixture's tiny model
@@ -262,4 +262,4 @@ Layout build_glm5next_layout(const Glm5NextHParams& h) {
     return L;
 }
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth

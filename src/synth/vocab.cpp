@@ -1,13 +1,13 @@
-#include "gen/vocab.h"
+#include "synth/vocab.h"
 
 #include <string>
 #include <unordered_set>
 
 #include "core/error.h"
-#include "gen/layout.h"
 #include "gguf/gguf.h"
+#include "synth/layout.h"
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 namespace {
 
@@ -118,4 +118,4 @@ void append_glm_tokenizer(std::vector<std::pair<std::string, gguf::Value>>& md, 
     md.emplace_back("tokenizer.chat_template", str(v.chat_template));
 }
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth

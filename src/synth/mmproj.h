@@ -11,7 +11,7 @@
 
 #include "quant/types.h"
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 struct MmprojHParams {
     int64_t width = 32;  // Dv
@@ -35,4 +35,4 @@ struct MmprojHParams {
 uint64_t write_mmproj(const MmprojHParams& hp, uint64_t seed, const std::string& path,
                       int n_threads, const std::function<void(uint64_t, uint64_t)>& progress);
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth

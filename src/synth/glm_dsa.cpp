@@ -5,10 +5,10 @@
 #include <string>
 
 #include "core/error.h"
-#include "gen/layout.h"
-#include "gen/vocab.h"
+#include "synth/layout.h"
+#include "synth/vocab.h"
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 namespace {
 
@@ -240,4 +240,4 @@ Layout build_glm_dsa_layout(const GlmDsaHParams& h) {
     return L;
 }
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth

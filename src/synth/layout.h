@@ -8,11 +8,11 @@
 #include <utility>
 #include <vector>
 
-#include "gen/generator.h"
-#include "gen/quant_mix.h"
 #include "gguf/gguf.h"
+#include "synth/generator.h"
+#include "synth/quant_mix.h"
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 struct TensorSpec {
     std::string name;
@@ -137,4 +137,4 @@ Layout build_glm_dsa_layout(const GlmDsaHParams& hp);
 // tokenizer.* keys for the GLM vocabulary padded to n_vocab, in the fixtures' order.
 void append_glm_tokenizer(std::vector<std::pair<std::string, gguf::Value>>& md, int64_t n_vocab);
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth

@@ -13,7 +13,7 @@
 
 #include "quant/types.h"
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 // general.file_type values (llama.cpp's llama_ftype).
 enum class FileType : uint32_t {
@@ -98,4 +98,4 @@ bool is_quantizable(const std::string& name, const std::vector<int64_t>& ne);
 // (llama-quantize refuses to write it without).
 bool type_requires_imatrix(const std::string& name, quant::Type t, FileType ftype);
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth

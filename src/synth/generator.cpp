@@ -1,7 +1,7 @@
 // The generator core: per-tensor sampling, type selection, importance
 // vectors and parallel streaming to the GGUF writer. Architecture-neutral:
 // everything it knows about a model comes from a Layout (gen_layout.h).
-#include "gen/generator.h"
+#include "synth/generator.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,13 +15,13 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
-#include "gen/layout.h"
-#include "gen/quant_mix.h"
-#include "gen/random.h"
 #include "gguf/writer.h"
 #include "quant/quant.h"
+#include "synth/layout.h"
+#include "synth/quant_mix.h"
+#include "synth/random.h"
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 using quant::Type;
 
@@ -407,4 +407,4 @@ GenResult generate(const GenOptions& opt, const std::string& path,
     return res;
 }
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth

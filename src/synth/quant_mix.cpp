@@ -3,7 +3,7 @@
 // size fallbacks) follow llama.cpp's src/llama-quant.cpp so that a generated
 // Q4_K_M file has the same per-tensor types llama-quantize would give it;
 // tests compare against the fixtures llama-quantize produced.
-#include "gen/quant_mix.h"
+#include "synth/quant_mix.h"
 
 #include <algorithm>
 #include <cctype>
@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 
-namespace glm5::gen {
+namespace glm5::synth {
 
 using quant::Type;
 
@@ -501,4 +501,4 @@ std::vector<Type> assign_types(const QuantScheme& scheme, const MixModel& model,
     return out;
 }
 
-}  // namespace glm5::gen
+}  // namespace glm5::synth
