@@ -457,214 +457,260 @@ std::vector<SplitModel::RankCounters> SplitModel::counters(bool reset) {
 
 // ---- every other rank
 
-int serve_rank(Comm& comm, model::Model& local, bool tp) {
-    const int r = comm.rank(), N = comm.size();
-    const bool last = r == N - 1;
-    const model::ModelInfo& info = local.info();
-    std::map<uint64_t, std::unique_ptr<model::SequenceState>> states;
-    std::map<uint64_t, std::unique_ptr<model::StateSnapshot>> snaps;
-    // The last forward's inputs, for its commit.
-    std::vector<std::vector<int32_t>> pending_tokens;
-    std::vector<model::SeqInput> pending;
-    // A mirrored operation that failed here: later forwards report it.
-    std::string broken;
+namespace {
 
-    auto state = [&](uint64_t id) -> model::SequenceState& {
-        auto it = states.find(id);
-        if (it == states.end()) throw Error("no sequence " + std::to_string(id) + " on this rank");
+// Another rank's side of a SplitModel: its states and snapshots by rank 0's ids, and
+// rank 0's commands carried out on them, one at a time.
+class RankServer {
+  public:
+    RankServer(Comm& comm, model::Model& local, bool tp)
+        : comm_(comm), local_(local), tp_(tp), r_(comm.rank()), last_(r_ == comm.size() - 1) {}
+
+    // Serves until rank 0 says to shut down.
+    int run() {
+        try {
+            while (true) {
+                Wire w(comm_.recv(0, kCmd, 0));
+                const uint8_t op = w.get<uint8_t>();
+                if (op == kShutdown) return 0;
+                if (op == kForward)
+                    forward(w);
+                else if (op == kCommit)
+                    commit();
+                else if (op == kDraft)
+                    draft(w);
+                else if (op == kStats)
+                    stats(w);
+                else
+                    state_op(op, w);
+            }
+        } catch (const RankError& e) {
+            lost_rank(comm_, e);
+        }
+    }
+
+  private:
+    model::SequenceState& state(uint64_t id) {
+        auto it = states_.find(id);
+        if (it == states_.end()) throw Error("no sequence " + std::to_string(id) + " on this rank");
         return *it->second;
-    };
-    auto ack = [&](const std::string& error) { comm.send(0, kDone, reply(error).bytes()); };
-    // A forward's inputs, committed on rank 0's word once every rank has
-    // succeeded (nothing to commit when this rank failed).
-    auto keep_pending = [&](std::vector<std::vector<int32_t>> toks,
-                            const std::vector<model::SeqInput>& in, const std::string& error) {
-        pending_tokens = std::move(toks);
-        pending = error.empty() ? in : std::vector<model::SeqInput>{};
-        for (size_t i = 0; i < pending.size(); ++i) pending[i].tokens = pending_tokens[i];
-    };
+    }
+    void ack(const std::string& error) { comm_.send(0, kDone, reply(error).bytes()); }
 
-    try {
-        while (true) {
-            Wire w(comm.recv(0, kCmd, 0));
-            const uint8_t op = w.get<uint8_t>();
-            if (op == kShutdown) return 0;
-            if (op == kForward) {
-                const uint32_t n = w.get<uint32_t>();
-                std::vector<std::vector<int32_t>> toks(n);
-                std::vector<model::SeqInput> in(n);
-                std::string error = broken;
-                for (uint32_t i = 0; i < n; ++i) {
-                    const uint64_t id = w.get<uint64_t>();
-                    const uint8_t flags = w.get<uint8_t>();
-                    in[i].logits_from = w.get<int64_t>();
-                    toks[i] = w.get_vector<int32_t>();
-                    in[i].all_logits = flags & 1;
-                    in[i].logits = flags & 2;
-                    in[i].tokens = toks[i];
-                    try {
-                        in[i].state = &state(id);
-                    } catch (const std::exception& e) {
-                        if (error.empty()) error = e.what();
-                    }
-                }
-                const std::vector<uint32_t> ends = w.get_vector<uint32_t>();
-                if (tp) {
-                    // The whole forward on this rank's heads.
-                    std::vector<float> logits;
-                    if (error.empty()) {
-                        try {
-                            local.forward(in, logits,
-                                          model::LayerSpan{0, -1, nullptr, nullptr, false});
-                        } catch (const std::exception& e) {
-                            error = e.what();
-                        }
-                    }
-                    ack(error);
-                    keep_pending(std::move(toks), in, error);
-                    continue;
-                }
-                uint32_t begin = 0;
-                for (uint32_t end : ends) {
-                    // The rows entering this rank's first layer for this
-                    // micro-batch, once the rank before has run it.
-                    Wire h(comm.recv(r - 1, kHidden, comm.timeout() * double(r + 1)));
-                    const std::string before = status_of(h);
-                    std::vector<float> hidden_in, hidden_out, logits;
-                    if (!before.empty() && error.empty())
-                        error = "rank " + std::to_string(r - 1) + " failed";
-                    if (before.empty()) hidden_in = h.get_vector<float>();
-                    if (error.empty() && (end < begin || end > n)) error = "malformed micro-batch";
-                    if (error.empty()) {
-                        try {
-                            model::HostRows rows(hidden_in, &hidden_out);
-                            model::LayerSpan span{info.layer_first, last ? -1 : info.layer_end,
-                                                  &rows, &rows, false};
-                            local.forward(std::span(in).subspan(begin, end - begin), logits, span);
-                        } catch (const std::exception& e) {
-                            error = e.what();
-                        }
-                    }
-                    Wire out = reply(error);
-                    if (!last) {
-                        if (error.empty()) out.put_span(std::span<const float>(hidden_out));
-                        comm.isend(r + 1, kHidden, out.bytes());
-                        comm.isend(0, kDone, reply(error).bytes());
-                    } else {
-                        if (error.empty()) out.put_span(std::span<const float>(logits));
-                        comm.isend(0, kDone, out.bytes());
-                    }
-                    begin = end;
-                }
-                comm.flush();
-                keep_pending(std::move(toks), in, error);
-                continue;
-            }
-            if (op == kCommit) {
-                try {
-                    local.commit(pending);
-                } catch (const std::exception& e) {
-                    broken = std::string("commit failed: ") + e.what();
-                }
-                pending.clear();
-                continue;
-            }
-            if (op == kDraft) {
-                const uint32_t n = w.get<uint32_t>();
-                std::vector<model::DraftRequest> reqs(n);
-                std::string error;
-                for (uint32_t i = 0; i < n; ++i) {
-                    const uint64_t id = w.get<uint64_t>();
-                    reqs[i].token = w.get<int32_t>();
-                    reqs[i].max_tokens = w.get<int32_t>();
-                    reqs[i].p_min = w.get<float>();
-                    if (!last && !tp) continue;
-                    try {
-                        reqs[i].state = &state(id);
-                    } catch (const std::exception& e) {
-                        error = e.what();
-                    }
-                }
-                if (!last && !tp) continue;  // the head (and the NextN block) is the last rank's
-                if (error.empty()) {
-                    try {
-                        local.draft(reqs);
-                    } catch (const std::exception& e) {
-                        error = e.what();
-                    }
-                }
-                if (tp) {  // rank 0 has the same chains
-                    ack(error);
-                    continue;
-                }
-                Wire out = reply(error);
-                if (error.empty())
-                    for (const auto& q : reqs) out.put_span(std::span<const int32_t>(q.out));
-                comm.send(0, kDone, out.bytes());
-                continue;
-            }
-            if (op == kStats) {
-                const bool reset = w.get<uint8_t>() != 0;
-                Wire out = reply("");
-                out.put(comm.stats());
-                out.put(uint64_t(local.backend().counters().weight_bytes));
-                comm.send(0, kDone, out.bytes());
-                if (reset) {
-                    comm.reset_stats();
-                    local.backend().reset_counters();
-                }
-                continue;
-            }
+    // A forward's inputs, committed on rank 0's word once every rank has succeeded
+    // (nothing to commit when this rank failed).
+    void keep_pending(std::vector<std::vector<int32_t>> toks,
+                      const std::vector<model::SeqInput>& in, const std::string& error) {
+        pending_tokens_ = std::move(toks);
+        pending_ = error.empty() ? in : std::vector<model::SeqInput>{};
+        for (size_t i = 0; i < pending_.size(); ++i) pending_[i].tokens = pending_tokens_[i];
+    }
+
+    void forward(Wire& w) {
+        const uint32_t n = w.get<uint32_t>();
+        std::vector<std::vector<int32_t>> toks(n);
+        std::vector<model::SeqInput> in(n);
+        std::string error = broken_;
+        for (uint32_t i = 0; i < n; ++i) {
             const uint64_t id = w.get<uint64_t>();
-            const int64_t a = w.get<int64_t>();
-            const int64_t b = w.get<int64_t>();
-            std::string error;
+            const uint8_t flags = w.get<uint8_t>();
+            in[i].logits_from = w.get<int64_t>();
+            toks[i] = w.get_vector<int32_t>();
+            in[i].all_logits = flags & 1;
+            in[i].logits = flags & 2;
+            in[i].tokens = toks[i];
             try {
-                switch (op) {
-                    case kNewState:
-                        states[id] = local.new_state(a, b);
-                        break;
-                    case kDropState:
-                        states.erase(id);
-                        break;
-                    case kReset:
-                        state(id).reset();
-                        break;
-                    case kRewind:
-                        if (!state(id).rewind(a))
-                            throw Error("cannot rewind to " + std::to_string(a));
-                        break;
-                    case kResize:
-                        state(id).resize(a);
-                        break;
-                    case kSnapshot:
-                        snaps[uint64_t(a)] = state(id).snapshot();
-                        break;
-                    case kRestore: {
-                        auto it = snaps.find(uint64_t(a));
-                        if (it == snaps.end()) throw Error("no such snapshot");
-                        state(id).restore(*it->second);
-                        break;
-                    }
-                    case kDropSnap:
-                        snaps.erase(id);
-                        break;
-                    default:
-                        throw Error("unknown command " + std::to_string(op));
+                in[i].state = &state(id);
+            } catch (const std::exception& e) {
+                if (error.empty()) error = e.what();
+            }
+        }
+        const std::vector<uint32_t> ends = w.get_vector<uint32_t>();
+        if (tp_) {
+            // The whole forward on this rank's heads.
+            std::vector<float> logits;
+            if (error.empty()) {
+                try {
+                    local_.forward(in, logits, model::LayerSpan{0, -1, nullptr, nullptr, false});
+                } catch (const std::exception& e) {
+                    error = e.what();
                 }
+            }
+            ack(error);
+        } else {
+            forward_span(in, ends, error);
+        }
+        keep_pending(std::move(toks), in, error);
+    }
+
+    // This rank's layers for each micro-batch [begin, end), the rows coming from the rank
+    // before and going to the one after (the last rank's logits to rank 0).
+    void forward_span(std::vector<model::SeqInput>& in, const std::vector<uint32_t>& ends,
+                      std::string& error) {
+        const model::ModelInfo& info = local_.info();
+        const uint32_t n = uint32_t(in.size());
+        uint32_t begin = 0;
+        for (uint32_t end : ends) {
+            // The rows entering this rank's first layer for this micro-batch, once the rank
+            // before has run it.
+            Wire h(comm_.recv(r_ - 1, kHidden, comm_.timeout() * double(r_ + 1)));
+            const std::string before = status_of(h);
+            std::vector<float> hidden_in, hidden_out, logits;
+            if (!before.empty() && error.empty())
+                error = "rank " + std::to_string(r_ - 1) + " failed";
+            if (before.empty()) hidden_in = h.get_vector<float>();
+            if (error.empty() && (end < begin || end > n)) error = "malformed micro-batch";
+            if (error.empty()) {
+                try {
+                    model::HostRows rows(hidden_in, &hidden_out);
+                    model::LayerSpan span{info.layer_first, last_ ? -1 : info.layer_end, &rows,
+                                          &rows, false};
+                    local_.forward(std::span(in).subspan(begin, end - begin), logits, span);
+                } catch (const std::exception& e) {
+                    error = e.what();
+                }
+            }
+            Wire out = reply(error);
+            if (!last_) {
+                if (error.empty()) out.put_span(std::span<const float>(hidden_out));
+                comm_.isend(r_ + 1, kHidden, out.bytes());
+                comm_.isend(0, kDone, reply(error).bytes());
+            } else {
+                if (error.empty()) out.put_span(std::span<const float>(logits));
+                comm_.isend(0, kDone, out.bytes());
+            }
+            begin = end;
+        }
+        comm_.flush();
+    }
+
+    void commit() {
+        try {
+            local_.commit(pending_);
+        } catch (const std::exception& e) {
+            broken_ = std::string("commit failed: ") + e.what();
+        }
+        pending_.clear();
+    }
+
+    void draft(Wire& w) {
+        const uint32_t n = w.get<uint32_t>();
+        std::vector<model::DraftRequest> reqs(n);
+        std::string error;
+        for (uint32_t i = 0; i < n; ++i) {
+            const uint64_t id = w.get<uint64_t>();
+            reqs[i].token = w.get<int32_t>();
+            reqs[i].max_tokens = w.get<int32_t>();
+            reqs[i].p_min = w.get<float>();
+            if (!last_ && !tp_) continue;
+            try {
+                reqs[i].state = &state(id);
             } catch (const std::exception& e) {
                 error = e.what();
             }
-            if (op == kNewState || op == kResize || op == kSnapshot) {
-                ack(error);
-            } else if (!error.empty() && broken.empty()) {
-                broken = error;
-                log_info("glm5: rank %d: %s\n", r, error.c_str());
+        }
+        if (!last_ && !tp_) return;  // the head (and the NextN block) is the last rank's
+        if (error.empty()) {
+            try {
+                local_.draft(reqs);
+            } catch (const std::exception& e) {
+                error = e.what();
             }
         }
-    } catch (const RankError& e) {
-        lost_rank(comm, e);
+        if (tp_) {  // rank 0 has the same chains
+            ack(error);
+            return;
+        }
+        Wire out = reply(error);
+        if (error.empty())
+            for (const auto& q : reqs) out.put_span(std::span<const int32_t>(q.out));
+        comm_.send(0, kDone, out.bytes());
     }
+
+    void stats(Wire& w) {
+        const bool reset = w.get<uint8_t>() != 0;
+        Wire out = reply("");
+        out.put(comm_.stats());
+        out.put(uint64_t(local_.backend().counters().weight_bytes));
+        comm_.send(0, kDone, out.bytes());
+        if (reset) {
+            comm_.reset_stats();
+            local_.backend().reset_counters();
+        }
+    }
+
+    // The mirrored state operations. Those whose result rank 0 waits for are acknowledged;
+    // a failure of another is kept and reported by the next forward.
+    void state_op(uint8_t op, Wire& w) {
+        const uint64_t id = w.get<uint64_t>();
+        const int64_t a = w.get<int64_t>();
+        const int64_t b = w.get<int64_t>();
+        std::string error;
+        try {
+            apply(op, id, a, b);
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+        if (op == kNewState || op == kResize || op == kSnapshot) {
+            ack(error);
+        } else if (!error.empty() && broken_.empty()) {
+            broken_ = error;
+            log_info("glm5: rank %d: %s\n", r_, error.c_str());
+        }
+    }
+
+    void apply(uint8_t op, uint64_t id, int64_t a, int64_t b) {
+        switch (op) {
+            case kNewState:
+                states_[id] = local_.new_state(a, b);
+                break;
+            case kDropState:
+                states_.erase(id);
+                break;
+            case kReset:
+                state(id).reset();
+                break;
+            case kRewind:
+                if (!state(id).rewind(a)) throw Error("cannot rewind to " + std::to_string(a));
+                break;
+            case kResize:
+                state(id).resize(a);
+                break;
+            case kSnapshot:
+                snaps_[uint64_t(a)] = state(id).snapshot();
+                break;
+            case kRestore: {
+                auto it = snaps_.find(uint64_t(a));
+                if (it == snaps_.end()) throw Error("no such snapshot");
+                state(id).restore(*it->second);
+                break;
+            }
+            case kDropSnap:
+                snaps_.erase(id);
+                break;
+            default:
+                throw Error("unknown command " + std::to_string(op));
+        }
+    }
+
+    Comm& comm_;
+    model::Model& local_;
+    const bool tp_;
+    const int r_;
+    const bool last_;
+    std::map<uint64_t, std::unique_ptr<model::SequenceState>> states_;
+    std::map<uint64_t, std::unique_ptr<model::StateSnapshot>> snaps_;
+    // The last forward's inputs, for its commit.
+    std::vector<std::vector<int32_t>> pending_tokens_;
+    std::vector<model::SeqInput> pending_;
+    // A mirrored operation that failed here: later forwards report it.
+    std::string broken_;
+};
+
+}  // namespace
+
+int serve_rank(Comm& comm, model::Model& local, bool tp) {
+    return RankServer(comm, local, tp).run();
 }
 
 // ---- tensor parallelism
