@@ -110,22 +110,40 @@ class Compiler {
             refuse(where, "the schema 'false' accepts nothing");
         }
         if (!s.is_object()) refuse(where, "a schema must be an object or a boolean");
-
         for (const auto& kw : kAlwaysRefused)
             if (s.contains(kw)) refuse(where, "keyword '" + kw + "' is not supported");
-        auto others = [&](std::initializer_list<const char*> except) {
-            for (const auto& [k, v] : s.items()) {
-                if (!kValidity.count(k)) continue;
-                bool skip = false;
-                for (const char* e : except) skip = skip || k == e;
-                if (!skip) return k;
-            }
-            return std::string();
-        };
+        if (const int32_t c = combinator(s, where, depth); c >= 0) return c;
+        const unsigned types = schema_types(s, where);
+        refuse_unenforced(s, types, where);
+        if (s.contains("enum") || s.contains("const")) {
+            auto others = [&](std::initializer_list<const char*> except) {
+                return first_other(s, except);
+            };
+            return literals(s, types, where, others);
+        }
+        if (types == T_ALL && !s.contains("type")) return any();
+        return typed(s, types, where, depth);
+    }
 
+    // The first validity keyword of `s` other than `except` ("" when none).
+    static std::string first_other(const ojson& s, std::initializer_list<const char*> except) {
+        for (const auto& [k, v] : s.items()) {
+            if (!kValidity.count(k)) continue;
+            bool skip = false;
+            for (const char* e : except) skip = skip || k == e;
+            if (!skip) return k;
+        }
+        return std::string();
+    }
+
+    // $ref, allOf (of one), anyOf or oneOf, each alone in its schema; -1: none of them.
+    int32_t combinator(const ojson& s, const std::string& where, int depth) {
+        auto alone = [&](const char* kw) {
+            const std::string o = first_other(s, {kw});
+            if (!o.empty()) refuse(where, "'" + o + "' next to '" + kw + "' is not supported");
+        };
         if (s.contains("$ref")) {
-            const std::string o = others({"$ref"});
-            if (!o.empty()) refuse(where, "'" + o + "' next to '$ref' is not supported");
+            alone("$ref");
             if (!s["$ref"].is_string()) refuse(where, "'$ref' must be a string");
             return ref(s["$ref"].get<std::string>(), where, depth);
         }
@@ -133,56 +151,53 @@ class Compiler {
             const auto& all = s["allOf"];
             if (!all.is_array() || all.size() != 1)
                 refuse(where, "'allOf' with other than one subschema is not supported");
-            const std::string o = others({"allOf"});
-            if (!o.empty()) refuse(where, "'" + o + "' next to 'allOf' is not supported");
+            alone("allOf");
             return compile(all[0], where + "/allOf/0", depth + 1);
         }
-        if (s.contains("anyOf") || s.contains("oneOf")) {
-            const bool one = s.contains("oneOf");
-            if (one && s.contains("anyOf")) refuse(where, "'anyOf' with 'oneOf' is not supported");
-            const char* kw = one ? "oneOf" : "anyOf";
-            const std::string o = others({kw});
-            if (!o.empty()) refuse(where, "'" + o + "' next to '" + kw + "' is not supported");
-            const auto& alts = s[kw];
-            if (!alts.is_array() || alts.empty())
-                refuse(where, std::string("'") + kw + "' must be a non-empty array");
-            Node u;
-            u.kind = Kind::Union;
-            u.where = where;
-            u.exclusive = one;
-            for (size_t i = 0; i < alts.size(); ++i)
-                u.alts.push_back(
-                    compile(alts[i], where + "/" + kw + "/" + std::to_string(i), depth + 1));
-            return add(std::move(u));
-        }
+        if (!s.contains("anyOf") && !s.contains("oneOf")) return -1;
+        const bool one = s.contains("oneOf");
+        if (one && s.contains("anyOf")) refuse(where, "'anyOf' with 'oneOf' is not supported");
+        const char* kw = one ? "oneOf" : "anyOf";
+        alone(kw);
+        const auto& alts = s[kw];
+        if (!alts.is_array() || alts.empty())
+            refuse(where, std::string("'") + kw + "' must be a non-empty array");
+        Node u;
+        u.kind = Kind::Union;
+        u.where = where;
+        u.exclusive = one;
+        for (size_t i = 0; i < alts.size(); ++i)
+            u.alts.push_back(
+                compile(alts[i], where + "/" + kw + "/" + std::to_string(i), depth + 1));
+        return add(std::move(u));
+    }
 
-        // The types this schema may produce.
-        unsigned types = 0;
+    // The types a schema may produce: its `type`, else what its keywords imply.
+    unsigned schema_types(const ojson& s, const std::string& where) {
         if (s.contains("type")) {
             const auto& t = s["type"];
-            if (t.is_string()) {
-                types = type_bit(t.get<std::string>(), where);
-            } else if (t.is_array() && !t.empty()) {
-                for (const auto& x : t) {
-                    if (!x.is_string()) refuse(where, "'type' must name types");
-                    types |= type_bit(x.get<std::string>(), where);
-                }
-            } else {
+            if (t.is_string()) return type_bit(t.get<std::string>(), where);
+            if (!t.is_array() || t.empty())
                 refuse(where, "'type' must be a string or a non-empty array");
+            unsigned types = 0;
+            for (const auto& x : t) {
+                if (!x.is_string()) refuse(where, "'type' must name types");
+                types |= type_bit(x.get<std::string>(), where);
             }
-        } else if (s.contains("enum") || s.contains("const")) {
-            types = T_ALL;
-        } else if (s.contains("properties") || s.contains("required") ||
-                   s.contains("additionalProperties") || s.contains("minProperties") ||
-                   s.contains("maxProperties")) {
-            types = T_OBJ;
-        } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
-            types = T_ARR;
-        } else if (s.contains("minLength") || s.contains("maxLength")) {
-            types = T_STR;
-        } else {
-            types = T_ALL;
+            return types;
         }
+        if (s.contains("enum") || s.contains("const")) return T_ALL;
+        if (s.contains("properties") || s.contains("required") ||
+            s.contains("additionalProperties") || s.contains("minProperties") ||
+            s.contains("maxProperties"))
+            return T_OBJ;
+        if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) return T_ARR;
+        if (s.contains("minLength") || s.contains("maxLength")) return T_STR;
+        return T_ALL;
+    }
+
+    // Keywords the grammar cannot hold the output to, for the types the schema allows.
+    void refuse_unenforced(const ojson& s, unsigned types, const std::string& where) {
         auto check = [&](const std::set<std::string>& kws) {
             for (const auto& kw : kws)
                 if (s.contains(kw)) refuse(where, "keyword '" + kw + "' is not supported");
@@ -195,11 +210,10 @@ class Compiler {
                 refuse(where, "keyword 'uniqueItems' is not supported");
         }
         if (types & T_OBJ) check(kObjectRefused);
+    }
 
-        if (s.contains("enum") || s.contains("const")) return literals(s, types, where, others);
-
-        if (types == T_ALL && !s.contains("type")) return any();
-
+    // A value of one of `types`: one alternative per type, a union when several.
+    int32_t typed(const ojson& s, unsigned types, const std::string& where, int depth) {
         std::vector<int32_t> alts;
         if (types & T_NULL) alts.push_back(lit({"null"}, where));
         if (types & T_BOOL) alts.push_back(lit({"true", "false"}, where));
@@ -494,10 +508,18 @@ class SchemaCheck {
         n.where = where;
         if (s.is_boolean()) {
             n.never = !s.get<bool>();
-            nodes_[size_t(id)] = std::move(n);
-            return id;
+        } else {
+            if (!s.is_object()) refuse(where, "a schema must be an object or a boolean");
+            combinators(s, where, depth, n);
+            kinds(s, where, n);
+            members(s, where, depth, n);
         }
-        if (!s.is_object()) refuse(where, "a schema must be an object or a boolean");
+        nodes_[size_t(id)] = std::move(n);
+        return id;
+    }
+
+    // $ref, allOf, anyOf, oneOf (and the subschemas checked for their own validity only).
+    void combinators(const ojson& s, const std::string& where, int depth, Node& n) {
         auto sub = [&](const ojson& x, const std::string& at) { return node(x, at, depth + 1); };
         if (s.contains("$ref")) {
             if (!s["$ref"].is_string()) refuse(where, "'$ref' must be a string");
@@ -534,7 +556,10 @@ class SchemaCheck {
         // for their own validity only.
         for (const char* kw : {"not", "if", "then", "else", "contains", "propertyNames"})
             if (s.contains(kw)) (void)sub(s[kw], where + "/" + kw);
+    }
 
+    // The types a schema allows, narrowed by its enum or const.
+    void kinds(const ojson& s, const std::string& where, Node& n) {
         if (s.contains("type")) {
             const auto& t = s["type"];
             if (t.is_string()) {
@@ -565,7 +590,11 @@ class SchemaCheck {
             n.types &= value_types(s["const"]);
             if (n.types == 0) n.never = true;
         }
+    }
 
+    // Array items, object members (properties, required, additionalProperties), $defs.
+    void members(const ojson& s, const std::string& where, int depth, Node& n) {
+        auto sub = [&](const ojson& x, const std::string& at) { return node(x, at, depth + 1); };
         if (s.contains("items")) {
             const ojson& it = s["items"];
             if (it.is_array()) {
@@ -612,8 +641,6 @@ class SchemaCheck {
         for (const char* defs : {"$defs", "definitions"})
             if (s.contains(defs) && !s[defs].is_object())
                 refuse(where, std::string("'") + defs + "' must be an object");
-        nodes_[size_t(id)] = std::move(n);
-        return id;
     }
 
     const ojson& resolve(const std::string& r, const std::string& where) {
