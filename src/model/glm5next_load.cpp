@@ -63,120 +63,141 @@ const gguf::TensorInfo& require_tensor(const gguf::File& f, const std::string& n
 
 }  // namespace
 
-Glm5NextHParams Glm5NextHParams::from_gguf(const gguf::File& f) {
-    Glm5NextHParams h;
-    const std::string& p = f.path();
-    auto req = [&](const char* k) { return hparam(f, key(k)); };
-    auto bad = [&](const std::string& what) { return Error(p + ": " + what); };
+namespace {
 
-    h.n_layer_all = req("block_count");
-    if (h.n_layer_all <= 0) throw bad("glm5next.block_count must be positive");
+int64_t req(const gguf::File& f, const char* k) {
+    return hparam(f, key(k));
+}
+Error bad(const gguf::File& f, const std::string& what) {
+    return Error(f.path() + ": " + what);
+}
+
+// The block counts, width, context and norm epsilon; NoPE checked.
+void read_blocks(const gguf::File& f, Glm5NextHParams& h) {
+    h.n_layer_all = req(f, "block_count");
+    if (h.n_layer_all <= 0) throw bad(f, "glm5next.block_count must be positive");
     check_layer_count(f, key("block_count"), h.n_layer_all);
     h.n_nextn = hparam(f, key("nextn_predict_layers"), 0);
     if (h.n_nextn >= h.n_layer_all)
-        throw bad("glm5next.nextn_predict_layers (" + std::to_string(h.n_nextn) +
-                  ") must be less than glm5next.block_count (" + std::to_string(h.n_layer_all) +
-                  "): no trunk layer would be left");
+        throw bad(f, "glm5next.nextn_predict_layers (" + std::to_string(h.n_nextn) +
+                         ") must be less than glm5next.block_count (" +
+                         std::to_string(h.n_layer_all) + "): no trunk layer would be left");
     h.n_layer = h.n_layer_all - h.n_nextn;
-    h.n_embd = req("embedding_length");
+    h.n_embd = req(f, "embedding_length");
     h.n_ctx_train = hparam(f, key("context_length"), 0);
     h.eps = float(f.get_float(key("attention.layer_norm_rms_epsilon")));
     if (!(h.eps >= 0.0f) || !std::isfinite(h.eps))
-        throw bad("glm5next.attention.layer_norm_rms_epsilon must be a finite value >= 0");
+        throw bad(f, "glm5next.attention.layer_norm_rms_epsilon must be a finite value >= 0");
 
     // NoPE everywhere: a rope dimension means a file for another architecture.
     const int64_t n_rot = hparam(f, key("rope.dimension_count"), 0);
     if (n_rot != 0)
-        throw bad("glm5next.rope.dimension_count is " + std::to_string(n_rot) +
-                  "; glm5next is NoPE and requires 0");
+        throw bad(f, "glm5next.rope.dimension_count is " + std::to_string(n_rot) +
+                         "; glm5next is NoPE and requires 0");
+}
 
+// Layer kinds (KDA or MLA) and per-block head counts.
+void read_layer_kinds(const gguf::File& f, Glm5NextHParams& h) {
     // Layer kinds and per-block head counts.
     const gguf::Value* kinds = f.find(key("attention.head_count_kv"));
     if (!kinds)
-        throw bad("missing metadata key glm5next.attention.head_count_kv (the layer kinds)");
+        throw bad(f, "missing metadata key glm5next.attention.head_count_kv (the layer kinds)");
     if (!kinds->is_array())
         throw bad(
-            "glm5next.attention.head_count_kv must be an array with one layer kind per block");
+            f, "glm5next.attention.head_count_kv must be an array with one layer kind per block");
     if (int64_t(kinds->size()) != h.n_layer_all)
-        throw bad("glm5next.attention.head_count_kv has " + std::to_string(kinds->size()) +
-                  " entries, expected one per block (" + std::to_string(h.n_layer_all) + ")");
+        throw bad(f, "glm5next.attention.head_count_kv has " + std::to_string(kinds->size()) +
+                         " entries, expected one per block (" + std::to_string(h.n_layer_all) +
+                         ")");
     for (size_t i = 0; i < kinds->size(); ++i) {
         auto k = (*kinds)[i].as_int();
         if (!k || (*k != 0 && *k != 1))
-            throw bad("glm5next.attention.head_count_kv[" + std::to_string(i) + "] is " +
-                      (*kinds)[i].to_display() + "; a layer kind must be 0 (KDA) or 1 (MLA)");
+            throw bad(f, "glm5next.attention.head_count_kv[" + std::to_string(i) + "] is " +
+                             (*kinds)[i].to_display() +
+                             "; a layer kind must be 0 (KDA) or 1 (MLA)");
         h.is_mla.push_back(*k == 1);
     }
     h.n_head = per_block(f, key("attention.head_count"), h.n_layer_all, get_uint,
                          "an unsigned integer below 2^31");
     for (size_t i = 0; i < h.n_head.size(); ++i)
         if (h.n_head[i] <= 0)
-            throw bad("glm5next.attention.head_count is 0 for block " + std::to_string(i));
+            throw bad(f, "glm5next.attention.head_count is 0 for block " + std::to_string(i));
+}
 
+void read_mla(const gguf::File& f, Glm5NextHParams& h) {
     // MLA
-    h.q_lora = req("attention.q_lora_rank");
-    h.kv_lora = req("attention.kv_lora_rank");
-    h.k_mla = req("attention.key_length_mla");
-    h.v_mla = req("attention.value_length_mla");
+    h.q_lora = req(f, "attention.q_lora_rank");
+    h.kv_lora = req(f, "attention.kv_lora_rank");
+    h.k_mla = req(f, "attention.key_length_mla");
+    h.v_mla = req(f, "attention.value_length_mla");
     for (const char* k : {"attention.key_length", "attention.value_length"})
-        if (f.find(key(k)) && req(k) != h.kv_lora)
-            throw bad("glm5next." + std::string(k) + " (" + std::to_string(req(k)) +
-                      ") must equal attention.kv_lora_rank (" + std::to_string(h.kv_lora) +
-                      "): the MLA cache row is the latent alone, with no rope tail");
+        if (f.find(key(k)) && req(f, k) != h.kv_lora)
+            throw bad(f, "glm5next." + std::string(k) + " (" + std::to_string(req(f, k)) +
+                             ") must equal attention.kv_lora_rank (" + std::to_string(h.kv_lora) +
+                             "): the MLA cache row is the latent alone, with no rope tail");
     if (h.q_lora <= 0 || h.kv_lora <= 0 || h.k_mla <= 0 || h.v_mla <= 0)
-        throw bad("glm5next: the MLA ranks and head sizes must be positive");
+        throw bad(f, "glm5next: the MLA ranks and head sizes must be positive");
+}
 
+void read_indexer(const gguf::File& f, Glm5NextHParams& h) {
     // Pooled indexer
-    h.idx_heads = req("attention.indexer.head_count");
-    h.idx_dim = req("attention.indexer.key_length");
-    h.idx_top_k = req("attention.indexer.top_k");
-    h.idx_pool = req("attention.indexer.block_size");
+    h.idx_heads = req(f, "attention.indexer.head_count");
+    h.idx_dim = req(f, "attention.indexer.key_length");
+    h.idx_top_k = req(f, "attention.indexer.top_k");
+    h.idx_pool = req(f, "attention.indexer.block_size");
     if (h.idx_heads <= 0 || h.idx_dim <= 0 || h.idx_pool <= 0 || h.idx_top_k <= 0)
-        throw bad(
-            "glm5next: the indexer head count, key length, top_k and block size must be "
-            "positive");
+        throw bad(f,
+                  "glm5next: the indexer head count, key length, top_k and block size must be "
+                  "positive");
     if (h.idx_top_k % h.idx_pool != 0)
-        throw bad("glm5next.attention.indexer.top_k (" + std::to_string(h.idx_top_k) +
-                  ") is not a multiple of attention.indexer.block_size (" +
-                  std::to_string(h.idx_pool) + "): the budget must select whole pools");
+        throw bad(f, "glm5next.attention.indexer.top_k (" + std::to_string(h.idx_top_k) +
+                         ") is not a multiple of attention.indexer.block_size (" +
+                         std::to_string(h.idx_pool) + "): the budget must select whole pools");
+}
 
+void read_kda(const gguf::File& f, Glm5NextHParams& h) {
     // KDA
-    h.conv_k = req("ssm.conv_kernel");
-    h.kda_dim = req("kda.head_dim");
+    h.conv_k = req(f, "ssm.conv_kernel");
+    h.kda_dim = req(f, "kda.head_dim");
     h.gate_lower = float(f.get_float(key("kda.gate_lower_bound")));
     if (h.conv_k <= 0 || h.kda_dim <= 0)
-        throw bad("glm5next: ssm.conv_kernel and kda.head_dim must be positive");
+        throw bad(f, "glm5next: ssm.conv_kernel and kda.head_dim must be positive");
     if (!(h.gate_lower < 0.0f) || !std::isfinite(h.gate_lower))
-        throw bad("glm5next.kda.gate_lower_bound is " + std::to_string(h.gate_lower) +
-                  "; the lower bound of the log-decay must be negative");
+        throw bad(f, "glm5next.kda.gate_lower_bound is " + std::to_string(h.gate_lower) +
+                         "; the lower bound of the log-decay must be negative");
+}
 
+void read_hyper(const gguf::File& f, Glm5NextHParams& h) {
     // Hyper-connections
-    h.hc_streams = req("hyper_connection.count");
-    h.hc_iters = req("hyper_connection.sinkhorn_iterations");
+    h.hc_streams = req(f, "hyper_connection.count");
+    h.hc_iters = req(f, "hyper_connection.sinkhorn_iterations");
     h.hc_eps = float(f.get_float(key("hyper_connection.epsilon")));
     if (h.hc_streams <= 0 || h.hc_iters <= 0)
-        throw bad("glm5next: hyper_connection.count and sinkhorn_iterations must be positive");
+        throw bad(f, "glm5next: hyper_connection.count and sinkhorn_iterations must be positive");
     if (h.hc_streams > backend::kMaxStreams)
-        throw bad("glm5next: hyper_connection.count is " + std::to_string(h.hc_streams) +
-                  "; at most " + std::to_string(backend::kMaxStreams) + " streams are supported");
+        throw bad(f, "glm5next: hyper_connection.count is " + std::to_string(h.hc_streams) +
+                         "; at most " + std::to_string(backend::kMaxStreams) +
+                         " streams are supported");
+}
 
+void read_moe(const gguf::File& f, Glm5NextHParams& h) {
     // FFN / MoE
     h.n_dense = hparam(f, key("leading_dense_block_count"), 0);
     if (h.n_dense > h.n_layer)
-        throw bad("glm5next.leading_dense_block_count exceeds the trunk layers");
-    h.n_ff = h.n_dense > 0 ? req("feed_forward_length") : 0;
-    h.n_ff_exp = req("expert_feed_forward_length");
-    h.n_expert = req("expert_count");
-    h.n_expert_used = req("expert_used_count");
+        throw bad(f, "glm5next.leading_dense_block_count exceeds the trunk layers");
+    h.n_ff = h.n_dense > 0 ? req(f, "feed_forward_length") : 0;
+    h.n_ff_exp = req(f, "expert_feed_forward_length");
+    h.n_expert = req(f, "expert_count");
+    h.n_expert_used = req(f, "expert_used_count");
     h.n_expert_shared = hparam(f, key("expert_shared_count"), 0);
     h.expert_norm = f.get_bool(key("expert_weights_norm"), false);
     h.expert_scale = float(f.get_float(key("expert_weights_scale"), 1.0));
     const int64_t gating = hparam(f, key("expert_gating_func"), 2);
     if (gating != 2)
-        throw bad("glm5next.expert_gating_func is " + std::to_string(gating) +
-                  "; glm5next routes with sigmoid gating (2) only");
+        throw bad(f, "glm5next.expert_gating_func is " + std::to_string(gating) +
+                         "; glm5next routes with sigmoid gating (2) only");
     if (h.n_expert_used <= 0 || h.n_expert_used > h.n_expert)
-        throw bad("glm5next.expert_used_count must be in [1, expert_count]");
+        throw bad(f, "glm5next.expert_used_count must be in [1, expert_count]");
     if (f.find(key("swiglu_clamp_exp")))
         h.clamp_exp = per_block(f, key("swiglu_clamp_exp"), h.n_layer_all, get_float, "a number");
     else
@@ -186,9 +207,21 @@ Glm5NextHParams Glm5NextHParams::from_gguf(const gguf::File& f) {
             per_block(f, key("swiglu_clamp_shexp"), h.n_layer_all, get_float, "a number");
     else
         h.clamp_shexp = h.clamp_exp;
+}
 
+}  // namespace
+
+Glm5NextHParams Glm5NextHParams::from_gguf(const gguf::File& f) {
+    Glm5NextHParams h;
+    read_blocks(f, h);
+    read_layer_kinds(f, h);
+    read_mla(f, h);
+    read_indexer(f, h);
+    read_kda(f, h);
+    read_hyper(f, h);
+    read_moe(f, h);
     const gguf::TensorInfo* emb = f.find_tensor("token_embd.weight");
-    if (!emb) throw bad("missing tensor token_embd.weight");
+    if (!emb) throw bad(f, "missing tensor token_embd.weight");
     h.n_vocab = emb->ne[1];
     return h;
 }

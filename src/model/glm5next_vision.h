@@ -78,6 +78,14 @@ class VisionTower {
         const float *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;
     };
 
+    struct Patches;
+    struct Work;
+    // The encoder's stages: the images unfolded into patches; one block over the rows;
+    // the merger and the projector into `out`.
+    Patches unfold(std::span<const Image> images) const;
+    void block(const Block& B, const Work& w, const Patches& pt);
+    void project(backend::DevPtr<const float> X, int64_t N, std::vector<float>& out);
+
     static VisionHParams checked_hparams(const gguf::File& f, const ModelInfo& text);
     // F32 copy of a float tensor with the exact numpy shape `np` (outermost
     // first), for the convolutions that are summed or reordered at load.
