@@ -299,6 +299,58 @@ BlockWork& block_work() {
     return w;
 }
 
+// The rows the queries of a run read, each once, ascending, into bw.src: the
+// rows of one query (or of one query's head groups) as they are (kb row j its
+// row j, zero up to a whole pair tile); a run's from a table over their span
+// [lo, hi] that marks the rows read and numbers them (map: [query][row of its
+// block] -> kb row, a zero row past its rows). Returns the rows read and the
+// end of the zero rows after them.
+template <class Index>
+std::pair<int64_t, int64_t> number_rows(BlockWork& bw, const Rows& rows0, int64_t j0,
+                                        const int64_t* nk, int64_t nq, bool same, int64_t lo,
+                                        int64_t hi, Index index) {
+    int64_t nu = 0;
+    if (same) {
+        for (int64_t j = 0; j < nk[0]; ++j) bw.src[size_t(j)] = rows0.row(j0 + j);
+        nu = nk[0];
+        return {nu, (nu + 31) / 32 * 32};
+    }
+    bw.slot.assign(size_t(hi - lo + 1), 0);
+    for (int64_t i = 0; i < nq; ++i)
+        for (int64_t j = 0; j < nk[i]; ++j) bw.slot[size_t(index(i, j) - lo)] = 1;
+    for (int64_t x = 0; x <= hi - lo; ++x) {  // branch-free: most rows of the span are read
+        const int32_t read = bw.slot[size_t(x)];
+        bw.slot[size_t(x)] = int32_t(nu);
+        bw.src[size_t(nu)] = rows0.base + size_t(lo + x) * rows0.row_bytes;
+        nu += read;
+    }
+    const int64_t zero = (nu + 15) / 16 * 16;  // after the last whole tile
+    for (int64_t i = 0; i < nq; ++i) {
+        int32_t* m = bw.map.data() + i * Query::kBlockKeys;
+        for (int64_t j = 0; j < nk[i]; ++j) m[j] = bw.slot[size_t(index(i, j) - lo)];
+        for (int64_t j = nk[i]; j < (nk[i] + 31) / 32 * 32; ++j) m[j] = int32_t(zero);
+    }
+    return {nu, zero + 1};
+}
+
+// Rows [0, nu) of bw.src as BF16 into bw.kb (wp BF16s apart), zero rows up to
+// zero_to, gathered in one pass: the loads of one uninterrupted stream keep the
+// most lines in flight.
+void convert_rows(BlockWork& bw, Elem elem, size_t row_bytes, int64_t nu, int64_t zero_to,
+                  int64_t wp, int64_t w) {
+    for (int64_t u = 0; u < zero_to; ++u) {
+        uint16_t* dst = bw.kb.data() + u * wp;
+        if (u + kAhead < nu)  // the rows are scattered: ask for a later one now
+            prefetch_row(bw.src[size_t(u + kAhead)], row_bytes);
+        if (u < nu) {
+            for (int64_t c = 0; c < wp; c += 32)
+                _mm512_store_si512(dst + c, load32_bf16(bw.src[size_t(u)], elem, c, w));
+        } else {
+            std::memset(dst, 0, size_t(wp) * 2);
+        }
+    }
+}
+
 }  // namespace
 
 void Query::block_of_run(std::span<Query* const> run, std::span<const Rows> rows, int64_t b,
@@ -314,7 +366,6 @@ void Query::block_of_run_on(std::span<Query* const> run, std::span<const Rows> r
                             int64_t next) {
     const int64_t nq = int64_t(run.size());
     const int64_t j0 = b * kBlockKeys, wp = run[0]->wp_;
-    const int64_t ldk = wp * 2;  // bytes between converted rows
     auto index = [&](int64_t i, int64_t j) -> int64_t {
         const Rows& r = rows[size_t(i)];
         return r.idx ? r.idx[j0 + j] : j0 + j;
@@ -353,53 +404,13 @@ void Query::block_of_run_on(std::span<Query* const> run, std::span<const Rows> r
     at_least(bw.src, nq * kBlockKeys + 1);
     at_least(bw.map, nq * kBlockKeys);
 
-    // ---- the rows the queries read, each once, ascending: the rows of one
-    // query (or of one query's head groups) as they are (kb row j its row j,
-    // zero up to a whole pair tile); a run's from a table over their span that
-    // marks the rows read and numbers them (map: [query][row of its block] ->
-    // kb row, a zero row past its rows)
-    int64_t nu = 0, zero_to = 0;  // kb rows [nu, zero_to) are zero
-    if (same) {
-        for (int64_t j = 0; j < nk[0]; ++j) bw.src[size_t(j)] = rows[0].row(j0 + j);
-        nu = nk[0];
-        zero_to = (nu + 31) / 32 * 32;
-    } else {
-        bw.slot.assign(size_t(hi - lo + 1), 0);
-        for (int64_t i = 0; i < nq; ++i)
-            for (int64_t j = 0; j < nk[i]; ++j) bw.slot[size_t(index(i, j) - lo)] = 1;
-        for (int64_t x = 0; x <= hi - lo; ++x) {  // branch-free: most rows of the span are read
-            const int32_t read = bw.slot[size_t(x)];
-            bw.slot[size_t(x)] = int32_t(nu);
-            bw.src[size_t(nu)] = rows[0].base + size_t(lo + x) * rows[0].row_bytes;
-            nu += read;
-        }
-        const int64_t zero = (nu + 15) / 16 * 16;  // after the last whole tile
-        zero_to = zero + 1;
-        for (int64_t i = 0; i < nq; ++i) {
-            int32_t* m = bw.map.data() + i * kBlockKeys;
-            for (int64_t j = 0; j < nk[i]; ++j) m[j] = bw.slot[size_t(index(i, j) - lo)];
-            for (int64_t j = nk[i]; j < (nk[i] + 31) / 32 * 32; ++j) m[j] = int32_t(zero);
-        }
-    }
+    const auto [nu, zero_to] = number_rows(bw, rows[0], j0, nk, nq, same, lo, hi, index);
     const int64_t nu16 = (nu + 15) / 16 * 16;  // the rows the scores cover
     at_least(bw.kb, zero_to * wp);
     at_least(bw.s, nq * nu16 * kHeads);
 
-    // ---- those rows as BF16, gathered in one pass: the loads of one
-    // uninterrupted stream keep the most lines in flight
-    const Elem elem = rows[0].elem;
     const size_t row_bytes = rows[0].row_bytes;
-    for (int64_t u = 0; u < zero_to; ++u) {
-        uint16_t* dst = bw.kb.data() + u * wp;
-        if (u + kAhead < nu)  // the rows are scattered: ask for a later one now
-            prefetch_row(bw.src[size_t(u + kAhead)], row_bytes);
-        if (u < nu) {
-            for (int64_t c = 0; c < wp; c += 32)
-                _mm512_store_si512(dst + c, load32_bf16(bw.src[size_t(u)], elem, c, run[0]->w_));
-        } else {
-            std::memset(dst, 0, size_t(wp) * 2);
-        }
-    }
+    convert_rows(bw, rows[0].elem, row_bytes, nu, zero_to, wp, run[0]->w_);
 
     // The rows of this thread's next block (decode: one query's rows),
     // asked for over this block's score and value steps.
@@ -411,53 +422,58 @@ void Query::block_of_run_on(std::span<Query* const> run, std::span<const Rows> r
         pf.queue(next * kBlockKeys, kBlockKeys, score_steps + value_steps);
     }
 
-    // ---- scores of every row against every query: C[row][head] per query,
-    // query i's at s + i * nu16 * kHeads
+    // Scores of every row against every query: C[row][head] per query, query
+    // i's at s + i * nu16 * kHeads.
     float* const s = bw.s.data();
-    // query by query (its tiles stay in L1 while the rows stream from L2),
-    // 64 rows at a time (4 tiles)
-    for (int64_t i = 0; i < nq; ++i) {
-        Tiles tl;
-        const uint16_t* qt = run[size_t(i)]->qt_.data();
-        for (int64_t g0 = 0; g0 < nu; g0 += kGroup) {
-            const int64_t nt = (std::min(kGroup, nu - g0) + 15) / 16;
-            tl.template zero<0>();
-            tl.template zero<1>();
-            tl.template zero<2>();
-            tl.template zero<3>();
-            const uint16_t* k0 = bw.kb.data() + g0 * wp;
-            for (int64_t k = 0; k < wp / 32; ++k) {
-                pf.step();
-                tl.template load<5>(qt + k * 512, 64);
-                tl.template load<4>(k0 + k * 32, ldk);
-                tl.template dp<0, 4, 5>();
-                if (nt > 1) {
-                    pf.step();
-                    tl.template load<6>(k0 + 16 * wp + k * 32, ldk);
-                    tl.template dp<1, 6, 5>();
-                }
-                if (nt > 2) {
-                    pf.step();
-                    tl.template load<4>(k0 + 32 * wp + k * 32, ldk);
-                    tl.template dp<2, 4, 5>();
-                }
-                if (nt > 3) {
-                    pf.step();
-                    tl.template load<6>(k0 + 48 * wp + k * 32, ldk);
-                    tl.template dp<3, 6, 5>();
-                }
-            }
-            float* sg = s + (i * nu16 + g0) * kHeads;
-            tl.template store<0>(sg, 64);
-            if (nt > 1) tl.template store<1>(sg + 16 * kHeads, 64);
-            if (nt > 2) tl.template store<2>(sg + 32 * kHeads, 64);
-            if (nt > 3) tl.template store<3>(sg + 48 * kHeads, 64);
-        }
-    }
+    for (int64_t i = 0; i < nq; ++i)
+        run[size_t(i)]->scores<Tiles>(bw.kb.data(), nu, s + i * nu16 * kHeads, pf);
     for (int64_t i = 0; i < nq; ++i)
         run[size_t(i)]->softmax_values<Tiles>(b, nk[i],
                                               same ? nullptr : bw.map.data() + i * kBlockKeys,
                                               bw.kb.data(), s + i * nu16 * kHeads, pf);
+}
+
+// Query by query (its tiles stay in L1 while the rows stream from L2), 64
+// rows at a time (4 tiles).
+template <class Tiles>
+void Query::scores(const uint16_t* kb, int64_t nu, float* s, RowPrefetch<Rows>& pf) const {
+    const int64_t wp = wp_, ldk = wp * 2;  // ldk: bytes between converted rows
+    Tiles tl;
+    const uint16_t* qt = qt_.data();
+    for (int64_t g0 = 0; g0 < nu; g0 += kGroup) {
+        const int64_t nt = (std::min(kGroup, nu - g0) + 15) / 16;
+        tl.template zero<0>();
+        tl.template zero<1>();
+        tl.template zero<2>();
+        tl.template zero<3>();
+        const uint16_t* k0 = kb + g0 * wp;
+        for (int64_t k = 0; k < wp / 32; ++k) {
+            pf.step();
+            tl.template load<5>(qt + k * 512, 64);
+            tl.template load<4>(k0 + k * 32, ldk);
+            tl.template dp<0, 4, 5>();
+            if (nt > 1) {
+                pf.step();
+                tl.template load<6>(k0 + 16 * wp + k * 32, ldk);
+                tl.template dp<1, 6, 5>();
+            }
+            if (nt > 2) {
+                pf.step();
+                tl.template load<4>(k0 + 32 * wp + k * 32, ldk);
+                tl.template dp<2, 4, 5>();
+            }
+            if (nt > 3) {
+                pf.step();
+                tl.template load<6>(k0 + 48 * wp + k * 32, ldk);
+                tl.template dp<3, 6, 5>();
+            }
+        }
+        float* sg = s + g0 * kHeads;
+        tl.template store<0>(sg, 64);
+        if (nt > 1) tl.template store<1>(sg + 16 * kHeads, 64);
+        if (nt > 2) tl.template store<2>(sg + 32 * kHeads, 64);
+        if (nt > 3) tl.template store<3>(sg + 48 * kHeads, 64);
+    }
 }
 
 template <class Tiles>

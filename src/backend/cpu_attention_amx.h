@@ -97,6 +97,9 @@ class Query {
     template <class Tiles>
     void softmax_values(int64_t b, int64_t nk, const int32_t* map, const uint16_t* kb,
                         const float* s, RowPrefetch<Rows>& pf);
+    // This query's scores of kb's rows [0, nu) (BF16, wp_ apart): s[row][head].
+    template <class Tiles>
+    void scores(const uint16_t* kb, int64_t nu, float* s, RowPrefetch<Rows>& pf) const;
     int64_t heads_, w_, wp_, v_, vp_, ldo_, n_;
     float scale_;
     LineVector<uint16_t> qt_;      // the query as B tiles: [wp/32][16 dim pairs][16 heads][2]

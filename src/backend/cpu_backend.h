@@ -410,6 +410,9 @@ class CpuBackend final : public Backend,
     void products(const Weight& w, int64_t S, const float* x, int64_t x_tok, int64_t x_slice,
                   int64_t n, float* y, int64_t y_tok, int64_t y_slice);
 
+    // One moe_experts call's work, in phases (cpu_moe.cpp).
+    struct MoeWork;
+
     // y[t * y_tok + r] = row r of slice s . activation row t (act + t*arow),
     // for rows [r0, r1).
     // `expanded`: the activation rows are quantize_acts' expanded BF16 floats.
