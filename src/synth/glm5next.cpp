@@ -114,16 +114,15 @@ void Glm5NextHParams::validate() const {
     need(n_ctx_train >= 1 && n_ctx_train <= 0xffffffffll, "n_ctx_train must fit in 32 bits");
 }
 
-Layout build_glm5next_layout(const Glm5NextHParams& h) {
-    using gguf::Value;
-    using gguf::ValueType;
-    h.validate();
+namespace {
 
-    Layout L;
-    L.arch = "glm5next";
+using gguf::Value;
+using gguf::ValueType;
+
+void append_glm5next_metadata(const Glm5NextHParams& h,
+                              std::vector<std::pair<std::string, Value>>& md) {
     const std::string p = "glm5next.";
     const int64_t n_blocks = h.n_layer + h.n_nextn;
-    auto& md = L.metadata;
     auto u32 = [&](const std::string& k, int64_t v) {
         md.emplace_back(p + k, Value::make_uint(ValueType::U32, uint64_t(v)));
     };
@@ -190,6 +189,60 @@ Layout build_glm5next_layout(const Glm5NextHParams& h) {
     u32("hyper_connection.sinkhorn_iterations", h.hc_iters);
     f32("hyper_connection.epsilon", h.hc_eps);
     append_glm_tokenizer(md, h.n_vocab);
+}
+
+// A KDA block's attention: q/k/v with their short convolutions, the decay and
+// output gates (low rank), beta, the gated norm and the output.
+void kda_tensors(TensorList& tl, const std::string& b, const std::string& attn_norm,
+                 const Glm5NextHParams& h, int64_t E) {
+    const int64_t H = h.kda_heads, D = h.kda_dim, di = H * D, r = h.kda_rank;
+    for (const char* u : {"q", "k", "v"}) {
+        tl.mat(b + "attn_" + u + ".weight", {E, di}, 1.0, {attn_norm});
+        tl.values(b + "ssm_conv1d_" + u + ".weight", {h.conv_k, 1, di}, 0.0,
+                  TensorList::inv_sqrt(h.conv_k))
+            .keep_f32 = true;
+    }
+    tl.mat(b + "ssm_f_a.weight", {E, r}, 1.0, {attn_norm});
+    tl.mat(b + "ssm_f_b.weight", {r, di}, 1.0, {});
+    tl.values(b + "ssm_dt.bias", {di}, -2.0, 0.5);
+    tl.values(b + "ssm_a", {1, H}, -1.0, 0.15);  // -exp(A_log): negative
+    tl.mat(b + "ssm_beta.weight", {E, H}, 1.0, {attn_norm});
+    tl.mat(b + "ssm_g_a.weight", {E, r}, 1.0, {attn_norm});
+    tl.mat(b + "ssm_g_b.weight", {r, di}, 1.0, {});
+    tl.norm(b + "ssm_norm.weight", D);
+    tl.mat(b + "attn_output.weight", {di, E}, 0.7, {});
+}
+
+// An MLA block's attention (NoPE) and its pooled indexer.
+void mla_tensors(TensorList& tl, const std::string& b, const std::string& attn_norm,
+                 const Glm5NextHParams& h, int64_t E) {
+    const int64_t H = h.mla_heads, R = h.kv_lora, Di = h.idx_dim;
+    const std::string q_norm = b + "attn_q_a_norm.weight", kv_norm = b + "attn_kv_a_norm.weight";
+    tl.norm(q_norm, h.q_lora);
+    tl.norm(kv_norm, R);
+    tl.mat(b + "attn_q_a.weight", {E, h.q_lora}, 1.0, {attn_norm});
+    tl.mat(b + "attn_q_b.weight", {h.q_lora, H * h.k_mla}, 1.0, {q_norm});
+    tl.mat(b + "attn_kv_a_mqa.weight", {E, R}, 1.0, {attn_norm});
+    tl.mat(b + "attn_k_b.weight", {h.k_mla, R, H}, 1.0, {});
+    tl.mat(b + "attn_v_b.weight", {R, h.v_mla, H}, 1.0, {kv_norm});
+    tl.mat(b + "attn_output.weight", {H * h.v_mla, E}, 0.7, {});
+    tl.mat(b + "indexer.attn_q_b.weight", {h.q_lora, h.idx_heads * Di}, 1.0, {q_norm});
+    tl.mat(b + "indexer.proj.weight", {E, h.idx_heads}, 1.0, {attn_norm}).f32_in_float_files = true;
+    tl.mat(b + "indexer_compressor_kv.weight", {E, Di}, 1.0, {attn_norm});
+    tl.mat(b + "indexer_compressor_gate.weight", {E, Di}, 2.0, {attn_norm});
+    tl.values(b + "indexer_compressor_ape.weight", {Di, h.idx_pool}, 0.0, 0.75).keep_f32 = true;
+    tl.norm(b + "indexer_compressor_norm.weight", Di);
+}
+
+}  // namespace
+
+Layout build_glm5next_layout(const Glm5NextHParams& h) {
+    h.validate();
+
+    Layout L;
+    L.arch = "glm5next";
+    append_glm5next_metadata(h, L.metadata);
+    const int64_t n_blocks = h.n_layer + h.n_nextn;
 
     const int64_t E = h.n_embd, V = h.n_vocab, S = h.hc;
     auto& T = L.tensors;
@@ -212,42 +265,9 @@ Layout build_glm5next_layout(const Glm5NextHParams& h) {
             tl.values(hc + "_scale.weight", {3}, 1.0, 0.2);
         }
         if (!h.is_mla(il)) {
-            const int64_t H = h.kda_heads, D = h.kda_dim, di = H * D, r = h.kda_rank;
-            for (const char* u : {"q", "k", "v"}) {
-                tl.mat(b + "attn_" + u + ".weight", {E, di}, 1.0, {attn_norm});
-                tl.values(b + "ssm_conv1d_" + u + ".weight", {h.conv_k, 1, di}, 0.0,
-                          TensorList::inv_sqrt(h.conv_k))
-                    .keep_f32 = true;
-            }
-            tl.mat(b + "ssm_f_a.weight", {E, r}, 1.0, {attn_norm});
-            tl.mat(b + "ssm_f_b.weight", {r, di}, 1.0, {});
-            tl.values(b + "ssm_dt.bias", {di}, -2.0, 0.5);
-            tl.values(b + "ssm_a", {1, H}, -1.0, 0.15);  // -exp(A_log): negative
-            tl.mat(b + "ssm_beta.weight", {E, H}, 1.0, {attn_norm});
-            tl.mat(b + "ssm_g_a.weight", {E, r}, 1.0, {attn_norm});
-            tl.mat(b + "ssm_g_b.weight", {r, di}, 1.0, {});
-            tl.norm(b + "ssm_norm.weight", D);
-            tl.mat(b + "attn_output.weight", {di, E}, 0.7, {});
+            kda_tensors(tl, b, attn_norm, h, E);
         } else {
-            const int64_t H = h.mla_heads, R = h.kv_lora, Di = h.idx_dim;
-            const std::string q_norm = b + "attn_q_a_norm.weight",
-                              kv_norm = b + "attn_kv_a_norm.weight";
-            tl.norm(q_norm, h.q_lora);
-            tl.norm(kv_norm, R);
-            tl.mat(b + "attn_q_a.weight", {E, h.q_lora}, 1.0, {attn_norm});
-            tl.mat(b + "attn_q_b.weight", {h.q_lora, H * h.k_mla}, 1.0, {q_norm});
-            tl.mat(b + "attn_kv_a_mqa.weight", {E, R}, 1.0, {attn_norm});
-            tl.mat(b + "attn_k_b.weight", {h.k_mla, R, H}, 1.0, {});
-            tl.mat(b + "attn_v_b.weight", {R, h.v_mla, H}, 1.0, {kv_norm});
-            tl.mat(b + "attn_output.weight", {H * h.v_mla, E}, 0.7, {});
-            tl.mat(b + "indexer.attn_q_b.weight", {h.q_lora, h.idx_heads * Di}, 1.0, {q_norm});
-            tl.mat(b + "indexer.proj.weight", {E, h.idx_heads}, 1.0, {attn_norm})
-                .f32_in_float_files = true;
-            tl.mat(b + "indexer_compressor_kv.weight", {E, Di}, 1.0, {attn_norm});
-            tl.mat(b + "indexer_compressor_gate.weight", {E, Di}, 2.0, {attn_norm});
-            tl.values(b + "indexer_compressor_ape.weight", {Di, h.idx_pool}, 0.0, 0.75).keep_f32 =
-                true;
-            tl.norm(b + "indexer_compressor_norm.weight", Di);
+            mla_tensors(tl, b, attn_norm, h, E);
         }
         tl.ffn(b, ffn_norm, E, il < h.n_dense, h.n_ff, h.n_expert, h.n_ff_exp,
                h.n_ff_exp * h.n_expert_shared);

@@ -228,74 +228,151 @@ struct Walk {
         return {counter, n};
     }
 
+    // llama-quantize's type for one tensor of category c, in a mix of type ft
+    // whose default is t; the rule per category below.
     Type rule(Type t, Cat c, const std::string& name, int64_t ne0);
+    bool low_bit() const;
+    bool iq2_s_or_m() const;
+    Type output_rule(Type t, int64_t ne0) const;
+    Type embd_rule(Type t) const;
+    Type low_bit_rule(Type t, Cat c);
+    Type v_rule(Type t);
+    Type down_rule(Type t, const std::string& name);
+    Type attn_out_rule(Type t) const;
 };
+
+bool Walk::low_bit() const {
+    using F = FileType;
+    return any_of({F::MOSTLY_IQ2_XXS, F::MOSTLY_IQ2_XS, F::MOSTLY_IQ1_S, F::MOSTLY_IQ2_S,
+                   F::MOSTLY_IQ2_M, F::MOSTLY_IQ1_M});
+}
+
+bool Walk::iq2_s_or_m() const {
+    return any_of({FileType::MOSTLY_IQ2_S, FileType::MOSTLY_IQ2_M});
+}
+
+// The output matrix, and the embeddings when they are tied to it.
+Type Walk::output_rule(Type t, int64_t ne0) const {
+    using F = FileType;
+    if (ne0 % quant::traits(t).block_size != 0) return Type::Q8_0;
+    if (any_of({F::MOSTLY_IQ2_XXS, F::MOSTLY_IQ2_XS, F::MOSTLY_IQ3_XXS, F::MOSTLY_IQ1_S,
+                F::MOSTLY_IQ2_S, F::MOSTLY_IQ2_M, F::MOSTLY_IQ1_M}))
+        return Type::Q5_K;
+    return t == Type::Q8_0 ? t : Type::Q6_K;
+}
+
+Type Walk::embd_rule(Type t) const {
+    using F = FileType;
+    if (any_of({F::MOSTLY_IQ2_XXS, F::MOSTLY_IQ2_XS, F::MOSTLY_IQ1_S, F::MOSTLY_IQ1_M}))
+        return Type::Q2_K;
+    if (iq2_s_or_m() || ft == F::MOSTLY_IQ3_XXS) return Type::IQ3_S;
+    return t;
+}
+
+// The 1-2 bit mixes: most matrices keep the mix's type.
+Type Walk::low_bit_rule(Type t, Cat c) {
+    using F = FileType;
+    if (is_v_like(c)) {
+        ++i_v_like;
+        if (n_gqa() >= 4 || m.n_expert >= 4) return Type::Q4_K;
+        return iq2_s_or_m() ? Type::IQ3_S : Type::Q2_K;
+    }
+    if (m.n_expert == 8 && c == Cat::AttnK) return Type::Q4_K;
+    if (c == Cat::Down) {
+        const bool first = i_down < m.n_layer_all / 8;
+        ++i_down;
+        if (first) return iq2_s_or_m() ? Type::IQ3_S : Type::Q2_K;
+        return t;
+    }
+    if (c == Cat::AttnOut) {
+        if (m.n_expert == 8) return Type::Q5_K;
+        if (any_of({F::MOSTLY_IQ1_S, F::MOSTLY_IQ1_M})) return Type::IQ2_XXS;
+        if (iq2_s_or_m()) return Type::IQ3_S;
+    }
+    return t;
+}
+
+// The value-like attention matrices (attn_v, attn_qkv, attn_kv_b).
+Type Walk::v_rule(Type t) {
+    using F = FileType;
+    const int gqa = n_gqa();
+    if (ft == F::MOSTLY_Q2_K)
+        t = gqa >= 4 ? Type::Q4_K : Type::Q3_K;
+    else if (ft == F::MOSTLY_Q2_K_S && gqa >= 4)
+        t = Type::Q4_K;
+    else if (ft == F::MOSTLY_IQ3_XXS)
+        t = gqa >= 4 ? Type::Q4_K : (m.has_imatrix ? Type::IQ3_XXS : Type::IQ3_S);
+    else if (any_of({F::MOSTLY_IQ3_XS, F::MOSTLY_IQ3_S}) && gqa >= 4)
+        t = Type::Q4_K;
+    else if (ft == F::MOSTLY_IQ3_M)
+        t = Type::Q4_K;
+    else if (ft == F::MOSTLY_Q3_K_M)
+        t = i_v_like < 2 ? Type::Q5_K : Type::Q4_K;
+    else if (ft == F::MOSTLY_Q3_K_L)
+        t = Type::Q5_K;
+    else if (any_of({F::MOSTLY_IQ4_NL, F::MOSTLY_IQ4_XS}) && gqa >= 4)
+        t = Type::Q5_K;
+    else if (any_of({F::MOSTLY_Q4_K_M, F::MOSTLY_Q5_K_M}) && more_bits(i_v_like, n_v_like))
+        t = Type::Q6_K;
+    else if (ft == F::MOSTLY_Q4_K_S && i_v_like < 4)
+        t = Type::Q5_K;
+    if (m.n_expert == 8) t = Type::Q8_0;
+    ++i_v_like;
+    return t;
+}
+
+Type Walk::down_rule(Type t, const std::string& name) {
+    using F = FileType;
+    const auto [il, n] = layer_of(i_down, name);
+    if (ft == F::MOSTLY_Q2_K)
+        t = Type::Q3_K;
+    else if (ft == F::MOSTLY_Q2_K_S) {
+        if (il < n / 8) t = Type::Q4_K;
+    } else if (ft == F::MOSTLY_IQ3_XXS && !m.has_imatrix)
+        t = il < n / 8 ? Type::Q4_K : Type::Q3_K;
+    else if (ft == F::MOSTLY_Q3_K_M)
+        t = il < n / 16 ? Type::Q5_K : Type::Q4_K;
+    else if (ft == F::MOSTLY_IQ3_M && (il < n / 8 || (m.n_expert == 8 && more_bits(il, n))))
+        t = Type::Q4_K;
+    else if (ft == F::MOSTLY_Q3_K_L)
+        t = Type::Q5_K;
+    else if (ft == F::MOSTLY_Q4_K_M) {
+        if (more_bits(il, n)) t = Type::Q6_K;
+    } else if (il < n / 8 && any_of({F::MOSTLY_IQ4_NL, F::MOSTLY_IQ4_XS}) && !m.has_imatrix)
+        t = Type::Q5_K;
+    else if (ft == F::MOSTLY_Q5_K_M && more_bits(il, n))
+        t = Type::Q6_K;
+    else if (ft == F::MOSTLY_Q4_K_S && il < n / 8)
+        t = Type::Q5_K;
+    else if (any_of({F::MOSTLY_Q4_0, F::MOSTLY_Q5_0}) && m.has_imatrix && il < n / 8)
+        t = ft == F::MOSTLY_Q4_0 ? Type::Q4_1 : Type::Q5_1;
+    ++i_down;
+    return t;
+}
+
+Type Walk::attn_out_rule(Type t) const {
+    using F = FileType;
+    if (m.n_expert == 8) {
+        if (any_of({F::MOSTLY_Q2_K, F::MOSTLY_IQ3_XS, F::MOSTLY_IQ3_XXS, F::MOSTLY_Q3_K_S,
+                    F::MOSTLY_Q3_K_M, F::MOSTLY_IQ4_NL, F::MOSTLY_Q4_K_S, F::MOSTLY_Q4_K_M,
+                    F::MOSTLY_IQ3_S, F::MOSTLY_IQ3_M, F::MOSTLY_IQ4_XS}))
+            return Type::Q5_K;
+        return t;
+    }
+    if (ft == F::MOSTLY_Q2_K) return Type::Q3_K;
+    if (ft == F::MOSTLY_IQ3_XXS) return Type::IQ3_S;
+    if (ft == F::MOSTLY_Q3_K_M) return Type::Q4_K;
+    if (ft == F::MOSTLY_Q3_K_L) return Type::Q5_K;
+    if (ft == F::MOSTLY_IQ3_M) return Type::Q4_K;
+    return t;
+}
 
 Type Walk::rule(Type t, Cat c, const std::string& name, int64_t ne0) {
     using F = FileType;
-    const bool low_bit = any_of({F::MOSTLY_IQ2_XXS, F::MOSTLY_IQ2_XS, F::MOSTLY_IQ1_S,
-                                 F::MOSTLY_IQ2_S, F::MOSTLY_IQ2_M, F::MOSTLY_IQ1_M});
-    const bool iq2_s_or_m = any_of({F::MOSTLY_IQ2_S, F::MOSTLY_IQ2_M});
-
-    if (c == Cat::Output || (tied && c == Cat::TokenEmbd)) {
-        if (ne0 % quant::traits(t).block_size != 0) return Type::Q8_0;
-        if (any_of({F::MOSTLY_IQ2_XXS, F::MOSTLY_IQ2_XS, F::MOSTLY_IQ3_XXS, F::MOSTLY_IQ1_S,
-                    F::MOSTLY_IQ2_S, F::MOSTLY_IQ2_M, F::MOSTLY_IQ1_M}))
-            return Type::Q5_K;
-        return t == Type::Q8_0 ? t : Type::Q6_K;
-    }
-    if (c == Cat::TokenEmbd) {
-        if (any_of({F::MOSTLY_IQ2_XXS, F::MOSTLY_IQ2_XS, F::MOSTLY_IQ1_S, F::MOSTLY_IQ1_M}))
-            return Type::Q2_K;
-        if (iq2_s_or_m || ft == F::MOSTLY_IQ3_XXS) return Type::IQ3_S;
-        return t;
-    }
-    if (low_bit) {
-        if (is_v_like(c)) {
-            ++i_v_like;
-            if (n_gqa() >= 4 || m.n_expert >= 4) return Type::Q4_K;
-            return iq2_s_or_m ? Type::IQ3_S : Type::Q2_K;
-        }
-        if (m.n_expert == 8 && c == Cat::AttnK) return Type::Q4_K;
-        if (c == Cat::Down) {
-            const bool first = i_down < m.n_layer_all / 8;
-            ++i_down;
-            if (first) return iq2_s_or_m ? Type::IQ3_S : Type::Q2_K;
-            return t;
-        }
-        if (c == Cat::AttnOut) {
-            if (m.n_expert == 8) return Type::Q5_K;
-            if (any_of({F::MOSTLY_IQ1_S, F::MOSTLY_IQ1_M})) return Type::IQ2_XXS;
-            if (iq2_s_or_m) return Type::IQ3_S;
-        }
-        return t;
-    }
-    if (is_v_like(c)) {
-        const int gqa = n_gqa();
-        if (ft == F::MOSTLY_Q2_K)
-            t = gqa >= 4 ? Type::Q4_K : Type::Q3_K;
-        else if (ft == F::MOSTLY_Q2_K_S && gqa >= 4)
-            t = Type::Q4_K;
-        else if (ft == F::MOSTLY_IQ3_XXS)
-            t = gqa >= 4 ? Type::Q4_K : (m.has_imatrix ? Type::IQ3_XXS : Type::IQ3_S);
-        else if (any_of({F::MOSTLY_IQ3_XS, F::MOSTLY_IQ3_S}) && gqa >= 4)
-            t = Type::Q4_K;
-        else if (ft == F::MOSTLY_IQ3_M)
-            t = Type::Q4_K;
-        else if (ft == F::MOSTLY_Q3_K_M)
-            t = i_v_like < 2 ? Type::Q5_K : Type::Q4_K;
-        else if (ft == F::MOSTLY_Q3_K_L)
-            t = Type::Q5_K;
-        else if (any_of({F::MOSTLY_IQ4_NL, F::MOSTLY_IQ4_XS}) && gqa >= 4)
-            t = Type::Q5_K;
-        else if (any_of({F::MOSTLY_Q4_K_M, F::MOSTLY_Q5_K_M}) && more_bits(i_v_like, n_v_like))
-            t = Type::Q6_K;
-        else if (ft == F::MOSTLY_Q4_K_S && i_v_like < 4)
-            t = Type::Q5_K;
-        if (m.n_expert == 8) t = Type::Q8_0;
-        ++i_v_like;
-        return t;
-    }
+    if (c == Cat::Output || (tied && c == Cat::TokenEmbd)) return output_rule(t, ne0);
+    if (c == Cat::TokenEmbd) return embd_rule(t);
+    if (low_bit()) return low_bit_rule(t, c);
+    if (is_v_like(c)) return v_rule(t);
     if (c == Cat::AttnK) {
         if (m.n_expert == 8) return Type::Q8_0;
         if (ft == F::MOSTLY_IQ3_XS) return Type::IQ3_XXS;
@@ -307,48 +384,8 @@ Type Walk::rule(Type t, Cat c, const std::string& name, int64_t ne0) {
         if (ft == F::MOSTLY_IQ3_XXS) return Type::IQ2_S;
         return t;
     }
-    if (c == Cat::Down) {
-        const auto [il, n] = layer_of(i_down, name);
-        if (ft == F::MOSTLY_Q2_K)
-            t = Type::Q3_K;
-        else if (ft == F::MOSTLY_Q2_K_S) {
-            if (il < n / 8) t = Type::Q4_K;
-        } else if (ft == F::MOSTLY_IQ3_XXS && !m.has_imatrix)
-            t = il < n / 8 ? Type::Q4_K : Type::Q3_K;
-        else if (ft == F::MOSTLY_Q3_K_M)
-            t = il < n / 16 ? Type::Q5_K : Type::Q4_K;
-        else if (ft == F::MOSTLY_IQ3_M && (il < n / 8 || (m.n_expert == 8 && more_bits(il, n))))
-            t = Type::Q4_K;
-        else if (ft == F::MOSTLY_Q3_K_L)
-            t = Type::Q5_K;
-        else if (ft == F::MOSTLY_Q4_K_M) {
-            if (more_bits(il, n)) t = Type::Q6_K;
-        } else if (il < n / 8 && any_of({F::MOSTLY_IQ4_NL, F::MOSTLY_IQ4_XS}) && !m.has_imatrix)
-            t = Type::Q5_K;
-        else if (ft == F::MOSTLY_Q5_K_M && more_bits(il, n))
-            t = Type::Q6_K;
-        else if (ft == F::MOSTLY_Q4_K_S && il < n / 8)
-            t = Type::Q5_K;
-        else if (any_of({F::MOSTLY_Q4_0, F::MOSTLY_Q5_0}) && m.has_imatrix && il < n / 8)
-            t = ft == F::MOSTLY_Q4_0 ? Type::Q4_1 : Type::Q5_1;
-        ++i_down;
-        return t;
-    }
-    if (c == Cat::AttnOut) {
-        if (m.n_expert == 8) {
-            if (any_of({F::MOSTLY_Q2_K, F::MOSTLY_IQ3_XS, F::MOSTLY_IQ3_XXS, F::MOSTLY_Q3_K_S,
-                        F::MOSTLY_Q3_K_M, F::MOSTLY_IQ4_NL, F::MOSTLY_Q4_K_S, F::MOSTLY_Q4_K_M,
-                        F::MOSTLY_IQ3_S, F::MOSTLY_IQ3_M, F::MOSTLY_IQ4_XS}))
-                return Type::Q5_K;
-            return t;
-        }
-        if (ft == F::MOSTLY_Q2_K) return Type::Q3_K;
-        if (ft == F::MOSTLY_IQ3_XXS) return Type::IQ3_S;
-        if (ft == F::MOSTLY_Q3_K_M) return Type::Q4_K;
-        if (ft == F::MOSTLY_Q3_K_L) return Type::Q5_K;
-        if (ft == F::MOSTLY_IQ3_M) return Type::Q4_K;
-        return t;
-    }
+    if (c == Cat::Down) return down_rule(t, name);
+    if (c == Cat::AttnOut) return attn_out_rule(t);
     if (c == Cat::AttnQkv) {
         if (any_of({F::MOSTLY_Q3_K_M, F::MOSTLY_Q3_K_L, F::MOSTLY_IQ3_M})) return Type::Q4_K;
         if (ft == F::MOSTLY_Q4_K_M) return Type::Q5_K;
