@@ -200,6 +200,177 @@ TEST_F(ServerHttp, MalformedRequestsGetOpenAIErrors) {
     }
 }
 
+// ---- agent clients: the context, count_tokens, structured output, billing header ----------
+
+namespace {
+
+// A user message of `words` words (the same tokens each).
+json user_words(int words) {
+    std::string text;
+    for (int i = 0; i < words; ++i) text += "word ";
+    return json::array({{{"role", "user"}, {"content", text}}});
+}
+
+int64_t count_tokens(int port, const json& body) {
+    const HttpReply r = http_post(port, "/v1/messages/count_tokens", body.dump());
+    EXPECT_EQ(r.status, 200) << r.raw.substr(0, 2000);
+    const json j = json::parse(r.body, nullptr, false);
+    return j.is_object() ? j.value("input_tokens", int64_t(-1)) : -1;
+}
+
+}  // namespace
+
+// Claude Code asks for max_tokens 32000 whatever the context: the reply runs to the
+// context's end and says so (stop_reason max_tokens, finish_reason length).
+TEST_F(ServerHttp, MaxTokensPastTheContextRunsToItsEnd) {
+    json body = {{"model", "claude-x"},
+                 {"max_tokens", 32000},
+                 {"temperature", 0},
+                 {"ignore_eos", true},
+                 {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+    const HttpReply r = http_post(port(), "/v1/messages", body.dump());
+    ASSERT_EQ(r.status, 200) << r.raw.substr(0, 2000);
+    const json j = json::parse(r.body);
+    EXPECT_EQ(j["stop_reason"], "max_tokens") << r.body.substr(0, 500);
+    const json& u = j["usage"];
+    const int64_t prompt =
+        u["input_tokens"].get<int64_t>() + u["cache_read_input_tokens"].get<int64_t>();
+    EXPECT_EQ(prompt, count_tokens(port(), body));
+    EXPECT_EQ(prompt + u["output_tokens"].get<int64_t>(), 256) << u.dump();
+
+    const json chat = {{"max_tokens", 32000},
+                       {"temperature", 0},
+                       {"ignore_eos", true},
+                       {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+    const HttpReply c = http_post(port(), "/v1/chat/completions", chat.dump());
+    ASSERT_EQ(c.status, 200) << c.raw.substr(0, 2000);
+    const json cj = json::parse(c.body);
+    EXPECT_EQ(cj["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(cj["usage"]["prompt_tokens"].get<int64_t>() +
+                  cj["usage"]["completion_tokens"].get<int64_t>(),
+              256)
+        << cj["usage"].dump();
+}
+
+// A prompt that alone fills the context: Anthropic's wording on /v1/messages (Claude Code
+// compacts its conversation on it), OpenAI's on the OpenAI endpoints.
+TEST_F(ServerHttp, PromptPastTheContextGetsEachAPIsWording) {
+    const json msgs = user_words(150);
+    const json anth = {{"model", "claude-x"}, {"max_tokens", 10}, {"messages", msgs}};
+    const int64_t n = count_tokens(port(), anth);
+    EXPECT_GT(n, 256);
+    HttpReply r = http_post(port(), "/v1/messages", anth.dump());
+    EXPECT_EQ(r.status, 400) << r.raw.substr(0, 2000);
+    EXPECT_EQ(json::parse(r.body), json({{"type", "error"},
+                                         {"error",
+                                          {{"type", "invalid_request_error"},
+                                           {"message", "prompt is too long: " + std::to_string(n) +
+                                                           " tokens > 256 maximum"}}}}));
+
+    r = http_post(port(), "/v1/chat/completions", json({{"messages", msgs}}).dump());
+    EXPECT_EQ(r.status, 400) << r.raw.substr(0, 2000);
+    json e = json::parse(r.body)["error"];
+    const std::string m = e.value("message", "");
+    const std::string head =
+        "This model's maximum context length is 256 tokens. However, your "
+        "messages resulted in ";
+    ASSERT_EQ(m.substr(0, head.size()), head) << m;
+    const int64_t chat_n = std::stoll(m.substr(head.size()));
+    EXPECT_GT(chat_n, 256);
+    EXPECT_EQ(e, json({{"message", head + std::to_string(chat_n) +
+                                       " tokens. Please reduce the length of the messages."},
+                       {"type", "invalid_request_error"},
+                       {"param", "messages"},
+                       {"code", "context_length_exceeded"}}));
+
+    std::string words;
+    for (int i = 0; i < 150; ++i) words += "word ";
+    r = http_post(port(), "/v1/completions", json({{"prompt", words}}).dump());
+    EXPECT_EQ(r.status, 400) << r.raw.substr(0, 2000);
+    e = json::parse(r.body)["error"];
+    EXPECT_EQ(e["param"], "prompt");
+    EXPECT_EQ(e["code"], "context_length_exceeded");
+    expect_still_serving();
+}
+
+// count_tokens only tokenizes: a prompt longer than the context is counted.
+TEST_F(ServerHttp, CountTokensCountsPastTheContext) {
+    const int64_t small = count_tokens(port(), {{"messages", user_words(100)}});
+    const int64_t big = count_tokens(port(), {{"messages", user_words(1000)}});
+    EXPECT_GT(small, 100);
+    EXPECT_GT(big, 1000);
+    const int64_t two = count_tokens(port(), {{"messages", user_words(200)}});
+    EXPECT_EQ(big - small, (two - small) * 9);  // every word its tokens, however many
+}
+
+// output_config.format constrains the reply to the schema (Claude Code's title request,
+// the SDK's messages.parse).
+TEST_F(ServerHttp, OutputConfigFormatConstrainsTheReply) {
+    const json schema = {
+        {"type", "object"},
+        {"properties",
+         {{"title", {{"type", "string"}, {"maxLength", 12}}}, {"done", {{"type", "boolean"}}}}},
+        {"required", {"title", "done"}},
+        {"additionalProperties", false}};
+    for (const char* spelling : {"output_config", "output_format"}) {
+        SCOPED_TRACE(spelling);
+        json body = {{"model", "claude-x"},
+                     {"max_tokens", 60},
+                     {"temperature", 0},
+                     {"messages", {{{"role", "user"}, {"content", "Title this chat"}}}}};
+        const json fmt = {{"type", "json_schema"}, {"schema", schema}};
+        if (std::string(spelling) == "output_config")
+            body["output_config"] = {{"format", fmt}};
+        else
+            body["output_format"] = fmt;
+        const HttpReply r = http_post(port(), "/v1/messages", body.dump());
+        ASSERT_EQ(r.status, 200) << r.raw.substr(0, 2000);
+        const json j = json::parse(r.body);
+        ASSERT_EQ(j["content"].size(), 1u) << r.body;
+        EXPECT_EQ(j["stop_reason"], "end_turn") << r.body;
+        const json out = json::parse(j["content"][0].value("text", ""), nullptr, false);
+        ASSERT_TRUE(out.is_object()) << r.body;
+        EXPECT_EQ(out.size(), 2u) << out.dump();
+        ASSERT_TRUE(out.contains("title") && out["title"].is_string()) << out.dump();
+        const std::string title = out["title"].get<std::string>();
+        size_t chars = 0;  // maxLength counts characters
+        for (unsigned char ch : title) chars += (ch & 0xC0) != 0x80;
+        EXPECT_LE(chars, 12u) << title;
+        ASSERT_TRUE(out.contains("done") && out["done"].is_boolean()) << out.dump();
+    }
+    json bad = {{"max_tokens", 10},
+                {"output_config", {{"effort", "extreme"}}},
+                {"messages", {{{"role", "user"}, {"content", "x"}}}}};
+    const HttpReply r = http_post(port(), "/v1/messages", bad.dump());
+    EXPECT_EQ(r.status, 400);
+    const json j = json::parse(r.body);
+    EXPECT_EQ(j["type"], "error");
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("output_config.effort"),
+              std::string::npos);
+}
+
+// Claude Code's x-anthropic-billing-header system block changes between requests: it is
+// not part of the prompt.
+TEST_F(ServerHttp, BillingHeaderBlockIsNotThePrompts) {
+    auto body = [](const std::string& cch) {
+        return json{{"model", "claude-x"},
+                    {"system",
+                     {{{"type", "text"},
+                       {"text",
+                        "x-anthropic-billing-header: cc_version=2.1.3; "
+                        "cc_entrypoint=cli; cch=" +
+                            cch + ";"}},
+                      {{"type", "text"}, {"text", "You are a helpful assistant."}}}},
+                    {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+    };
+    const int64_t a = count_tokens(port(), body("0f3a1"));
+    EXPECT_EQ(a, count_tokens(port(), body("9b27c4d88e")));
+    json plain = body("x");
+    plain["system"].erase(0);
+    EXPECT_EQ(a, count_tokens(port(), plain));
+}
+
 // Recursion through optional members is a legal tool schema, and a forced call of
 // it is a call, with keywords the grammar does not enforce accepted.
 TEST(ServerTools, RecursiveToolSchemaThroughOptionalMembersIsCalled) {

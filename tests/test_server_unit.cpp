@@ -356,24 +356,48 @@ TEST(RequestParsing, DeveloperMessagesAreSystemMessages) {
     EXPECT_EQ(dev.prompts[0].tokens, sys.prompts[0].tokens);
 }
 
-// Without max_tokens a reply may run to the context's end; an explicit one
-// that does not fit beside the prompt is a 400 (as OpenAI answers).
-TEST(RequestParsing, MaxTokensPastTheContextIsRefused) {
+// max_tokens past the context is taken, and the reply runs to the context's end (as
+// llama-server's does); only a prompt that leaves no room for one token is refused, in
+// OpenAI's wording on its endpoints and Anthropic's on /v1/messages.
+TEST(RequestParsing, MaxTokensPastTheContextRunsToItsEnd) {
     const ModelContext& mc = fx().mc;
-    try {
-        parse_chat_request(chat(R"("max_tokens":100000)"), mc);
-        FAIL() << "max_tokens past the context accepted";
-    } catch (const ApiError& e) {
-        EXPECT_EQ(e.status(), 400);
-        EXPECT_EQ(e.param(), "max_tokens");
-        EXPECT_EQ(e.code(), "context_length_exceeded");
-    }
+    GenRequest big = parse_chat_request(chat(R"("max_tokens":100000)"), mc);
+    EXPECT_EQ(engine_params(big, 0, mc).max_tokens,
+              mc.n_ctx - int64_t(big.prompts[0].tokens.size()));
     GenRequest fits = parse_chat_request(chat(R"("max_tokens":100)"), mc);
     EXPECT_EQ(engine_params(fits, 0, mc).max_tokens, 100);
     GenRequest d = parse_chat_request(chat(""), mc);
     EXPECT_EQ(engine_params(d, 0, mc).max_tokens, mc.n_ctx - int64_t(d.prompts[0].tokens.size()));
     GenRequest e = parse_chat_request(chat(R"("ignore_eos":true)"), mc);
     EXPECT_TRUE(engine_params(e, 0, mc).stop_ids.empty());
+
+    std::string words;
+    for (int i = 0; i < 1500; ++i) words += "word ";
+    const ojson long_chat = {{"messages", {{{"role", "user"}, {"content", words}}}}};
+    const int64_t n = count_chat_prompt(long_chat, mc);
+    EXPECT_GT(n, mc.n_ctx);
+    try {
+        parse_chat_request(long_chat, mc);
+        FAIL() << "a prompt past the context accepted";
+    } catch (const ApiError& err) {
+        EXPECT_EQ(err.status(), 400);
+        EXPECT_EQ(err.param(), "messages");
+        EXPECT_EQ(err.code(), "context_length_exceeded");
+        EXPECT_EQ(err.body()["error"]["message"],
+                  "This model's maximum context length is 2048 tokens. However, your messages "
+                  "resulted in " +
+                      std::to_string(n) + " tokens. Please reduce the length of the messages.");
+        EXPECT_EQ(anthropic::error_body(err)["error"]["message"],
+                  "prompt is too long: " + std::to_string(n) + " tokens > 2048 maximum");
+        EXPECT_EQ(anthropic::error_body(err)["error"]["type"], "invalid_request_error");
+    }
+    try {
+        parse_completion_request(ojson{{"prompt", words}}, mc);
+        FAIL() << "a prompt past the context accepted";
+    } catch (const ApiError& err) {
+        EXPECT_EQ(err.param(), "prompt");
+        EXPECT_EQ(err.code(), "context_length_exceeded");
+    }
 }
 
 TEST(RequestParsing, ReasoningSwitches) {
@@ -701,4 +725,124 @@ TEST(AnthropicRequest, MapsOntoTheChatBody) {
     EXPECT_EQ(anthropic::error_body(401, "m")["error"]["type"], "authentication_error");
     EXPECT_EQ(anthropic::error_body(503, "m")["error"]["type"], "overloaded_error");
     EXPECT_EQ(anthropic::tool_use_id("call_abc"), "toolu_abc");
+}
+
+// output_config: format is response_format's JSON schema, effort the reasoning effort;
+// output_format is format's beta spelling; values the API does not define are refused.
+TEST(AnthropicRequest, OutputConfigMapsOntoResponseFormatAndEffort) {
+    const std::string msgs = R"("max_tokens":50,"messages":[{"role":"user","content":"x"}])";
+    auto body = [&](const std::string& extra) {
+        return ojson::parse("{" + msgs + "," + extra + "}");
+    };
+    const ojson schema = {
+        {"type", "object"}, {"properties", {{"ok", {{"type", "boolean"}}}}}, {"required", {"ok"}}};
+    const ojson want = {{"type", "json_schema"},
+                        {"json_schema", {{"name", "output"}, {"schema", schema}}}};
+    const ojson fmt = {{"type", "json_schema"}, {"schema", schema}};
+    ojson chat =
+        anthropic::to_chat_body(body(R"("output_config":{"format":)" + fmt.dump() + "}"), false);
+    EXPECT_EQ(chat["response_format"], want);
+    EXPECT_TRUE(parse_chat_request(chat, fx().mc).grammar);
+    chat = anthropic::to_chat_body(body(R"("output_format":)" + fmt.dump()), false);
+    EXPECT_EQ(chat["response_format"], want);
+
+    for (const char* e : {"low", "medium", "high"})
+        EXPECT_EQ(
+            anthropic::to_chat_body(body(std::string(R"("output_config":{"effort":")") + e + "\"}"),
+                                    false)["reasoning_effort"],
+            e);
+    for (const char* e : {"xhigh", "max"})
+        EXPECT_EQ(
+            anthropic::to_chat_body(body(std::string(R"("output_config":{"effort":")") + e + "\"}"),
+                                    false)["reasoning_effort"],
+            "max");
+    // With thinking on, the effort is the prompt's.
+    const GenRequest g = parse_chat_request(
+        anthropic::to_chat_body(
+            body(R"("thinking":{"type":"adaptive"},"output_config":{"effort":"low"})"), false),
+        fx().mc);
+    EXPECT_NE(fx().tok->decode(g.prompts[0].tokens).find("Reasoning Effort: Low"),
+              std::string::npos);
+
+    for (
+        const char* bad : {
+            R"("output_config":{"effort":"extreme"})",
+            R"("output_config":{"effort":3})",
+            R"("output_config":{"format":{"type":"text"}})",
+            R"("output_config":{"format":{"type":"json_schema"}})",
+            R"("output_config":{"task_budget":{"type":"tokens","total":1000}})",
+            R"("output_config":"fast")",
+            R"("output_format":{"type":"json_schema","schema":{"type":"object"}},"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}})",
+        }) {
+        try {
+            anthropic::to_chat_body(body(bad), false);
+            ADD_FAILURE() << "accepted " << bad;
+        } catch (const ApiError& e) {
+            EXPECT_EQ(e.status(), 400) << bad;
+            EXPECT_EQ(anthropic::error_body(e)["error"]["type"], "invalid_request_error");
+            EXPECT_NE(std::string(e.what()).find("output_"), std::string::npos) << e.what();
+        }
+    }
+}
+
+// Fields of the Messages API that need what this server does not run are refused, naming
+// them; those that ask for nothing it lacks are taken.
+TEST(AnthropicRequest, FieldsItCannotServeAreRefusedByName) {
+    const std::string msgs = R"("max_tokens":50,"messages":[{"role":"user","content":"x"}])";
+    auto body = [&](const std::string& extra) {
+        return ojson::parse("{" + msgs + "," + extra + "}");
+    };
+    for (const auto& [extra, name] : std::vector<std::pair<std::string, std::string>>{
+             {R"("container":"c1")", "container"},
+             {R"("mcp_servers":[{"type":"url","url":"https://x","name":"x"}])", "mcp_servers"},
+             {R"("fallbacks":[{"model":"m"}])", "fallbacks"},
+             {R"("speed":"fast")", "speed"},
+             {R"("service_tier":"priority")", "service_tier"},
+             {R"("thinking":{"type":"adaptive","display":"omitted"})", "thinking.display"},
+             {R"("context_management":{"edits":[{"type":"clear_tool_uses_20250919"}]})",
+              "context_management"},
+         }) {
+        try {
+            anthropic::to_chat_body(body(extra), false);
+            ADD_FAILURE() << "accepted " << extra;
+        } catch (const ApiError& e) {
+            EXPECT_EQ(e.status(), 400) << extra;
+            EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+        }
+    }
+    for (const char* ok :
+         {R"("mcp_servers":[])", R"("speed":"standard")", R"("service_tier":"auto")",
+          R"("inference_geo":"us")", R"("cache_control":{"type":"ephemeral"})",
+          R"("thinking":{"type":"adaptive","display":"summarized"})"})
+        EXPECT_NO_THROW(anthropic::to_chat_body(body(ok), false)) << ok;
+    const ojson chat = anthropic::to_chat_body(
+        body(R"("context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]})"),
+        false);
+    EXPECT_EQ(chat["chat_template_kwargs"]["clear_thinking"], false);
+}
+
+// Claude Code's billing-header system block is metadata: two requests that differ only
+// in it are one prompt.
+TEST(AnthropicRequest, BillingHeaderSystemBlockIsDropped) {
+    auto prompt = [](const std::string& system) {
+        const ojson body = ojson::parse(R"({"max_tokens":50,"system":)" + system +
+                                        R"(,"messages":[{"role":"user","content":"x"}]})");
+        return parse_chat_request(anthropic::to_chat_body(body, false), fx().mc).prompts[0].tokens;
+    };
+    const std::string a =
+        R"([{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.3; cc_entrypoint=cli; cch=1;"},{"type":"text","text":"You are helpful."}])";
+    const std::string b =
+        R"([{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.3; cc_entrypoint=cli; cch=2;"},{"type":"text","text":"You are helpful."}])";
+    EXPECT_EQ(prompt(a), prompt(b));
+    EXPECT_EQ(prompt(a), prompt(R"([{"type":"text","text":"You are helpful."}])"));
+    EXPECT_NE(prompt(a), prompt(R"([{"type":"text","text":"You are brief."}])"));
+    // Only that block: the same words elsewhere stay.
+    EXPECT_NE(prompt(R"([{"type":"text","text":"Note x-anthropic-billing-header: 1"}])"),
+              prompt(R"([{"type":"text","text":"Note x-anthropic-billing-header: 2"}])"));
+    // A system of that block alone is no system message at all.
+    const ojson only = anthropic::to_chat_body(
+        ojson::parse(
+            R"({"max_tokens":5,"system":[{"type":"text","text":"x-anthropic-billing-header: a;"}],"messages":[{"role":"user","content":"x"}]})"),
+        false);
+    EXPECT_EQ(only["messages"].size(), 1u) << only.dump();
 }

@@ -2,6 +2,9 @@
 
 #include <set>
 
+#include "core/error.h"
+#include "runtime/json_schema.h"
+
 namespace glm5::server::anthropic {
 
 namespace {
@@ -167,6 +170,12 @@ void assistant_message(const ojson& content, const std::string& where, ojson& ou
     out.push_back(std::move(m));
 }
 
+// Claude Code's per-request metadata block: not part of the conversation, and in some
+// versions different in every request, which would end the reusable prefix there.
+bool billing_header(const std::string& text) {
+    return text.starts_with("x-anthropic-billing-header:");
+}
+
 std::string system_text(const ojson& s, const std::string& where) {
     if (s.is_string()) return s.get<std::string>();
     if (!s.is_array()) throw invalid(where + " must be a string or an array of text blocks", where);
@@ -175,8 +184,10 @@ std::string system_text(const ojson& s, const std::string& where) {
         const std::string at = where + "[" + std::to_string(k) + "]";
         const std::string t = block_type(s[k], at);
         if (t != "text") throw invalid(at + ": system blocks must be text, not '" + t + "'", where);
+        const std::string text = text_field(s[k], "text", at);
+        if (billing_header(text)) continue;
         if (!out.empty()) out += "\n\n";
-        out += text_field(s[k], "text", at);
+        out += text;
     }
     return out;
 }
@@ -207,14 +218,118 @@ ojson tools_of(const ojson& tools) {
     return out;
 }
 
+// A JSON-schema format ({"type": "json_schema", "schema": {...}}) as the chat body's
+// response_format.
+ojson response_format(const ojson& f, const std::string& where) {
+    if (!f.is_object()) throw invalid("'" + where + "' must be an object", where);
+    const ojson* type = field(f, "type");
+    if (!type || *type != "json_schema")
+        throw invalid("'" + where + ".type' must be \"json_schema\"", where);
+    const ojson* schema = field(f, "schema");
+    if (!schema || !schema->is_object())
+        throw invalid("'" + where + ".schema' must be an object (a JSON schema)", where);
+    try {
+        runtime::check_json_schema(*schema);
+    } catch (const Error& e) {
+        throw invalid("'" + where + ".schema': " + e.what(), where);
+    }
+    return {{"type", "json_schema"}, {"json_schema", {{"name", "output"}, {"schema", *schema}}}};
+}
+
+// output_config: format (structured output) and effort (the reasoning effort; it shapes
+// reasoning, so with thinking disabled it changes nothing, there being no other effort
+// for this model to spend); output_format is format's earlier beta spelling.
+void output_config(const ojson& body, ojson& chat) {
+    const ojson* oc = field(body, "output_config");
+    const ojson* legacy = field(body, "output_format");
+    if (oc && !oc->is_object()) throw invalid("'output_config' must be an object", "output_config");
+    const ojson* format = oc ? field(*oc, "format") : nullptr;
+    if (format && legacy)
+        throw invalid("'output_format' and 'output_config.format' together: give one",
+                      "output_format");
+    if (format) chat["response_format"] = response_format(*format, "output_config.format");
+    if (legacy) chat["response_format"] = response_format(*legacy, "output_format");
+    if (!oc) return;
+    if (const ojson* e = field(*oc, "effort")) {
+        const std::string v = e->is_string() ? e->get<std::string>() : "";
+        // The model's efforts are low, medium and high, and its highest ("max", which
+        // Anthropic's xhigh and max ask for).
+        if (v == "low" || v == "medium" || v == "high")
+            chat["reasoning_effort"] = v;
+        else if (v == "xhigh" || v == "max")
+            chat["reasoning_effort"] = "max";
+        else
+            throw invalid("'output_config.effort' must be low, medium, high, xhigh or max, got " +
+                              (e->is_string() ? "'" + v + "'" : std::string(json_kind(*e))),
+                          "output_config.effort");
+    }
+    for (const auto& [key, v] : oc->items())
+        if (key != "format" && key != "effort" && !v.is_null())
+            throw invalid("'output_config." + key +
+                              "' is not supported by this server (it serves format and effort)",
+                          "output_config." + key);
+}
+
+// context_management: clearing past thinking; keeping it all is the template's option to
+// keep past reasoning. Other edits (clearing tool results, server-side compaction) are not
+// done here.
+void context_management(const ojson& body, ojson& chat) {
+    const ojson* cm = field(body, "context_management");
+    if (!cm) return;
+    if (!cm->is_object())
+        throw invalid("'context_management' must be an object", "context_management");
+    const ojson* edits = field(*cm, "edits");
+    if (!edits) return;
+    if (!edits->is_array())
+        throw invalid("'context_management.edits' must be an array", "context_management");
+    for (size_t i = 0; i < edits->size(); ++i) {
+        const ojson& e = (*edits)[i];
+        const std::string at = "context_management.edits[" + std::to_string(i) + "]";
+        const std::string type = e.is_object() ? e.value("type", "") : "";
+        const ojson* keep = e.is_object() ? field(e, "keep") : nullptr;
+        if (type.starts_with("clear_thinking_") && keep && *keep == "all") {
+            chat["chat_template_kwargs"] = {{"clear_thinking", false}};
+            continue;
+        }
+        throw invalid("'" + at + "' (" + (type.empty() ? e.dump() : type) +
+                          ") is not supported by this server: it keeps the conversation as "
+                          "sent; only clear_thinking with keep \"all\" is served",
+                      "context_management");
+    }
+}
+
+// Request fields of the Messages API that need what this server does not run (code
+// execution containers, MCP connections, other models, a faster tier): a 400 naming the
+// field unless at a value that asks for nothing.
+void check_unserved(const ojson& body) {
+    auto refuse = [](const std::string& name, const std::string& why) {
+        return invalid("'" + name + "' is not supported by this server: " + why, name);
+    };
+    if (field(body, "container")) throw refuse("container", "it runs no code execution containers");
+    if (const ojson* m = field(body, "mcp_servers"); m && !(m->is_array() && m->empty()))
+        throw refuse("mcp_servers", "it makes no outbound connections; declare tools instead");
+    if (const ojson* f = field(body, "fallbacks"); f && !(f->is_array() && f->empty()))
+        throw refuse("fallbacks", "it serves one model");
+    if (const ojson* sp = field(body, "speed"); sp && *sp != "standard")
+        throw refuse("speed", "it has one speed (\"standard\")");
+    if (const ojson* t = field(body, "service_tier"); t && *t != "auto" && *t != "standard_only")
+        throw invalid("'service_tier' must be auto or standard_only", "service_tier");
+    if (const ojson* c = field(body, "cache_control"); c && !c->is_object())
+        throw invalid("'cache_control' must be an object", "cache_control");
+}
+
 }  // namespace
 
 ojson to_chat_body(const ojson& body, bool count_tokens) {
     ojson chat = ojson::object();
     ojson msgs = ojson::array();
 
-    if (const ojson* s = field(body, "system"))
-        msgs.push_back({{"role", "system"}, {"content", system_text(*s, "system")}});
+    if (const ojson* s = field(body, "system")) {
+        std::string text = system_text(*s, "system");
+        // Blocks that were all metadata leave no system message, as if none was sent.
+        if (!text.empty() || s->is_string())
+            msgs.push_back({{"role", "system"}, {"content", std::move(text)}});
+    }
 
     const ojson* m = field(body, "messages");
     if (!m) throw invalid("'messages' is required", "messages");
@@ -262,6 +377,9 @@ ojson to_chat_body(const ojson& body, bool count_tokens) {
     if (const ojson* s = field(body, "stop_sequences")) chat["stop"] = *s;
     if (const ojson* md = field(body, "metadata"); md && !md->is_object())
         throw invalid("'metadata' must be an object", "metadata");
+    check_unserved(body);
+    output_config(body, chat);
+    context_management(body, chat);
 
     if (const ojson* t = field(body, "tools")) {
         ojson tools = tools_of(*t);
@@ -317,6 +435,13 @@ ojson to_chat_body(const ojson& body, bool count_tokens) {
                 "'thinking.type' must be enabled, adaptive or disabled, got '" + type + "'",
                 "thinking");
         }
+        // The reasoning is returned as generated, which "summarized" takes; leaving it out
+        // of the reply is not done.
+        if (const ojson* d = field(*th, "display"); d && *d != "summarized")
+            throw invalid("'thinking.display' " + d->dump() +
+                              " is not supported by this server: the reasoning is returned "
+                              "in full (\"summarized\")",
+                          "thinking.display");
     }
     return chat;
 }
@@ -353,7 +478,8 @@ ojson error_body(int status, const std::string& message) {
 }
 
 ojson error_body(const ApiError& e) {
-    return error_body(e.status(), e.what());
+    return error_body(
+        e.status(), e.anthropic_message().empty() ? std::string(e.what()) : e.anthropic_message());
 }
 
 bool is_messages_path(std::string_view path) {

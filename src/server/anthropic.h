@@ -3,7 +3,10 @@
 // prompt renderer and one engine path; the replies are shaped here and in
 // routes_anthropic.cpp.
 //
-//   system (a string or text blocks; also "system" messages)  -> a system message
+//   system (a string or text blocks; also "system" messages)  -> a system message, less
+//                                                                Claude Code's
+//                                                                x-anthropic-billing-header
+//                                                                block (per-request metadata)
 //   user: text and image blocks (base64 sources)              -> a user message, text and
 //                                                                image_url parts
 //   user: tool_result blocks                                  -> tool messages, before the
@@ -18,10 +21,17 @@
 //   stop_sequences, max_tokens, temperature, top_p, top_k      -> stop and the same fields
 //   seed, min_p, repeat_penalty, ignore_eos, cache_prompt,
 //   speculative (the chat endpoint's extensions)               -> the same fields
+//   output_config.format {json_schema} (or output_format)      -> response_format
+//   output_config.effort low | medium | high | xhigh | max      -> reasoning_effort (xhigh, max:
+//                                                                "max")
+//   context_management clear_thinking with keep "all"          -> chat_template_kwargs
+//                                                                .clear_thinking false
 //
-// metadata, cache_control, service_tier and unknown fields are accepted at their
-// neutral meaning; "model" is whatever the client names (it is echoed back). What
-// cannot be served (server tools, documents, URL images) is a 400 naming it.
+// metadata, cache_control, service_tier, inference_geo, speed "standard", thinking.display
+// "summarized" and unknown fields are accepted at their neutral meaning; "model" is
+// whatever the client names (it is echoed back). What the API defines and cannot be
+// served (server tools, documents, URL images, container, mcp_servers, fallbacks, other
+// context_management edits, output_config.task_budget) is a 400 naming it.
 #pragma once
 
 #include <nlohmann/json.hpp>

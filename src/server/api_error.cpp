@@ -23,4 +23,16 @@ nlohmann::ordered_json ApiError::body() const {
     return j;
 }
 
+ApiError context_length_exceeded(int64_t n_prompt, int64_t n_ctx, const std::string& param) {
+    const std::string n = std::to_string(n_prompt), m = std::to_string(n_ctx);
+    ApiError e(400,
+               "This model's maximum context length is " + m +
+                   " tokens. However, your messages "
+                   "resulted in " +
+                   n + " tokens. Please reduce the length of the messages.",
+               param, "context_length_exceeded");
+    e.with_anthropic_message("prompt is too long: " + n + " tokens > " + m + " maximum");
+    return e;
+}
+
 }  // namespace glm5::server

@@ -1,8 +1,10 @@
 // Errors a request handler reports to the client, in OpenAI's shape:
 //   HTTP <status>  {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
-// Request parsing throws them; the HTTP layer turns them into the reply.
+// or, on Anthropic's paths, in Anthropic's (anthropic.h). Request parsing throws them; the
+// HTTP layer turns them into the reply.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -27,11 +29,18 @@ class ApiError : public std::runtime_error {
         retry_after_ = seconds;
         return *this;
     }
+    // The message in Anthropic's wording where clients match it; empty: what().
+    const std::string& anthropic_message() const { return anthropic_message_; }
+    ApiError& with_anthropic_message(std::string message) {
+        anthropic_message_ = std::move(message);
+        return *this;
+    }
 
   private:
     int status_;
     std::string param_, code_, type_;
     int retry_after_ = 0;
+    std::string anthropic_message_;
 };
 
 // What a JSON value is, for error messages ("an integer", "an object", ...).
@@ -62,5 +71,10 @@ inline ApiError bad_request(const std::string& message, const std::string& param
                             const std::string& code = "invalid_value") {
     return ApiError(400, message, param, code);
 }
+
+// 400 context_length_exceeded: a prompt of n_prompt tokens leaves no room for a reply in a
+// context of n_ctx. Each API's own wording, which agent clients match to shorten their
+// conversation (Claude Code compacts on Anthropic's).
+ApiError context_length_exceeded(int64_t n_prompt, int64_t n_ctx, const std::string& param);
 
 }  // namespace glm5::server

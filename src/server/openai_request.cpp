@@ -356,27 +356,20 @@ void check_total_choices(const GenRequest& g, const ModelContext& mc) {
             "n times the number of prompts must be at most " + std::to_string(mc.max_choices), "n");
 }
 
-// The prompt must leave room for a reply; an explicit max_tokens must fit
-// with it (without one, generation stops at the context: "length").
-// `whole` false: encoding stopped once the prompt held more than n_ctx tokens.
-void check_context(size_t n_prompt, int64_t max_tokens, const ModelContext& mc, const char* param,
-                   bool whole = true) {
-    if (n_prompt == 0 && whole) throw bad_request("the prompt is empty", param);
-    if (!whole || int64_t(n_prompt) >= mc.n_ctx)
-        throw bad_request(
-            "This model's context holds " + std::to_string(mc.n_ctx) +
-                " tokens (prompt and reply together); the prompt has " +
-                (whole ? std::to_string(n_prompt) : "more than " + std::to_string(mc.n_ctx)) +
-                " tokens",
-            param, "context_length_exceeded");
-    if (max_tokens > 0 && int64_t(n_prompt) + max_tokens > mc.n_ctx)
-        throw bad_request(
-            "This model's context holds " + std::to_string(mc.n_ctx) +
-                " tokens (prompt and reply together); the prompt has " + std::to_string(n_prompt) +
-                " tokens and max_tokens asks for " + std::to_string(max_tokens) + " more (" +
-                std::to_string(int64_t(n_prompt) + max_tokens) + "): lower max_tokens to at most " +
-                std::to_string(mc.n_ctx - int64_t(n_prompt)) + " or omit it",
-            "max_tokens", "context_length_exceeded");
+// The prompt must leave room for at least one generated token. max_tokens is not checked:
+// a reply stops at the context's end with "length", as llama-server's does (agent clients
+// ask for more than a small context holds and know no other answer).
+void check_context(size_t n_prompt, const ModelContext& mc, const char* param) {
+    if (n_prompt == 0) throw bad_request("the prompt is empty", param);
+    if (int64_t(n_prompt) >= mc.n_ctx)
+        throw context_length_exceeded(int64_t(n_prompt), mc.n_ctx, param);
+}
+
+// Prompts to run are encoded up to twice the context: a refusal names the length of any
+// prompt up to that, and past it a bound the prompt is longer than, so that a huge prompt
+// costs no more to refuse than one that fits (encoding stops; see docs/reliability.md).
+size_t encode_limit(const ModelContext& mc) {
+    return 2 * size_t(mc.n_ctx);
 }
 
 // Tools in OpenAI form: [{"type": "function", "function": {"name", "description",
@@ -808,8 +801,10 @@ static std::vector<runtime::PreparedImage> prepare_images(
 
 // The chat body's messages, tools and reasoning options, checked and rendered in the
 // model's chat format (what parse_chat_request encodes and /apply-template returns).
+// counting: for count_tokens, which renders a prompt of any length.
 static text::RenderedPrompt render_chat(const ojson& body, const ModelContext& mc, GenRequest& g,
-                                        std::vector<text::ChatMessage>& history) {
+                                        std::vector<text::ChatMessage>& history,
+                                        bool counting = false) {
     const ojson* msgs = field(body, "messages");
     if (!msgs)
         throw bad_request("'messages' is required", "messages", "missing_required_parameter");
@@ -817,8 +812,9 @@ static text::RenderedPrompt render_chat(const ojson& body, const ModelContext& m
     if (msgs->empty()) throw bad_request("'messages' must not be empty", "messages");
     check_messages(*msgs, mc.vision != nullptr);
     // Text that cannot fit is refused before it is copied and rendered.
-    if (verbatim_bytes(*msgs) / mc.tok->max_token_bytes() > size_t(mc.n_ctx))
-        check_context(0, g.max_tokens, mc, "messages", false);
+    if (const size_t least = verbatim_bytes(*msgs) / mc.tok->max_token_bytes();
+        !counting && least > encode_limit(mc))
+        throw context_length_exceeded(int64_t(least), mc.n_ctx, "messages");
     try {
         // OpenAI's newer "developer" role is the system role under another name.
         bool developer = false;
@@ -896,21 +892,32 @@ GenRequest parse_chat_request(const ojson& body, const ModelContext& mc) {
     std::vector<text::ChatMessage> history;
     text::RenderedPrompt p = render_chat(body, mc, g, history);
     PromptInput in;
-    // Encoding stops past the context: a prompt too long costs no more than one that fits.
-    const bool whole = text::encode_prompt(*mc.tok, p, size_t(mc.n_ctx), in.tokens);
+    if (!text::encode_prompt(*mc.tok, p, encode_limit(mc), in.tokens))
+        throw context_length_exceeded(int64_t(in.tokens.size()), mc.n_ctx, "messages");
     p = {};
-    if (!whole) check_context(in.tokens.size(), g.max_tokens, mc, "messages", false);
     // The images' tokens from their headers: a prompt they take past the context is refused
     // before any pixel is decoded.
     std::vector<ImageSource> sources = message_image_sources(history, mc);
     int64_t expanded = int64_t(in.tokens.size());
     for (const ImageSource& s : sources) expanded += s.size.tokens - 1;
-    check_context(size_t(expanded), g.max_tokens, mc, "messages");
+    check_context(size_t(expanded), mc, "messages");
     in.images = prepare_images(sources, mc, g.image_holds);
-    check_context(size_t(in.expanded_size()), g.max_tokens, mc, "messages");
+    check_context(size_t(in.expanded_size()), mc, "messages");
     g.prompts.push_back(std::move(in));
     check_total_choices(g, mc);
     return g;
+}
+
+int64_t count_chat_prompt(const ojson& body, const ModelContext& mc) {
+    GenRequest g;
+    g.endpoint = Endpoint::Chat;
+    parse_common(body, mc, g);
+    std::vector<text::ChatMessage> history;
+    text::RenderedPrompt p = render_chat(body, mc, g, history, true);
+    int64_t n = int64_t(text::encode_prompt(*mc.tok, p).size());
+    // Images count from their headers; none is decoded.
+    for (const ImageSource& s : message_image_sources(history, mc)) n += s.size.tokens - 1;
+    return n;
 }
 
 std::string apply_chat_template(const ojson& body, const ModelContext& mc) {
@@ -942,7 +949,7 @@ GenRequest parse_completion_request(const ojson& body, const ModelContext& mc) {
     if (!p) throw bad_request("'prompt' is required", "prompt", "missing_required_parameter");
     const int32_t n_vocab = mc.tok->n_vocab();
     auto token_prompt = [&](const ojson& arr) {
-        if (int64_t(arr.size()) >= mc.n_ctx) check_context(arr.size(), g.max_tokens, mc, "prompt");
+        if (int64_t(arr.size()) >= mc.n_ctx) check_context(arr.size(), mc, "prompt");
         PromptInput in;
         for (const auto& x : arr) {
             if (!x.is_number_integer() && !x.is_number_unsigned())
@@ -961,8 +968,8 @@ GenRequest parse_completion_request(const ojson& body, const ModelContext& mc) {
     };
     auto text_prompt = [&](const std::string& s) {
         PromptInput in;
-        if (!mc.tok->encode_append(s, true, in.tokens, size_t(mc.n_ctx)))
-            check_context(in.tokens.size(), g.max_tokens, mc, "prompt", false);
+        if (!mc.tok->encode_append(s, true, in.tokens, encode_limit(mc)))
+            throw context_length_exceeded(int64_t(in.tokens.size()), mc.n_ctx, "prompt");
         in.text = s;
         return in;
     };
@@ -992,7 +999,7 @@ GenRequest parse_completion_request(const ojson& body, const ModelContext& mc) {
     } else {
         throw type_error("prompt", "a string, an array of token ids, or an array of those", *p);
     }
-    for (const auto& in : g.prompts) check_context(in.tokens.size(), g.max_tokens, mc, "prompt");
+    for (const auto& in : g.prompts) check_context(in.tokens.size(), mc, "prompt");
     check_total_choices(g, mc);
     return g;
 }

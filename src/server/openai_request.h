@@ -116,6 +116,9 @@ nlohmann::ordered_json parse_body(std::string_view body);
 
 GenRequest parse_chat_request(const nlohmann::ordered_json& body, const ModelContext& mc);
 GenRequest parse_completion_request(const nlohmann::ordered_json& body, const ModelContext& mc);
+// The prompt tokens of a chat body, images included, however many there are (a prompt
+// longer than the context is counted, not refused): /v1/messages/count_tokens.
+int64_t count_chat_prompt(const nlohmann::ordered_json& body, const ModelContext& mc);
 // The prompt text a chat body renders to (llama-server's /apply-template).
 std::string apply_chat_template(const nlohmann::ordered_json& body, const ModelContext& mc);
 

@@ -191,14 +191,19 @@ void Server::messages(const httplib::Request& req, httplib::Response& res,
                       std::string_view raw_body, bool large, bool count_only) {
     GenRequest g;
     std::string model;
+    int64_t counted = 0;
     auto guard = start_generation(raw_body, large, [&](const ojson& body) {
         if (const auto it = body.find("model"); it != body.end() && it->is_string())
             model = it->get<std::string>();
-        g = parse_chat_request(anthropic::to_chat_body(body, count_only), mc_);
+        const ojson chat = anthropic::to_chat_body(body, count_only);
+        if (count_only)
+            counted = count_chat_prompt(chat, mc_);
+        else
+            g = parse_chat_request(chat, mc_);
     });
     if (model.empty()) model = mc_.id;
     if (count_only) {
-        send_json(res, 200, {{"input_tokens", g.prompts[0].expanded_size()}});
+        send_json(res, 200, {{"input_tokens", counted}});
         return;
     }
     for (const auto& w : g.warnings) log_info("glm5 serve: %s\n", w.c_str());

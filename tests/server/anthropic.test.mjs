@@ -215,9 +215,11 @@ describe('anthropic messages', () => {
     const bad = new Anthropic({ baseURL: srv.url, apiKey: 'wrong', maxRetries: 0 });
     await assert.rejects(bad.messages.create(base), (e) => e instanceof Anthropic.AuthenticationError && e.status === 401 &&
       e.error?.error?.type === 'authentication_error');
-    // Past the context, through the SDK.
-    await assert.rejects(client.messages.create({ ...base, max_tokens: 5000 }),
-      (e) => e instanceof Anthropic.BadRequestError && e.error?.type === 'error');
+    // A prompt past the context, through the SDK: Anthropic's wording, which Claude Code
+    // compacts its conversation on.
+    await assert.rejects(client.messages.create({ ...base, messages: [{ role: 'user', content: 'word '.repeat(5000) }] }),
+      (e) => e instanceof Anthropic.BadRequestError && e.error?.type === 'error' &&
+        /^prompt is too long: \d+ tokens > \d+ maximum$/.test(e.error?.error?.message));
     // The server still serves.
     assert.equal((await client.messages.create(base)).type, 'message');
   });

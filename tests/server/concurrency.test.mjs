@@ -164,18 +164,13 @@ describe('concurrency', () => {
         headers: { 'content-type': 'application/json' },
         body: JSON.stringify(body),
       });
-    // An explicit max_tokens that does not fit with the prompt.
-    let r = await post('/v1/chat/completions', { ...request(prompts[0]), stream: false, max_tokens: 8192 });
+    // A prompt that alone fills the context, in OpenAI's wording.
+    let r = await post('/v1/completions', { model: srv.model, prompt: Array(8192).fill(5), max_tokens: 1 });
     assert.equal(r.status, 400);
     let e = (await r.json()).error;
     assert.equal(e.code, 'context_length_exceeded');
-    assert.equal(e.param, 'max_tokens');
-    assert.match(e.message, /8192/);
-    // A prompt that alone fills the context.
-    r = await post('/v1/completions', { model: srv.model, prompt: Array(8192).fill(5), max_tokens: 1 });
-    assert.equal(r.status, 400);
-    e = (await r.json()).error;
-    assert.equal(e.code, 'context_length_exceeded');
+    assert.equal(e.param, 'prompt');
+    assert.match(e.message, /^This model's maximum context length is \d+ tokens\. However, your messages resulted in 8192 tokens\./);
     const res = await running;
     assert.equal(res.finish, 'length');
     assert.equal(res.content, alone, 'the other stream is unaffected');
