@@ -105,16 +105,100 @@ TEST_F(EngineTest, RetainedPrefixIsAdoptedAndGivesTheSameTokens) {
     EXPECT_GE(e.stats().retained_entries, 1);
 }
 
-TEST_F(EngineTest, DivergenceFurtherBackThanTheRewindLimitStartsFresh) {
-    runtime::Engine e(*m.model, opts(1));
+// A request that shares only the start of a retained entry (a sub-agent sharing
+// its main agent's system prompt) copies that prefix and leaves the entry for
+// the main agent's next request; one that diverges near the entry's end takes
+// it. Both give the tokens of a cold run.
+TEST_F(EngineTest, AnEarlyDivergenceCopiesThePrefixAndKeepsTheEntry) {
     const auto base = prompt_of(9, 60);
-    e.submit(request(base, 2, 0.0f, 0))->wait();
-    auto early = std::vector<int32_t>(base.begin(), base.begin() + 30);  // 30+ tokens back
+    auto early = std::vector<int32_t>(base.begin(), base.begin() + 30);  // 31 back
     early.push_back(5);
-    EXPECT_EQ(e.submit(request(early, 2, 0.0f, 0))->wait().cached_tokens, 0);
     auto near = std::vector<int32_t>(base.begin(), base.begin() + 50);  // 11 back
     near.push_back(5);
-    EXPECT_EQ(e.submit(request(near, 2, 0.0f, 0))->wait().cached_tokens, 50);
+    std::vector<int32_t> cold_early, cold_near;
+    {
+        runtime::Engine cold(*m.model, opts(1, false));
+        cold_early = cold.submit(request(early, 6, 0.0f, 0))->wait().tokens;
+        cold_near = cold.submit(request(near, 6, 0.0f, 0))->wait().tokens;
+    }
+    runtime::Engine e(*m.model, opts(1));
+    e.submit(request(base, 2, 0.0f, 0))->wait();
+    const auto r1 = e.submit(request(early, 6, 0.0f, 0))->wait();
+    EXPECT_EQ(r1.cached_tokens, 30);
+    EXPECT_EQ(r1.tokens, cold_early);
+    EXPECT_EQ(e.stats().retained_entries, 2);  // base's entry was copied from, not taken
+    const auto r2 = e.submit(request(near, 6, 0.0f, 0))->wait();
+    EXPECT_EQ(r2.cached_tokens, 50);
+    EXPECT_EQ(r2.tokens, cold_near);
+    EXPECT_EQ(e.stats().retained_entries, 2);  // base's entry was taken
+}
+
+// The copy itself: the rows below n of another sequence, which stays as it was.
+TEST_F(EngineTest, CopyPrefixOfAPositionalStateEqualsTheFreshRows) {
+    const auto tokens = prompt_of(4, 40);
+    const size_t V = size_t(m.n_vocab());
+    const auto plain = m.batch_logits(tokens, true);
+    auto src = m.model->new_state(64);
+    model::SeqInput a{src.get(), tokens, false};
+    std::vector<float> lg;
+    m.model->forward({&a, 1}, lg);
+    auto dst = m.model->new_state(64);
+    EXPECT_FALSE(dst->copy_prefix(*src, 41, nullptr));  // more than it holds
+    ASSERT_TRUE(dst->copy_prefix(*src, 25, nullptr));
+    EXPECT_EQ(dst->n_past(), 25);
+    model::SeqInput b{dst.get(), std::span<const int32_t>(tokens).subspan(25), true};
+    m.model->forward({&b, 1}, lg);
+    EXPECT_TRUE(bitwise_equal(lg, std::vector<float>(plain.begin() + long(25 * V), plain.end())));
+    EXPECT_EQ(src->n_past(), 40);
+}
+
+// glm5next's recurrent state resumes from checkpoints taken before each message
+// start (here token 3) as the prompt is evaluated.
+TEST(EngineCheckpoints, ARecurrentStateResumesFromTheLatestMessageStart) {
+    TestModel m(data_path("glm5next/tiny.gguf"), backend::CacheType::F32, 1);
+    static constexpr int32_t kStart = 3;
+    auto message = [](int seed, int n) {
+        auto p = prompt_of(seed, n);
+        for (auto& t : p) t = 4 + t % 300;  // within the tiny vocabulary, never kStart
+        p.insert(p.begin(), kStart);
+        return p;
+    };
+    auto join = [](std::initializer_list<std::vector<int32_t>> parts) {
+        std::vector<int32_t> r;
+        for (const auto& p : parts) r.insert(r.end(), p.begin(), p.end());
+        return r;
+    };
+    const auto sys = message(1, 20), user = message(2, 15), tail = message(3, 10);
+    const std::vector<int32_t> reply_start = {kStart};
+    const auto first = join({sys, user, tail, reply_start});    // ends where the reply starts
+    const auto sub = join({sys, message(4, 12), reply_start});  // shares the first message
+    runtime::EngineOptions o;
+    o.n_parallel = 1;
+    o.n_ctx = 256;
+    o.ubatch = 32;
+    o.checkpoint_tokens = {kStart};
+    std::vector<int32_t> cold_first, cold_sub;
+    {
+        auto c = o;
+        c.prefix_cache = false;
+        runtime::Engine cold(*m.model, c);
+        cold_first = cold.submit(request(first, 5, 0.0f, 0))->wait().tokens;
+        cold_sub = cold.submit(request(sub, 5, 0.0f, 0))->wait().tokens;
+        ASSERT_EQ(cold_first.size(), 5u);
+        ASSERT_EQ(cold_sub.size(), 5u);
+    }
+    runtime::Engine e(*m.model, o);
+    const auto r0 = e.submit(request(first, 5, 0.0f, 0))->wait();
+    ASSERT_EQ(r0.finish_reason, "length") << r0.error;
+    EXPECT_EQ(r0.cached_tokens, 0);
+    // A sub-agent: the first message comes from its checkpoint, copied.
+    const auto r1 = e.submit(request(sub, 5, 0.0f, 0))->wait();
+    EXPECT_EQ(r1.cached_tokens, int64_t(sys.size()));
+    EXPECT_EQ(r1.tokens, cold_sub);
+    // The same request again (a retry): all but the reply's start token.
+    const auto r2 = e.submit(request(first, 5, 0.0f, 0))->wait();
+    EXPECT_EQ(r2.cached_tokens, int64_t(first.size()) - 1);
+    EXPECT_EQ(r2.tokens, cold_first);
 }
 
 TEST_F(EngineTest, PrefixCacheOffReusesNothing) {

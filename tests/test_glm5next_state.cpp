@@ -129,6 +129,47 @@ TEST(Glm5NextState, RestoreRefusesForeignOrResetSnapshots) {
     EXPECT_THROW(a->restore(*a2), Error);  // rewinding to 0 is a reset
 }
 
+// A prefix another request shares: the positional rows copied and the KDA
+// state taken from a snapshot at its end; decoding on from the copy equals the
+// plain run bit for bit, and the source is unchanged. A snapshot at another
+// position, of another state, or from before a reset is refused.
+TEST(Glm5NextState, CopyPrefixFromASnapshotEqualsPlainDecode) {
+    TestModel m(data_path(kModel), backend::CacheType::F32, 1);
+    const auto tokens = p40();
+    const size_t V = size_t(m.n_vocab());
+    const auto plain = m.batch_logits(tokens, true);
+
+    auto src = m.model->new_state(64);
+    forward(*m.model, *src, part(tokens, 0, 21));  // past a pool boundary
+    auto at21 = src->snapshot();
+    forward(*m.model, *src, part(tokens, 21, 9));
+    auto other = m.model->new_state(64);
+    forward(*m.model, *other, part(tokens, 0, 21));
+    auto foreign = other->snapshot();
+
+    auto dst = m.model->new_state(64);
+    EXPECT_FALSE(dst->copy_prefix(*src, 21, nullptr));        // recurrent state needs one
+    EXPECT_FALSE(dst->copy_prefix(*src, 20, at21.get()));     // taken at another position
+    EXPECT_FALSE(dst->copy_prefix(*src, 21, foreign.get()));  // of another state
+    EXPECT_EQ(dst->n_past(), 0);
+    ASSERT_TRUE(dst->copy_prefix(*src, 21, at21.get()));
+    EXPECT_EQ(dst->n_past(), 21);
+    auto lg = forward(*m.model, *dst, part(tokens, 21, tokens.size() - 21));
+    EXPECT_TRUE(bitwise_equal(lg, rows(plain, V, 21, tokens.size() - 21)));
+
+    // Where the source stands, its own state is the snapshot.
+    auto whole = m.model->new_state(64);
+    ASSERT_TRUE(whole->copy_prefix(*src, 30, nullptr));
+    lg = forward(*m.model, *whole, part(tokens, 30, tokens.size() - 30));
+    EXPECT_TRUE(bitwise_equal(lg, rows(plain, V, 30, tokens.size() - 30)));
+    lg = forward(*m.model, *src, part(tokens, 30, tokens.size() - 30));  // src unchanged
+    EXPECT_TRUE(bitwise_equal(lg, rows(plain, V, 30, tokens.size() - 30)));
+
+    src->reset();
+    auto late = m.model->new_state(64);
+    EXPECT_FALSE(late->copy_prefix(*src, 21, at21.get()));
+}
+
 TEST(Glm5NextState, MemoryAndContextLimit) {
     TestModel m(data_path(kModel), backend::CacheType::F32, 1);
     const auto tokens = p40();

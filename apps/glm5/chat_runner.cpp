@@ -93,6 +93,7 @@ runtime::EngineOptions cli_engine_options(const ContextChoice& ctx, int64_t ubat
     // previous one in place, never copying the conversation's caches.
     o.cache_pool_bytes = ctx.cache_pool;
     o.request_sized_states = false;
+    o.checkpoint_interval = 0;  // (the pool holds the one state)
     return o;
 }
 

@@ -264,6 +264,7 @@ int cmd_serve(int argc, char** argv) {
     if (!format.template_warning().empty())
         log_info("glm5: %s\n", format.template_warning().c_str());
     server::ModelContext mc = model_context(a, m, vision, *tok, format, path, sp, seed);
+    eo.checkpoint_tokens = text::message_start_ids(*tok);
     if (!so.slot_save_path.empty())
         so.slot_fingerprint = model_fingerprint(*m.file, a.get("cache-type"));
 

@@ -31,6 +31,7 @@ enum Op : uint8_t {
     kDraft,
     kStats,
     kShutdown,
+    kCopyPrefix,
 };
 
 void put_info(Wire& w, const RankInfo& r) {
@@ -120,6 +121,8 @@ class SplitState final : public model::SequenceState {
     std::unique_ptr<model::StateSnapshot> snapshot() const override;
     void restore(const model::StateSnapshot& s) override;
     bool can_rewind(int64_t n) const override { return local_->can_rewind(n); }
+    bool copy_prefix(const model::SequenceState& src, int64_t n,
+                     const model::StateSnapshot* at) override;
     size_t memory_bytes() const override { return local_->memory_bytes(); }
     int64_t capacity() const override { return local_->capacity(); }
     void save(model::StateWriter&) const override {
@@ -171,6 +174,16 @@ void SplitState::restore(const model::StateSnapshot& s) {
     if (!snap || snap->owner_ != this) throw Error("restore: snapshot of another sequence");
     local_->restore(*snap->local_);
     m_.state_op(kRestore, id_, int64_t(snap->id_), 0, false);
+}
+
+bool SplitState::copy_prefix(const model::SequenceState& src_, int64_t n,
+                             const model::StateSnapshot* at) {
+    auto* src = dynamic_cast<const SplitState*>(&src_);
+    auto* snap = dynamic_cast<const SplitSnapshot*>(at);
+    if (!src || (at && (!snap || snap->owner_ != src))) return false;
+    if (!local_->copy_prefix(*src->local_, n, snap ? snap->local_.get() : nullptr)) return false;
+    m_.state_op(kCopyPrefix, id_, int64_t(src->id_), n, true, snap ? snap->id_ : 0);
+    return true;
 }
 
 }  // namespace
@@ -281,16 +294,17 @@ void SplitModel::wait_acks(const char* what) {
     if (!first.empty()) throw Error(std::string(what) + " failed on " + first);
 }
 
-void SplitModel::state_op(uint8_t op, uint64_t id, int64_t a, int64_t b, bool ack) {
+void SplitModel::state_op(uint8_t op, uint64_t id, int64_t a, int64_t b, bool ack, uint64_t c) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     Wire w;
-    w.put(op).put(id).put(a).put(b);
+    w.put(op).put(id).put(a).put(b).put(c);
     try {
         comm_.send_all(workers(), kCmd, w.bytes());
         if (ack)
-            wait_acks(op == kNewState ? "a new sequence"
-                      : op == kResize ? "resizing a sequence"
-                                      : "a snapshot");
+            wait_acks(op == kNewState     ? "a new sequence"
+                      : op == kResize     ? "resizing a sequence"
+                      : op == kCopyPrefix ? "copying a prefix"
+                                          : "a snapshot");
     } catch (const RankError& e) {
         lost_rank(comm_, e);
     }
@@ -645,13 +659,14 @@ class RankServer {
         const uint64_t id = w.get<uint64_t>();
         const int64_t a = w.get<int64_t>();
         const int64_t b = w.get<int64_t>();
+        const uint64_t c = w.get<uint64_t>();
         std::string error;
         try {
-            apply(op, id, a, b);
+            apply(op, id, a, b, c);
         } catch (const std::exception& e) {
             error = e.what();
         }
-        if (op == kNewState || op == kResize || op == kSnapshot) {
+        if (op == kNewState || op == kResize || op == kSnapshot || op == kCopyPrefix) {
             ack(error);
         } else if (!error.empty() && broken_.empty()) {
             broken_ = error;
@@ -659,7 +674,7 @@ class RankServer {
         }
     }
 
-    void apply(uint8_t op, uint64_t id, int64_t a, int64_t b) {
+    void apply(uint8_t op, uint64_t id, int64_t a, int64_t b, uint64_t c) {
         switch (op) {
             case kNewState:
                 states_[id] = local_.new_state(a, b);
@@ -688,6 +703,17 @@ class RankServer {
             case kDropSnap:
                 snaps_.erase(id);
                 break;
+            case kCopyPrefix: {  // a: the source state, b: positions, c: its snapshot (0: none)
+                const model::StateSnapshot* at = nullptr;
+                if (c) {
+                    auto it = snaps_.find(c);
+                    if (it == snaps_.end()) throw Error("no such snapshot");
+                    at = it->second.get();
+                }
+                if (!state(id).copy_prefix(state(uint64_t(a)), b, at))
+                    throw Error("cannot copy " + std::to_string(b) + " positions of a sequence");
+                break;
+            }
             default:
                 throw Error("unknown command " + std::to_string(op));
         }

@@ -81,7 +81,7 @@ class SplitModel final : public model::Model {
     std::vector<RankCounters> counters(bool reset);
 
     // (SplitState and SplitSnapshot call these.)
-    void state_op(uint8_t op, uint64_t id, int64_t a, int64_t b, bool ack);
+    void state_op(uint8_t op, uint64_t id, int64_t a, int64_t b, bool ack, uint64_t c = 0);
 
   private:
     void wait_acks(const char* what);

@@ -40,6 +40,14 @@ void resize_caches(backend::Backend& be, std::span<const CacheResize> caches) {
     }
 }
 
+void copy_rows(backend::Backend& be, const backend::CacheRows& dst, const backend::CacheRows& src,
+               int64_t n) {
+    if (!dst.width || n <= 0) return;
+    if (dst.width != src.width || dst.type != src.type || !src.data)
+        throw Error("copy_prefix: the caches differ in shape");
+    be.copy_cache(dst.data, src.data, dst.row_bytes() * size_t(n), "copy_prefix");
+}
+
 void check_reserved(int64_t needed, int64_t capacity) {
     if (needed > capacity)
         throw Error("the sequence's cache holds " + std::to_string(capacity) +

@@ -25,6 +25,11 @@ void check_capacity(int64_t rows, int64_t n_past, int64_t n_ctx);
 // throws with every cache as it was.
 void resize_caches(backend::Backend& be, std::span<const CacheResize> caches);
 
+// Copies the first n rows of `src` into `dst`, a cache of the same width and
+// type (SequenceState::copy_prefix); nothing for a cache of width 0.
+void copy_rows(backend::Backend& be, const backend::CacheRows& dst, const backend::CacheRows& src,
+               int64_t n);
+
 // A forward or draft writes positions below `needed`; throws unless the
 // caches hold them (caches never grow inside a forward).
 void check_reserved(int64_t needed, int64_t capacity);

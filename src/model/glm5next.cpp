@@ -127,6 +127,32 @@ class NextState final : public SequenceState {
         be_.copy_cache(kda_.as<uint8_t>(), snap->kda, kda_bytes(), "restore");
         n_past_ = snap->n;
     }
+    // The positional rows below n and the complete pools below it (as save()
+    // writes them), and the KDA block of `at`, a snapshot of src at n (src's
+    // own current block when n is where src stands).
+    bool copy_prefix(const SequenceState& src_, int64_t n, const StateSnapshot* at) override {
+        auto* src = dynamic_cast<const NextState*>(&src_);
+        if (!src || src == this || n < 0 || n > src->n_past_ || n > capacity_ ||
+            src->layers_.size() != layers_.size() || src->kda_floats_ != kda_floats_)
+            return false;
+        DevPtr<const uint8_t> kda = src->kda_.as<const uint8_t>();
+        if (n != src->n_past_) {
+            auto* snap = dynamic_cast<const Snapshot*>(at);
+            if (!snap || snap->owner != src || snap->epoch != src->epoch_ || snap->n != n)
+                return false;
+            kda = snap->kda;
+        }
+        be_.copy_cache(kda_.as<uint8_t>(), kda, kda_bytes(), "copy_prefix");
+        for (size_t i = 0; i < layers_.size(); ++i) {
+            const LayerState &d = layers_[i], &s = src->layers_[i];
+            copy_rows(be_, d.latent, s.latent, n);
+            copy_rows(be_, d.cells, s.cells, n);
+            copy_rows(be_, d.pools, s.pools, n / pool_);
+        }
+        n_past_ = n;
+        ++epoch_;  // no snapshot taken before this applies
+        return true;
+    }
     size_t memory_bytes() const override {
         size_t per_row = 0, pool_rows = 0;
         for (const auto& ls : layers_) {

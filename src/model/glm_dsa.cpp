@@ -78,6 +78,25 @@ class GlmDsaModel::DsaState final : public SequenceState {
             throw Error("restore: the sequence was reset or rewound past the snapshot");
         set_past(snap->n);
     }
+    // Every cache is positional: the rows are all there is to copy. The NextN
+    // seed rows are not: the forward that follows (at least one token) writes them.
+    bool copy_prefix(const SequenceState& src_, int64_t n, const StateSnapshot*) override {
+        auto* src = dynamic_cast<const DsaState*>(&src_);
+        if (!src || src == this || n < 0 || n > src->n_past_ || n > capacity_ ||
+            src->latent_.size() != latent_.size() || src->type_ != type_)
+            return false;
+        for (size_t i = 0; i < latent_.size(); ++i) {
+            copy_rows(be_, latent_[i], src->latent_[i], n);
+            copy_rows(be_, keys_[i], src->keys_[i], n);
+        }
+        const int64_t valid = std::min(src->mtp_valid, n);
+        copy_rows(be_, mtp_latent_, src->mtp_latent_, valid);
+        n_past_ = n;
+        mtp_valid = valid;
+        h_rows_.clear();
+        h_first_ = h_count_ = 0;
+        return true;
+    }
     size_t memory_bytes() const override {
         size_t per_row = 0;
         for (size_t i = 0; i < latent_.size(); ++i)

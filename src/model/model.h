@@ -84,6 +84,13 @@ class SequenceState {
     virtual void restore(const StateSnapshot& s) = 0;
     // Whether rewind(n) would succeed (changes nothing).
     virtual bool can_rewind(int64_t n) const = 0;
+    // Makes this state hold the first n positions of `src`, another state of the
+    // same model (a prefix two requests share), keeping `src` as it is: the
+    // positional rows below n are copied. Recurrent state, which a position
+    // cannot recover, comes from `at`: a snapshot of `src` taken at n since its
+    // last reset (none needed where src can rewind to n). Returns false,
+    // changing nothing, when that cannot be done; capacity() must hold n.
+    virtual bool copy_prefix(const SequenceState& src, int64_t n, const StateSnapshot* at) = 0;
     // Bytes of memory the state holds now (Model::state_cost().bytes(capacity())).
     virtual size_t memory_bytes() const = 0;
     // Positions the caches hold: allocated once, never grown by a forward (a

@@ -63,14 +63,30 @@ struct Engine::Slot {
     std::vector<int32_t> refeed;                 // kept rows a recurrent rollback must re-feed
     std::unique_ptr<model::StateSnapshot> snap;  // taken before a verify
     int64_t draft_n = 0, draft_accepted = 0, verifies = 0;
+    // Recurrent state: the prompt positions still to checkpoint, and those taken
+    // (ascending; a retained entry's when adopted whole).
+    std::vector<int64_t> checkpoint_at;
+    std::vector<std::unique_ptr<model::StateSnapshot>> checkpoints;
+    size_t checkpoint_bytes = 0;  // their share of `bytes`
 };
 
 struct Engine::Retained {
     std::unique_ptr<model::SequenceState> state;
     std::vector<int32_t> tokens;
     std::vector<uint64_t> content;  // its prompt's content keys (past them: text)
+    std::vector<std::unique_ptr<model::StateSnapshot>> checkpoints;  // ascending
     size_t bytes = 0;
     int slot = -1;  // the slot whose last sequence it is
+};
+
+// How a request takes up a retained prefix: the entry, the positions it keeps,
+// the checkpoint they resume from (recurrent state that cannot be cut back),
+// and whether the entry is taken and cut back or kept and its prefix copied.
+struct Engine::Adoption {
+    std::list<Retained>::iterator entry;
+    int64_t keep = 0;
+    const model::StateSnapshot* at = nullptr;
+    bool copy = false;
 };
 
 RequestResult Request::wait() {
@@ -79,7 +95,8 @@ RequestResult Request::wait() {
     return result_;
 }
 
-Engine::Engine(model::Model& m, const EngineOptions& opt) : model_(m), opt_(opt) {
+Engine::Engine(model::Model& m, const EngineOptions& opt)
+    : model_(m), opt_(opt), recurrent_(m.state_cost().snapshot > 0) {
     opt_.n_parallel = std::max(1, opt_.n_parallel);
     opt_.ubatch = std::max<int64_t>(1, opt_.ubatch);
     thread_ = std::thread([this] { loop(); });
@@ -247,21 +264,33 @@ void Engine::admit(std::unique_lock<std::mutex>& lk) {
         const Job& job = *queue_.front();
         const int64_t want = reach(job.params);
         const size_t bytes = model_.state_cost().bytes(want);
-        auto [best, best_p] = best_prefix(job);
-        // Reserve the request's cache memory in the pool: an adopted entry
-        // that holds enough moves over as it is; one that must grow keeps its
-        // old caches until the copy is made, so both count; else a fresh state.
+        Adoption a = best_prefix(job);
+        // Reserve the request's cache memory in the pool: an adopted entry that
+        // holds enough moves over as it is; one that must grow keeps its old
+        // caches until the copy is made, so both count, as do an entry copied
+        // from and the fresh state; else a fresh state. Checkpoints of recurrent
+        // state come on top where the memory allows (without them a later request
+        // resumes from less, nothing else changes).
+        const bool adopting = a.entry != retained_.end();
+        const Retained* keep = adopting ? &*a.entry : nullptr;
+        const bool as_is = adopting && !a.copy && a.entry->state->capacity() >= want;
+        const size_t base = as_is ? 0 : bytes;
+        size_t ck = checkpoint_bytes(job.params.prompt, adopting ? a.keep : 0);
+        if (!fits(base + ck, keep)) ck = 0;
         size_t reserved = 0;
-        if (best != retained_.end() && best->state->capacity() < want) {
-            if (make_room(bytes, &*best)) {
-                reserved = bytes;
+        if (adopting) {
+            if (make_room(base + ck, keep)) {
+                reserved = (as_is ? a.entry->bytes : 0) + base + ck;
             } else {
-                retained_.erase(best);
-                best = retained_.end();
+                if (!a.copy) retained_.erase(a.entry);
+                a = Adoption{retained_.end()};
             }
         }
-        if (best == retained_.end()) {
-            if (!make_room(bytes, nullptr)) {
+        if (a.entry == retained_.end()) {
+            ck = checkpoint_bytes(job.params.prompt, 0);
+            if (!fits(bytes + ck, nullptr)) ck = 0;
+            if (!make_room(bytes + ck, nullptr) &&
+                !(shed_checkpoints() && make_room(bytes, nullptr))) {
                 if (!slots_.empty()) break;  // waits for running requests to end
                 // Nothing runs and nothing is retained: it can never fit.
                 refuse_front(lk, "the request's caches need " + std::to_string(bytes) +
@@ -269,9 +298,9 @@ void Engine::admit(std::unique_lock<std::mutex>& lk) {
                                      std::to_string(opt_.cache_pool_bytes));
                 continue;
             }
-            reserved = bytes;
+            reserved = bytes + ck;
         }
-        start_slot(lk, best, best_p, reserved, want);
+        start_slot(lk, a, reserved, want, ck);
     }
 }
 
@@ -303,10 +332,9 @@ void Engine::refuse_front(std::unique_lock<std::mutex>& lk, const std::string& w
     lk.lock();
 }
 
-std::pair<std::list<Engine::Retained>::iterator, int64_t> Engine::best_prefix(const Job& job) {
-    auto best = retained_.end();
-    int64_t best_p = 0;
-    if (!opt_.prefix_cache || !job.params.use_prefix_cache) return {best, best_p};
+Engine::Adoption Engine::best_prefix(const Job& job) {
+    Adoption best{retained_.end()};
+    if (!opt_.prefix_cache || !job.params.use_prefix_cache) return best;
     const std::vector<int32_t>& prompt = job.params.prompt;
     // Same ids, and the same image bytes under image tokens.
     const std::vector<uint64_t>& content = job.expanded.content;
@@ -319,18 +347,22 @@ std::pair<std::list<Engine::Retained>::iterator, int64_t> Engine::best_prefix(co
                key(it->content, lcp) == key(content, lcp))
             ++lcp;
         // Keep one prompt token to evaluate: its logits start the reply.
-        const int64_t p = int64_t(std::min(lcp, prompt.size() - 1));
-        if (p <= best_p) continue;
-        if (int64_t(it->tokens.size()) - p > opt_.max_rewind) continue;
-        if (!it->state->can_rewind(p)) continue;
-        best = it;
-        best_p = p;
+        int64_t p = int64_t(std::min(lcp, prompt.size() - 1));
+        // Where the state cannot be cut back to p, the latest checkpoint below it.
+        const model::StateSnapshot* at = nullptr;
+        if (!it->state->can_rewind(p)) {
+            for (const auto& c : it->checkpoints)
+                if (c->n_past() <= p) at = c.get();
+            p = at ? at->n_past() : 0;
+        }
+        if (p <= best.keep) continue;
+        best = {it, p, at, int64_t(it->tokens.size()) - p > opt_.max_rewind};
     }
-    return {best, best_p};
+    return best;
 }
 
-void Engine::start_slot(std::unique_lock<std::mutex>& lk, std::list<Retained>::iterator best,
-                        int64_t best_p, size_t reserved, int64_t want) {
+void Engine::start_slot(std::unique_lock<std::mutex>& lk, Adoption a, size_t reserved, int64_t want,
+                        size_t checkpoint_bytes) {
     auto s = std::make_unique<Slot>();
     for (bool taken = true; taken; ++s->id) {
         taken = false;
@@ -340,16 +372,29 @@ void Engine::start_slot(std::unique_lock<std::mutex>& lk, std::list<Retained>::i
     s->job = std::move(queue_.front());
     queue_.pop_front();
     s->admitted = Clock::now();
-    if (best != retained_.end()) {
-        s->state = std::move(best->state);
-        s->tokens = std::move(best->tokens);
-        if (!reserved) reserved = best->bytes;
-        retained_.erase(best);
-        s->state->rewind(best_p);
-        s->tokens.resize(size_t(best_p));
-        s->cached = best_p;
+    const bool adopted = a.entry != retained_.end();
+    model::SequenceState* source = nullptr;  // copied from (the entry stays retained)
+    if (adopted && a.copy) {
+        source = a.entry->state.get();
+        retained_.splice(retained_.begin(), retained_, a.entry);  // recently used
+    } else if (adopted) {
+        Retained& e = *a.entry;
+        s->state = std::move(e.state);
+        s->tokens = std::move(e.tokens);
+        s->checkpoints = std::move(e.checkpoints);
+        retained_.erase(a.entry);
+        // A checkpoint past what is kept would resume rows about to be overwritten.
+        while (!s->checkpoints.empty() && s->checkpoints.back()->n_past() > a.keep)
+            s->checkpoints.pop_back();
+        if (a.at && a.at->n_past() != s->state->n_past())
+            s->state->restore(*a.at);
+        else
+            s->state->rewind(a.keep);
+        s->tokens.resize(size_t(a.keep));
+        s->cached = a.keep;
     }
     s->bytes = reserved;
+    s->checkpoint_bytes = checkpoint_bytes;
     active_bytes_ += reserved;
     lk.unlock();
     std::string alloc_error;
@@ -368,7 +413,22 @@ void Engine::start_slot(std::unique_lock<std::mutex>& lk, std::list<Retained>::i
         lk.lock();
         return;
     }
+    // The shared prefix copied (the engine thread alone changes retained entries);
+    // a copy that fails costs only the prefill it would have saved.
+    if (source) {
+        try {
+            if (s->state->copy_prefix(*source, a.keep, a.at)) {
+                s->tokens.assign(s->job->params.prompt.begin(),
+                                 s->job->params.prompt.begin() + a.keep);
+                s->cached = a.keep;
+            }
+        } catch (const std::exception& e) {
+            log_info("glm5: a shared prefix was not copied: %s\n", e.what());
+            s->state->reset();
+        }
+    }
     s->prompt_pos = size_t(s->cached);
+    if (checkpoint_bytes) s->checkpoint_at = checkpoint_plan(s->job->params.prompt, s->cached);
     s->sampler = s->job->params.sampler ? s->job->params.sampler
                                         : std::make_shared<Sampler>(s->job->params.sampling);
     s->history = s->job->params.prompt;
@@ -384,6 +444,43 @@ void Engine::start_slot(std::unique_lock<std::mutex>& lk, std::list<Retained>::i
     slots_.push_back(std::move(s));
 }
 
+// Before each message start and at every interval past `from`: the first three and
+// the latest, kMaxCheckpoints in all (a main agent's sub-agents share the first
+// messages; a client's next request, most of the rest).
+std::vector<int64_t> Engine::checkpoint_plan(const std::vector<int32_t>& prompt,
+                                             int64_t from) const {
+    std::vector<int64_t> at;
+    const auto& marks = opt_.checkpoint_tokens;
+    for (int64_t p = std::max<int64_t>(from, 0) + 1; p < int64_t(prompt.size()); ++p)
+        if (std::find(marks.begin(), marks.end(), prompt[size_t(p)]) != marks.end() ||
+            (opt_.checkpoint_interval > 0 && p % opt_.checkpoint_interval == 0))
+            at.push_back(p);
+    constexpr size_t kFirst = 3;
+    if (at.size() > EngineOptions::kMaxCheckpoints)
+        at.erase(at.begin() + kFirst,
+                 at.end() - ptrdiff_t(EngineOptions::kMaxCheckpoints - kFirst));
+    return at;
+}
+
+size_t Engine::checkpoint_bytes(const std::vector<int32_t>& prompt, int64_t from) const {
+    if (!recurrent_ || !opt_.prefix_cache) return 0;
+    return std::min(EngineOptions::kMaxCheckpoints, checkpoint_plan(prompt, from).size()) *
+           model_.state_cost().snapshot;
+}
+
+void Engine::take_checkpoint(Slot& s) {
+    try {
+        s.checkpoints.push_back(s.state->snapshot());
+    } catch (const std::exception& e) {
+        log_info("glm5: no checkpoint at %lld: %s\n", (long long)s.state->n_past(), e.what());
+        return;
+    }
+    // An adopted entry's checkpoints come first: the plan's count stays the bound.
+    constexpr size_t kFirst = 3;
+    if (s.checkpoints.size() > EngineOptions::kMaxCheckpoints)
+        s.checkpoints.erase(s.checkpoints.begin() + kFirst);
+}
+
 int64_t Engine::reach(const RequestParams& p) const {
     if (!opt_.request_sized_states) return opt_.n_ctx;
     const int64_t n =
@@ -395,6 +492,27 @@ size_t Engine::retained_total() const {
     size_t total = 0;
     for (const auto& r : retained_) total += r.bytes;
     return total;
+}
+
+// Requests come before checkpoints: running slots give theirs up (what they took
+// and what they would take) for a request that cannot fit otherwise.
+bool Engine::shed_checkpoints() {
+    size_t freed = 0;
+    for (auto& s : slots_) {
+        if (!s->checkpoint_bytes) continue;
+        s->checkpoint_at.clear();
+        s->checkpoints.clear();
+        s->bytes -= s->checkpoint_bytes;
+        freed += s->checkpoint_bytes;
+        s->checkpoint_bytes = 0;
+    }
+    active_bytes_ -= freed;
+    return freed > 0;
+}
+
+bool Engine::fits(size_t more, const Retained* keep) const {
+    if (opt_.cache_pool_bytes == 0) return true;  // (retained entries alone have a budget)
+    return active_bytes_ + (keep ? keep->bytes : 0) + more <= opt_.cache_pool_bytes;
 }
 
 bool Engine::make_room(size_t more, const Retained* keep) {
@@ -472,7 +590,10 @@ void Engine::gather(const std::vector<Slot*>& active, StepInputs& in) {
         const std::vector<int32_t>& prompt = s->job->params.prompt;
         if (s->prompt_pos < prompt.size()) {
             if (budget <= 0) continue;
-            const size_t n = std::min(prompt.size() - s->prompt_pos, size_t(budget));
+            size_t n = std::min(prompt.size() - s->prompt_pos, size_t(budget));
+            // A chunk ends where the slot takes a checkpoint.
+            if (!s->checkpoint_at.empty())
+                n = std::min(n, size_t(s->checkpoint_at.front()) - s->prompt_pos);
             budget -= int64_t(n);
             in.prefilling = true;
             const bool last = s->prompt_pos + n == prompt.size();
@@ -547,6 +668,10 @@ std::vector<bool> Engine::forward(StepInputs& in, std::vector<float>& logits) {
 
 bool Engine::take_prompt(Slot& s, const model::SeqInput& in, const float* logits) {
     s.prompt_pos += in.tokens.size();
+    if (!s.checkpoint_at.empty() && int64_t(s.prompt_pos) == s.checkpoint_at.front()) {
+        s.checkpoint_at.erase(s.checkpoint_at.begin());
+        take_checkpoint(s);
+    }
     if (s.job->params.prefill_only && s.prompt_pos == s.job->params.prompt.size()) {
         finish(s, "length");  // (a prefill-only request asks for no logits)
         return false;
@@ -837,8 +962,10 @@ void Engine::retain(Slot& s) {
         }
     }
     Retained r;
-    r.bytes = model_.state_cost().bytes(s.state->capacity());
+    r.bytes = model_.state_cost().bytes(s.state->capacity()) +
+              s.checkpoints.size() * model_.state_cost().snapshot;
     r.state = std::move(s.state);
+    r.checkpoints = std::move(s.checkpoints);
     r.tokens = std::move(s.tokens);
     r.content = s.job->expanded.content;
     r.slot = s.id;

@@ -136,8 +136,21 @@ struct EngineOptions {
     // hold, so no entry pins a full context. false: every state holds n_ctx
     // (the CLI's one slot, whose conversation grows turn by turn).
     bool request_sized_states = true;
-    int64_t max_rewind = 16;  // glm-dsa: how far a retained entry may be rewound
-    SpecParams spec;          // speculative decoding for requests that do not say
+    // A request reuses the longest prefix it shares with any retained entry. An
+    // entry whose tokens past that prefix are at most max_rewind is taken and cut
+    // back; one with more is kept for later requests and the prefix copied into
+    // the request's own state (a main agent and its sub-agents share a system
+    // prompt and tools, then differ).
+    int64_t max_rewind = 16;
+    // States that cannot be cut back by position (glm5next's recurrent KDA state)
+    // resume a prefix from checkpoints taken while a prompt is evaluated: before
+    // each of these tokens (the chat format's message starts) and every
+    // checkpoint_interval positions, at most kMaxCheckpoints per sequence (the
+    // first three and the latest), each counted in the cache memory.
+    std::vector<int32_t> checkpoint_tokens;
+    int64_t checkpoint_interval = 4096;
+    static constexpr size_t kMaxCheckpoints = 16;
+    SpecParams spec;  // speculative decoding for requests that do not say
     // Requests waiting for a slot; submit() beyond this throws QueueFull. 0: no
     // bound (the CLI's batch commands); the server sets one (--max-queue).
     int max_queue = 0;
@@ -258,10 +271,17 @@ class Engine {
     // front request refused; the front request bound to a slot, adopting `best` (or
     // retained_.end()) with `reserved` bytes of the pool.
     void drop_cancelled(std::unique_lock<std::mutex>& lk);
-    std::pair<std::list<Retained>::iterator, int64_t> best_prefix(const Job& job);
+    struct Adoption;
+    Adoption best_prefix(const Job& job);
     void refuse_front(std::unique_lock<std::mutex>& lk, const std::string& why);
-    void start_slot(std::unique_lock<std::mutex>& lk, std::list<Retained>::iterator best,
-                    int64_t best_p, size_t reserved, int64_t want);
+    void start_slot(std::unique_lock<std::mutex>& lk, Adoption a, size_t reserved, int64_t want,
+                    size_t checkpoint_bytes);
+    bool shed_checkpoints();  // true when running slots gave some memory up
+    // Checkpoints of recurrent state (EngineOptions::checkpoint_tokens): the positions
+    // of a prompt past `from` where its slot takes one, and one taken.
+    std::vector<int64_t> checkpoint_plan(const std::vector<int32_t>& prompt, int64_t from) const;
+    void take_checkpoint(Slot& s);
+    size_t checkpoint_bytes(const std::vector<int32_t>& prompt, int64_t from) const;
     void finish(Slot& s, const std::string& reason, const std::string& error = "");
     bool image_rows(Slot& s, size_t n, std::deque<std::vector<model::EmbedRows>>& out);
     void retain(Slot& s);
@@ -270,6 +290,7 @@ class Engine {
     // entries fit cache_budget_bytes) and at most kMaxRetained remain; false
     // when `more` cannot fit.
     bool make_room(size_t more, const Retained* keep);
+    bool fits(size_t more, const Retained* keep) const;  // make_room's answer, evicting nothing
     size_t retained_total() const;
     int64_t reach(const RequestParams& p) const;  // positions a request can fill
     void plan_drafts(const std::vector<Slot*>& slots);
@@ -292,6 +313,7 @@ class Engine {
     EngineStats stats_;
     VerifyCost verify_cost_;
     double mtp_seconds_per_token_ = 0;  // measured NextN draft cost
+    const bool recurrent_;              // states keep checkpoints (Model::state_cost().snapshot)
     std::thread thread_;
 };
 

@@ -367,4 +367,11 @@ std::vector<TokenId> encode_prompt(const Tokenizer& tok, const RenderedPrompt& p
     return ids;
 }
 
+std::vector<int32_t> message_start_ids(const Tokenizer& tok) {
+    std::vector<int32_t> ids;
+    for (std::string_view role : {"<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"})
+        if (const TokenId id = tok.find(role); id != kNoToken) ids.push_back(id);
+    return ids;
+}
+
 }  // namespace glm5::text

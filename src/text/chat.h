@@ -151,6 +151,11 @@ bool encode_prompt(const Tokenizer& tok, const RenderedPrompt& p, size_t limit,
 // string when it matches, else one line naming the differences.
 std::string check_chat_template(std::string_view chat_template);
 
+// The tokens that start a message in the GLM format (<|system|>, <|user|>, <|assistant|>,
+// <|observation|>), those the vocabulary has: where a prompt's messages begin (the serving
+// engine keeps checkpoints of recurrent state there).
+std::vector<int32_t> message_start_ids(const Tokenizer& tok);
+
 // OpenAI chat messages (JSON array) -> ChatMessage list. Content may be a string, null, or
 // an array of {"type":"text","text":...} parts (concatenated) and, in user messages,
 // {"type":"image_url","image_url":{"url":...}} parts (ChatMessage::image_at / image_urls;
