@@ -373,10 +373,11 @@ void Engine::start_slot(std::unique_lock<std::mutex>& lk, Adoption a, size_t res
     queue_.pop_front();
     s->admitted = Clock::now();
     const bool adopted = a.entry != retained_.end();
-    model::SequenceState* source = nullptr;  // copied from (the entry stays retained)
+    // An entry copied from stays retained; it leaves the list while it is read
+    // (drop_retained() may run meanwhile) and comes back as the most recently used.
+    std::list<Retained> held;
     if (adopted && a.copy) {
-        source = a.entry->state.get();
-        retained_.splice(retained_.begin(), retained_, a.entry);  // recently used
+        held.splice(held.begin(), retained_, a.entry);
     } else if (adopted) {
         Retained& e = *a.entry;
         s->state = std::move(e.state);
@@ -411,13 +412,14 @@ void Engine::start_slot(std::unique_lock<std::mutex>& lk, Adoption a, size_t res
         s->admitted = {};
         finish(*s, "error", alloc_error);  // (returns the reservation)
         lk.lock();
+        retained_.splice(retained_.begin(), held);
         return;
     }
-    // The shared prefix copied (the engine thread alone changes retained entries);
-    // a copy that fails costs only the prefill it would have saved.
-    if (source) {
+    // The shared prefix copied; a copy that fails costs only the prefill it would
+    // have saved.
+    if (!held.empty()) {
         try {
-            if (s->state->copy_prefix(*source, a.keep, a.at)) {
+            if (s->state->copy_prefix(*held.front().state, a.keep, a.at)) {
                 s->tokens.assign(s->job->params.prompt.begin(),
                                  s->job->params.prompt.begin() + a.keep);
                 s->cached = a.keep;
@@ -438,6 +440,7 @@ void Engine::start_slot(std::unique_lock<std::mutex>& lk, Adoption a, size_t res
                      : s->spec.type;
     s->governor = std::make_unique<WindowGovernor>(s->spec);
     lk.lock();
+    retained_.splice(retained_.begin(), held);
     stats_.prompt_tokens += s->job->params.prompt.size();
     stats_.cached_tokens += uint64_t(s->cached);
     ++busy_;
