@@ -150,6 +150,18 @@ serve)
   t2=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$work/long.$p2")
   [[ -n $t1 && $t1 == "$t2" ]] || fail "a reply after prefix reuse differs: '$t1' / '$t2'"
   echo "a prompt extending an earlier one reuses its prefix on every rank and answers the same"
+  # A prompt sharing only the start of that sequence (more than 16 tokens before its end)
+  # copies the shared prefix into a sequence of its own, on every rank.
+  early="${prompts[1]} and then"
+  for port in $p1 $p2; do
+    curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'content-type: application/json' \
+      -d "{\"prompt\": \"$early\", \"max_tokens\": 24, \"temperature\": 0}" >"$work/early.$port"
+  done
+  grep -q '"cached_tokens":[1-9]' "$work/early.$p2" || { cat "$work/early.$p2"; fail "no prefix copied"; }
+  t1=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$work/early.$p1")
+  t2=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$work/early.$p2")
+  [[ -n $t1 && $t1 == "$t2" ]] || fail "a reply after a copied prefix differs: '$t1' / '$t2'"
+  echo "a prompt sharing an earlier one's start copies its prefix on every rank and answers the same"
   ;;
 faults)
   victim_pid() {  # victim_pid RANK: the pid of that rank of our job
