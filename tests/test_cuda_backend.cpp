@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <random>
 #include <set>
@@ -516,21 +517,44 @@ TEST(CudaGlm5Next, LogitsAgreeWithTheCpuAndDecodeRowsAreBatchInvariant) {
 
 // The GPU runs the text forwards' op families and not the vision tower's: the tower is
 // refused where it loads, naming the family and the backend (no op of it is stubbed).
-TEST(CudaGlm5Next, AVisionTowerRefusesABackendWithoutItsFamily) {
+// The vision tower on the device: every family a model needs, the public goldens'
+// embeddings within the CPU's tolerance, and two images in one call each the bits it
+// gets alone.
+TEST(CudaVision, EmbeddingsFromTheGoldenPixelsAndBatchesChangeNoBit) {
     OnBackend g(gpu(), false, "glm5next/tiny.gguf");
     EXPECT_NE(backend::family<backend::MoeOps>(*g.be), nullptr);
     EXPECT_NE(backend::family<backend::AttentionOps>(*g.be), nullptr);
     EXPECT_NE(backend::family<backend::LinearOps>(*g.be), nullptr);
-    EXPECT_EQ(backend::family<backend::VisionOps>(*g.be), nullptr);
+    EXPECT_NE(backend::family<backend::VisionOps>(*g.be), nullptr);
     const auto mmproj = gguf::File::open(test::data_path("glm5next/mmproj-tiny.gguf"));
-    try {
-        model::load_vision_tower(*mmproj, *g.be, *g.model, {});
-        ADD_FAILURE() << "the vision tower loaded on a backend without its ops";
-    } catch (const Error& e) {
-        const std::string what = e.what();
-        EXPECT_NE(what.find("the vision tower's ops"), std::string::npos) << what;
-        EXPECT_NE(what.find(g.be->name()), std::string::npos) << what;
+    auto tower = model::load_vision_tower(*mmproj, *g.be, *g.model, {});
+    const auto golden = test::load_json(test::data_path("glm5next/vision.golden.json"));
+    std::vector<std::vector<float>> px;
+    std::vector<model::VisionTower::Image> ims;
+    for (const auto& im : golden["images"]) px.push_back(im["pixels"].get<std::vector<float>>());
+    for (size_t i = 0; i < px.size(); ++i)
+        ims.push_back({px[i].data(), golden["images"][i]["canvas"][0].get<int64_t>(),
+                       golden["images"][i]["canvas"][1].get<int64_t>()});
+    ASSERT_GE(ims.size(), 2u);
+    std::vector<std::vector<float>> alone;
+    for (size_t i = 0; i < ims.size(); ++i) {
+        std::vector<float> rows;
+        tower->encode({&ims[i], 1}, rows);
+        const auto want = golden["images"][i]["embeddings"].get<std::vector<double>>();
+        ASSERT_EQ(rows.size(), want.size());
+        double d = 0, m = 0;
+        for (size_t k = 0; k < want.size(); ++k) {
+            d = std::max(d, std::fabs(double(rows[k]) - want[k]));
+            m = std::max(m, std::fabs(want[k]));
+        }
+        std::printf("  image %zu: max |d| / max |golden| = %.3g\n", i, d / m);
+        EXPECT_LE(d / m, 1e-4) << "image " << i;
+        alone.push_back(std::move(rows));
     }
+    std::vector<float> both, joined = alone[0];
+    joined.insert(joined.end(), alone[1].begin(), alone[1].end());
+    tower->encode({ims.data(), 2}, both);
+    EXPECT_TRUE(test::bitwise_equal(both, joined));
 }
 
 // Two sequences decoded together, then each alone: the same bits for every decode row.

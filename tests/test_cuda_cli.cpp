@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,34 @@ TEST(CudaCli, RunGivesTheCpusGreedyTokens) {
 
 // Speculation changes nothing but speed: the GPU's drafts (the NextN block where the file
 // has one, else n-grams) verified on the GPU give plain decoding's tokens.
+// An image encoded on the device enters the prompt as on the CPU: the vision goldens' last
+// logits within the CPU test's bound, and their greedy ids.
+TEST(CudaCli, AnImageOnTheDeviceGivesTheVisionGoldens) {
+    const std::string T = data_path("glm5next/");
+    const auto golden = glm5::test::load_json(T + "vision.golden.json");
+    for (const auto& g : golden["images"]) {
+        std::string ids;
+        for (const auto& x : g["prompt_ids"]) ids += (ids.empty() ? "" : ",") + x.dump();
+        const std::string flags = "--model " + T + "tiny.gguf --mmproj " + T +
+                                  "mmproj-tiny.gguf --image " + T + std::string(g["file"]) +
+                                  " --cache-type f32 -t 1 --device cuda --tokens " + ids;
+        const auto lg = run_glm5("logits " + flags, "", kGpu);
+        ASSERT_EQ(lg.code, 0) << lg.err;
+        const auto j = json::parse(lg.out);
+        EXPECT_LE(glm5::test::max_abs_diff(j["logits"][0].get<std::vector<float>>().data(),
+                                           glm5::test::to_floats(g["last_logits"])),
+                  1e-3)
+            << g["file"];
+        const auto run =
+            run_glm5("run " + flags + " --print-ids --ignore-eos --temp 0 -n 8", "", kGpu);
+        ASSERT_EQ(run.code, 0) << run.err;
+        std::stringstream ss(run.out);
+        std::vector<int32_t> got;
+        for (int32_t x; ss >> x;) got.push_back(x);
+        EXPECT_EQ(got, glm5::test::to_ids(g["greedy"])) << g["file"];
+    }
+}
+
 TEST(CudaCli, SpeculationGivesPlainDecodingsTokens) {
     for (const std::string& m : models()) {
         const std::string plain = greedy(m, "cuda", "");

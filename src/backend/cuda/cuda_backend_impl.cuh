@@ -1,6 +1,6 @@
 // The CUDA backend's class, shared by its .cu files (memory and elementwise ops in
 // cuda_backend.cu, attention in cuda_attention.cu, the mixture of experts in cuda_moe.cu,
-// GLM-5.3-Flash's own ops in cuda_glm5next.cu).
+// GLM-5.3-Flash's own ops in cuda_glm5next.cu, the vision tower's in cuda_vision.cu).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/linear_ops.h"
 #include "backend/moe_ops.h"
+#include "backend/vision_ops.h"
 
 namespace glm5::backend::cuda {
 
@@ -60,7 +61,11 @@ __device__ inline float silu_of(float x) {
     return x / (1.0f + expf(-x));
 }
 
-class CudaBackend final : public Backend, public MoeOps, public AttentionOps, public LinearOps {
+class CudaBackend final : public Backend,
+                          public MoeOps,
+                          public AttentionOps,
+                          public LinearOps,
+                          public VisionOps {
   public:
     explicit CudaBackend(int ordinal);
     ~CudaBackend() override;
@@ -150,6 +155,15 @@ class CudaBackend final : public Backend, public MoeOps, public AttentionOps, pu
                        float, const CacheRows&, DevPtr<const int32_t>, int64_t) override;
     void pool_cells(DevPtr<const int32_t>, DevPtr<const int32_t>, int64_t, int64_t, int64_t,
                     DevPtr<int32_t>, int64_t) override;
+
+    // The vision tower's ops (cuda_vision.cu).
+    void add_bias(DevPtr<float> y, int64_t n_rows, int64_t dim, int64_t stride,
+                  const float* b) override;
+    void gelu_erf(DevPtr<float> y, int64_t n) override;
+    void rope_2d(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64_t n_heads, int64_t dim,
+                 const int32_t* row, const int32_t* col, float theta) override;
+    void attention_full(std::span<const FullAttentionSeq> seqs, int64_t n_heads, int64_t dim,
+                        int64_t stride, float scale) override;
 
     // ---- for the kernels' files --------------------------------------------
     template <class T>
