@@ -6,9 +6,12 @@
 // decoding's ids.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <set>
 #include <vector>
@@ -21,8 +24,13 @@
 #include "model/glm5next_vision.h"
 #include "quant/quant.h"
 #include "quant_test_util.h"
+#include "runtime/engine.h"
 #include "util_backend.h"
 #include "util_model.h"
+
+#if defined(GLM5_CUDA_SIM)
+#include "cudasim/device.h"
+#endif
 
 namespace glm5 {
 namespace {
@@ -556,6 +564,139 @@ TEST(CudaVision, EmbeddingsFromTheGoldenPixelsAndBatchesChangeNoBit) {
     tower->encode({ims.data(), 2}, both);
     EXPECT_TRUE(test::bitwise_equal(both, joined));
 }
+
+// Experts in system RAM beside the device: the model on the (simulated) GPU, every block's
+// routed experts on a CPU backend.
+struct OnDeviceWithHostExperts {
+    std::unique_ptr<gguf::File> file;
+    std::unique_ptr<Backend> be, host;
+    std::unique_ptr<model::Model> model;
+    OnDeviceWithHostExperts(const std::string& fixture, bool nextn, bool overlap) {
+        file = gguf::File::open(test::data_path(fixture));
+        be = gpu();
+        host = cpu();
+        model::LoadOptions lo;
+        lo.cache_type = CacheType::F16;
+        lo.load_nextn = nextn;
+        lo.experts_backend = host.get();
+        lo.host_experts = std::vector<bool>(64, true);
+        lo.moe_overlap = overlap;
+        model = model::load_model(*file, *be, lo);
+    }
+};
+
+// Greedy tokens of two requests decoded together, plain or speculative.
+std::vector<std::vector<int32_t>> greedy_pair(model::Model& m, runtime::DraftType draft) {
+    runtime::EngineOptions eo;
+    eo.n_parallel = 2;
+    eo.n_ctx = 256;
+    eo.prefix_cache = false;
+    runtime::Engine e(m, eo);
+    std::vector<runtime::RequestParams> ps;
+    for (int r = 0; r < 2; ++r) {
+        runtime::RequestParams p;
+        for (int rep = 0; rep < 3; ++rep)
+            for (int32_t t : {5, 6, 7, 8, 9, 41, 42}) p.prompt.push_back(t + r);
+        p.max_tokens = 16;
+        p.sampling.temperature = 0;
+        p.sampling.repeat_penalty = 0.2f;  // loops that drafts can predict
+        runtime::SpecParams sp;
+        sp.type = draft;
+        sp.draft_max = 4;
+        sp.adaptive = false;
+        p.spec = sp;
+        ps.push_back(std::move(p));
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (auto& h : e.submit_group(std::move(ps))) {
+        const runtime::RequestResult r = h->wait();
+        EXPECT_NE(r.finish_reason, "error") << r.error;
+        out.push_back(r.tokens);
+    }
+    return out;
+}
+
+// The hybrid run gives the device's own tokens, plain and speculative, and its logits
+// within the products' tolerance of the device's (the CPU rounds the experts' activations to
+// the weights' 8-bit partner format, the device keeps them in F32); taking turns gives the
+// overlapped run's bits.
+TEST(CudaHybrid, HostExpertsGiveTheDevicesTokens) {
+    struct Case {
+        const char* fixture;
+        bool nextn;
+        runtime::DraftType draft;
+    };
+    for (const Case& c : {Case{"glm-dsa/tiny.gguf", true, runtime::DraftType::Mtp},
+                          Case{"glm5next/tiny.gguf", false, runtime::DraftType::Ngram}}) {
+        OnBackend alone(gpu(), c.nextn, c.fixture);
+        OnDeviceWithHostExperts hybrid(c.fixture, c.nextn, true), turns(c.fixture, c.nextn, false);
+        ASSERT_GT(hybrid.model->info().host_expert_blocks, 0) << c.fixture;
+        const int64_t V = alone.model->info().n_vocab;
+        const std::vector<int32_t> tokens = test::random_ids(5, 60, V);
+        const std::vector<float> la = prefill(*alone.model, tokens);
+        const std::vector<float> lh = prefill(*hybrid.model, tokens);
+        const double e = rel_err(lh, la);
+        std::printf("  %s: hybrid logits vs the device's: %.3g\n", c.fixture, e);
+        EXPECT_LT(e, 0.02) << c.fixture;
+        EXPECT_TRUE(test::bitwise_equal(prefill(*turns.model, tokens), lh)) << c.fixture;
+        const auto plain = greedy_pair(*alone.model, runtime::DraftType::Off);
+        EXPECT_EQ(greedy_pair(*hybrid.model, runtime::DraftType::Off), plain) << c.fixture;
+        EXPECT_EQ(greedy_pair(*hybrid.model, c.draft), plain) << c.fixture;
+    }
+}
+
+#if defined(GLM5_CUDA_SIM)
+// The overlap is real in the schedule: each MoE layer's shared expert is held on the device
+// (its first kernel waits) until the CPU has begun the routed experts; taking turns, the CPU
+// would wait for the shared rows first, and the hold would end only by its timeout.
+TEST(CudaHybrid, HostExpertsBeginWhileTheSharedExpertRuns) {
+    struct Gate {
+        std::mutex m;
+        std::condition_variable cv;
+        bool armed = false, closed = false;
+        int held = 0, cpu_first = 0, timeouts = 0, layers = 0;
+    } g;
+    OnDeviceWithHostExperts h("glm-dsa/tiny.gguf", false, true);
+    h.be->set_op_hook([&](const char* op, int64_t) {
+        if (std::string_view(op) != "moe") return;  // the device's MoE: the shared expert
+        std::lock_guard<std::mutex> lk(g.m);
+        g.armed = true;
+        ++g.layers;
+    });
+    h.host->set_op_hook([&](const char* op, int64_t) {
+        if (std::string_view(op) != "moe") return;  // the CPU's routed experts begin
+        std::lock_guard<std::mutex> lk(g.m);
+        if (g.armed) {
+            g.armed = false;  // before the shared expert's first kernel even started
+            ++g.cpu_first;
+        } else if (g.closed) {
+            g.closed = false;
+            g.cv.notify_all();
+        }
+    });
+    cudasim::set_kernel_start_hook([&](const char*) {
+        std::unique_lock<std::mutex> lk(g.m);
+        if (!g.armed) return;
+        g.armed = false;
+        g.closed = true;
+        ++g.held;
+        if (!g.cv.wait_for(lk, std::chrono::seconds(30), [&] { return !g.closed; })) {
+            ++g.timeouts;
+            g.closed = false;
+        }
+    });
+    const std::vector<int32_t> tokens = test::random_ids(9, 20, h.model->info().n_vocab);
+    prefill(*h.model, tokens);
+    cudasim::set_kernel_start_hook({});
+    EXPECT_GT(g.layers, 0);
+    EXPECT_EQ(g.held + g.cpu_first, g.layers);
+    EXPECT_EQ(g.timeouts, 0) << "the CPU waited for the device's shared expert";
+    std::printf(
+        "  %d MoE layers: the shared expert held until the CPU began on %d, the CPU began "
+        "before its first kernel on %d\n",
+        g.layers, g.held, g.cpu_first);
+}
+#endif
 
 // Two sequences decoded together, then each alone: the same bits for every decode row.
 TEST(CudaGlmDsa, DecodeRowsDoNotDependOnTheBatch) {

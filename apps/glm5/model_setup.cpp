@@ -139,6 +139,10 @@ void add_model_flags(Args& a, bool model_required) {
              "expression) matches stay in system RAM; whole sets of routed experts only "
              "(e.g. -ot exps=CPU)",
              "-ot");
+    a.flag("no-moe-overlap",
+           "with experts in system RAM: the device and the CPU take turns on each MoE layer "
+           "(the CPU's routed experts after the device's shared expert) instead of working at "
+           "once; the same bits, for measuring the overlap");
     a.option("n-gpu-layers", "N", "0",
              "llama.cpp's offload, as its users type it: 0 runs on the CPU; -1, all, or the "
              "layer count or more ask for the whole model on the GPU (without a GPU that runs "
@@ -311,6 +315,7 @@ void open_local(const Args& a, const std::string& path, model::LoadOptions lo,
         m.experts_backend = backend::make_cpu_backend(bo);
         lo.experts_backend = m.experts_backend.get();
         lo.host_experts = placed->host;
+        lo.moe_overlap = !a.get_flag("no-moe-overlap");
     }
     m.model = model::load_model(*m.file, *m.backend, lo);
     if (!placed) return;

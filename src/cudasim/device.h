@@ -74,6 +74,11 @@ struct Kernel {
 };
 cudaError_t launch_kernel(std::shared_ptr<const Kernel> k, cudaStream_t s);
 
+// For tests of what runs at once: called on a stream's own thread as each kernel begins
+// (with its name), before it runs. It may block, which holds that stream alone, as a busy
+// device holds it. An empty function removes it.
+void set_kernel_start_hook(std::function<void(const char* kernel)> hook);
+
 template <class T>
 void note_pointer(Kernel& k, int i, const T& v) {
     if constexpr (std::is_pointer_v<T>) k.pointers.emplace_back(i, static_cast<const void*>(v));

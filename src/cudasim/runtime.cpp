@@ -860,6 +860,16 @@ cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int
 
 namespace cudasim {
 
+namespace {
+std::mutex g_hook_mu;
+std::function<void(const char*)> g_kernel_start;
+}  // namespace
+
+void set_kernel_start_hook(std::function<void(const char* kernel)> hook) {
+    std::lock_guard<std::mutex> lock(g_hook_mu);
+    g_kernel_start = std::move(hook);
+}
+
 cudaError_t launch_kernel(std::shared_ptr<const Kernel> k, cudaStream_t stream) {
     const int d = tl_device;
     Stream* s = resolve(stream);
@@ -881,6 +891,12 @@ cudaError_t launch_kernel(std::shared_ptr<const Kernel> k, cudaStream_t stream) 
         return fail(cudaErrorInvalidValue);
     if (faulted(d)) return fail(cudaErrorLaunchFailure);
     enqueue(s, {[k = std::move(k), d, max_dynamic] {
+                std::function<void(const char*)> hook;
+                {
+                    std::lock_guard<std::mutex> lock(g_hook_mu);
+                    hook = g_kernel_start;
+                }
+                if (hook) hook(k->name);
                 count(d, &Counts::kernels);
                 const std::string f = tl_executor->run(*k, max_dynamic);
                 if (!f.empty()) set_fault(d, f);

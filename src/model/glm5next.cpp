@@ -525,7 +525,8 @@ void Glm5NextModel::ffn(const Batch& b, const Layer& L, DevPtr<const float> x, D
         // The router picks each row's experts (their ids and weights stay on the
         // backend); the routed experts run with the shared one in the same passes, or
         // where their weights are (in system RAM beside a device).
-        moe_ffn(be, moe_, L.host_experts ? experts_be_ : nullptr, L.moe, x, T, E, out);
+        moe_ffn(be, moe_, L.host_experts ? experts_be_ : nullptr, L.moe, x, T, E, out,
+                moe_overlap_);
         return;
     }
     DevPtr<float> fg = b.w[0];

@@ -234,6 +234,7 @@ Glm5NextModel::Glm5NextModel(const gguf::File& f, backend::Backend& be, const Lo
       file_(f),
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
       experts_be_(opt.experts_backend),
+      moe_overlap_(opt.moe_overlap),
       attn_(backend::require<backend::AttentionOps>(be, "glm5next")),
       linear_(backend::require<backend::LinearOps>(be, "glm5next")),
       moe_(backend::require<backend::MoeOps>(be, "glm5next")),

@@ -342,7 +342,8 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T,
         // The router picks each row's experts (their ids and weights stay on the
         // backend); the routed experts run with the shared one in the same passes, or
         // where their weights are (in system RAM beside a device).
-        moe_ffn(be, moe_, L.host_experts ? experts_be_ : nullptr, L.moe, b.xn, T, E, b.tmp);
+        moe_ffn(be, moe_, L.host_experts ? experts_be_ : nullptr, L.moe, b.xn, T, E, b.tmp,
+                moe_overlap_);
         if (ff_split_) be.reduce_sum(b.tmp, T * E);  // tensor parallel: every rank's strip
     }
     be.add(x, b.tmp, T * E);

@@ -128,6 +128,7 @@ class GlmDsaModel final : public Model {
     // Computes the routed experts of the layers flagged host_experts (in system RAM
     // beside a device); with one, every routed expert is loaded as stored.
     backend::Backend* experts_be_ = nullptr;
+    bool moe_overlap_ = true;  // LoadOptions::moe_overlap
     // The op families the forward is written in beside the core (refused at load when
     // the backend lacks one).
     backend::AttentionOps& attn_;

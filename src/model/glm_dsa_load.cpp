@@ -143,6 +143,7 @@ GlmDsaModel::GlmDsaModel(const gguf::File& f, backend::Backend& be, const LoadOp
       head_first_(n_head_local_ * opt.tp_rank),
       held_(resolve_layers(opt, hp_.n_layer, f.path())),
       experts_be_(opt.experts_backend),
+      moe_overlap_(opt.moe_overlap),
       attn_(backend::require<backend::AttentionOps>(be, "glm-dsa")),
       moe_(backend::require<backend::MoeOps>(be, "glm-dsa")),
       tensors_(f, opt.in_memory, opt.repack, opt.repack_if_fits, held_, &be) {

@@ -233,6 +233,10 @@ struct LoadOptions {
     // repacked copy), so that Model::place_experts can move it later.
     std::vector<bool> host_experts = {};
     backend::Backend* experts_backend = nullptr;
+    // With experts in system RAM: the device computes the shared expert while the host
+    // computes the routed ones, and adds the two (the same bits as taking turns);
+    // false: the two take turns (--no-moe-overlap, for measuring).
+    bool moe_overlap = true;
     // Diagnostic: attend to every cached token, ignoring the sparse selection
     // (used to show that the selection really drops tokens).
     bool dense_attention = false;

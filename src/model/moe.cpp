@@ -125,7 +125,7 @@ void count_experts(ModelInfo& info, const backend::MoeWeights& m, bool host) {
 
 void moe_ffn(backend::Backend& be, backend::MoeOps& moe, backend::Backend* host,
              const backend::MoeWeights& m, backend::DevPtr<const float> x, int64_t T, int64_t E,
-             backend::DevPtr<float> out) {
+             backend::DevPtr<float> out, bool overlap) {
     const int n_used = m.route.n_used;
     const size_t n_sel = size_t(T) * size_t(n_used), n_rows = size_t(T * E);
     const backend::DevPtr<int32_t> ids = be.scratch_ids(n_sel);
@@ -137,26 +137,32 @@ void moe_ffn(backend::Backend& be, backend::MoeOps& moe, backend::Backend* host,
         return;
     }
     // The shared expert where the layer lives; the routed experts where their weights
-    // are, fed the rows, the routing and the shared rows they add.
-    backend::DevPtr<float> shared;
-    if (m.shared) {
-        shared = be.scratch(n_rows);
-        moe.moe_shared(m.shared, x, T, shared);
-    }
+    // are, fed the rows and the routing (and, taking turns, the shared rows they add).
     backend::Backend& h = *host;
     // Found once at load (check_experts_backend); a lookup, not a refusal, here.
     backend::MoeOps& hm = backend::require<backend::MoeOps>(h, "routed experts in system RAM");
     const backend::DevPtr<float> hx = h.scratch(n_rows), hout = h.scratch(n_rows);
     const backend::DevPtr<int32_t> hids = h.scratch_ids(n_sel);
     const backend::DevPtr<float> hwts = h.scratch(n_sel);
-    const backend::DevPtr<float> hshared = m.shared ? h.scratch(n_rows) : nullptr;
     auto bytes = [](auto p) { return p.template as<const uint8_t>(); };
     h.copy_from(be, bytes(x), hx.as<uint8_t>(), n_rows * sizeof(float));
     h.copy_from(be, bytes(ids), hids.as<uint8_t>(), n_sel * sizeof(int32_t));
     h.copy_from(be, bytes(wts), hwts.as<uint8_t>(), n_sel * sizeof(float));
-    if (m.shared) h.copy_from(be, bytes(shared), hshared.as<uint8_t>(), n_rows * sizeof(float));
-    hm.moe_experts(m.experts, hx, T, hids, hwts, n_used, nullptr, hshared, hout);
-    be.copy_from(h, bytes(hout), out.as<uint8_t>(), n_rows * sizeof(float));
+    backend::DevPtr<float> shared;
+    if (m.shared) {
+        shared = be.scratch(n_rows);
+        moe.moe_shared(m.shared, x, T, shared);  // queued: runs while the host works
+    }
+    if (overlap || !m.shared) {
+        hm.moe_experts(m.experts, hx, T, hids, hwts, n_used, nullptr, nullptr, hout);
+        be.copy_from(h, bytes(hout), out.as<uint8_t>(), n_rows * sizeof(float));
+        if (m.shared) be.add(out, shared, int64_t(n_rows));
+    } else {
+        const backend::DevPtr<float> hshared = h.scratch(n_rows);
+        h.copy_from(be, bytes(shared), hshared.as<uint8_t>(), n_rows * sizeof(float));
+        hm.moe_experts(m.experts, hx, T, hids, hwts, n_used, nullptr, hshared, hout);
+        be.copy_from(h, bytes(hout), out.as<uint8_t>(), n_rows * sizeof(float));
+    }
     // Copies here are complete when they return: the host's scratch is free again.
     h.reset_scratch();
 }

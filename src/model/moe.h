@@ -64,9 +64,11 @@ void place_layers(std::vector<Layer>& layers, Layer* nextn, const std::vector<bo
 // out [T][E] (overwritten) = the MoE FFN of the normed rows x [T][E]: routing and the
 // shared expert on `be` (its MoE family `moe`), the routed experts on `host` (its inputs
 // and output copied between the two; null: on `be` too). Bit for bit the one-backend
-// result: the split ops are the fused one's parts.
+// result: the split ops are the fused one's parts. With `overlap`, the shared expert is
+// queued on `be` after the routed experts' inputs are copied out, so that a device computes
+// it while the host computes them, and `be` adds the two (the order the fused op sums in).
 void moe_ffn(backend::Backend& be, backend::MoeOps& moe, backend::Backend* host,
              const backend::MoeWeights& m, backend::DevPtr<const float> x, int64_t T, int64_t E,
-             backend::DevPtr<float> out);
+             backend::DevPtr<float> out, bool overlap = true);
 
 }  // namespace glm5::model

@@ -1,7 +1,6 @@
-// The CUDA backend: the core contract and the MoE, attention and linear-attention
-// families on an NVIDIA GPU (plain C++ here; the kernels live in the .cu files beside
-// it): glm-dsa's and GLM-5.3-Flash's text forwards run on the device. It has no vision
-// family, so a vision tower refuses it at load.
+// The CUDA backend: the core contract and the MoE, attention, linear-attention and
+// vision families on an NVIDIA GPU (plain C++ here; the kernels live in the .cu files
+// beside it): glm-dsa's and GLM-5.3-Flash's forwards and the vision tower run on the device.
 //
 // Memory is the device's: activations and selections in a scratch arena, caches in
 // allocations of their own, weight matrices uploaded once when the loader registers
