@@ -177,6 +177,7 @@ TEST(EngineCheckpoints, ARecurrentStateResumesFromTheLatestMessageStart) {
     o.n_ctx = 256;
     o.ubatch = 32;
     o.checkpoint_tokens = {kStart};
+    o.checkpoint_spacing = {1, 1};  // (a tiny prompt)
     std::vector<int32_t> cold_first, cold_sub;
     {
         auto c = o;

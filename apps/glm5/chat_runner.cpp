@@ -94,6 +94,7 @@ runtime::EngineOptions cli_engine_options(const ContextChoice& ctx, int64_t ubat
     o.cache_pool_bytes = ctx.cache_pool;
     o.request_sized_states = false;
     o.checkpoint_interval = 0;  // (the pool holds the one state)
+    o.checkpoint_tail = false;
     return o;
 }
 

@@ -213,6 +213,9 @@ class Bench {
         eo.cache_budget_bytes = SIZE_MAX;
         // Whole-context states: the timed request adopts the prefilled depth without a copy.
         eo.request_sized_states = false;
+        // A timed prompt is one run of micro-batches, as llama-bench's.
+        eo.checkpoint_interval = 0;
+        eo.checkpoint_tail = false;
         return eo;
     }
     // Both sides' reads when routed experts run beside a device (--device).

@@ -111,7 +111,18 @@ void CpuBackend::copy_cache(DevPtr<uint8_t> dst_, DevPtr<const uint8_t> src_, si
     uint8_t* dst = host(dst_);
     const uint8_t* src = host(src_);
     OpTimer timer_(profile_, why, int64_t(bytes));
-    std::memcpy(dst, src, bytes);
+    // A sequence's caches (a shared prefix copied, a resize) are tens to hundreds of MB:
+    // one thread's copy would be most of what a request that reuses them waits for.
+    constexpr size_t kPiece = size_t(1) << 20;
+    if (bytes < 4 * kPiece) {
+        std::memcpy(dst, src, bytes);
+        return;
+    }
+    const int64_t pieces = int64_t((bytes + kPiece - 1) / kPiece);
+    pool_.parallel_for(pieces, 1, [&](int64_t b, int64_t e, int) {
+        const size_t from = size_t(b) * kPiece, to = std::min(bytes, size_t(e) * kPiece);
+        std::memcpy(dst + from, src + from, to - from);
+    });
 }
 
 void CpuBackend::reduce_sum(DevPtr<float> x, int64_t n) {

@@ -458,6 +458,23 @@ std::vector<int64_t> Engine::checkpoint_plan(const std::vector<int32_t>& prompt,
         if (std::find(marks.begin(), marks.end(), prompt[size_t(p)]) != marks.end() ||
             (opt_.checkpoint_interval > 0 && p % opt_.checkpoint_interval == 0))
             at.push_back(p);
+    // Agents resend the conversation and change what comes last (a reminder appended to
+    // the newest message, the reply's start): checkpoints at doubling distances from the
+    // end leave the next request at most about its change to evaluate again.
+    if (opt_.checkpoint_tail)
+        for (int64_t d : {1, 32, 64, 128, 256, 512, 1024})
+            if (const int64_t p = int64_t(prompt.size()) - d; p > std::max<int64_t>(from, 0))
+                at.push_back(p);
+    // Each one ends a prefill chunk (a forward more, which reads every weight): none in a
+    // prompt's first positions, which are cheap to evaluate again, and none close to the
+    // one before.
+    std::sort(at.begin(), at.end());
+    std::vector<int64_t> spaced;
+    for (int64_t p : at)
+        if (p >= opt_.checkpoint_spacing.first &&
+            (spaced.empty() || p - spaced.back() >= opt_.checkpoint_spacing.gap))
+            spaced.push_back(p);
+    at = std::move(spaced);
     constexpr size_t kFirst = 3;
     if (at.size() > EngineOptions::kMaxCheckpoints)
         at.erase(at.begin() + kFirst,

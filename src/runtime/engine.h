@@ -149,6 +149,14 @@ struct EngineOptions {
     // first three and the latest), each counted in the cache memory.
     std::vector<int32_t> checkpoint_tokens;
     int64_t checkpoint_interval = 4096;
+    // And at 1, 32, 64, ..., 1024 positions before the prompt's end: a client that resends
+    // the conversation with its last part changed resumes close to the change.
+    bool checkpoint_tail = true;
+    // None before position `first` (a short prefix is cheap to evaluate again) and none
+    // within `gap` of the one before: each ends a prefill chunk, a forward more.
+    struct {
+        int64_t first = 256, gap = 32;
+    } checkpoint_spacing;
     static constexpr size_t kMaxCheckpoints = 16;
     SpecParams spec;  // speculative decoding for requests that do not say
     // Requests waiting for a slot; submit() beyond this throws QueueFull. 0: no
