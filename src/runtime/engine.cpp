@@ -452,29 +452,41 @@ void Engine::start_slot(std::unique_lock<std::mutex>& lk, Adoption a, size_t res
 // messages; a client's next request, most of the rest).
 std::vector<int64_t> Engine::checkpoint_plan(const std::vector<int32_t>& prompt,
                                              int64_t from) const {
-    std::vector<int64_t> at;
+    // Candidates, the likelier places for a later request to diverge first: message starts;
+    // then, since agents resend the conversation and change what comes last (a reminder
+    // appended to the newest message, the reply's start), doubling distances from the end;
+    // then every checkpoint_interval positions.
+    struct Candidate {
+        int64_t p;
+        int rank;
+    };
+    std::vector<Candidate> c;
+    const int64_t lo = std::max<int64_t>(from, 0) + 1, n = int64_t(prompt.size());
     const auto& marks = opt_.checkpoint_tokens;
-    for (int64_t p = std::max<int64_t>(from, 0) + 1; p < int64_t(prompt.size()); ++p)
-        if (std::find(marks.begin(), marks.end(), prompt[size_t(p)]) != marks.end() ||
-            (opt_.checkpoint_interval > 0 && p % opt_.checkpoint_interval == 0))
-            at.push_back(p);
-    // Agents resend the conversation and change what comes last (a reminder appended to
-    // the newest message, the reply's start): checkpoints at doubling distances from the
-    // end leave the next request at most about its change to evaluate again.
+    for (int64_t p = lo; p < n; ++p) {
+        if (std::find(marks.begin(), marks.end(), prompt[size_t(p)]) != marks.end())
+            c.push_back({p, 0});
+        else if (opt_.checkpoint_interval > 0 && p % opt_.checkpoint_interval == 0)
+            c.push_back({p, 2});
+    }
+    // (One before the end first of all: an exact resend evaluates one token, as fresh.)
     if (opt_.checkpoint_tail)
         for (int64_t d : {1, 32, 64, 128, 256, 512, 1024})
-            if (const int64_t p = int64_t(prompt.size()) - d; p > std::max<int64_t>(from, 0))
-                at.push_back(p);
+            if (n - d >= lo) c.push_back({n - d, d == 1 ? -1 : 1});
     // Each one ends a prefill chunk (a forward more, which reads every weight): none in a
-    // prompt's first positions, which are cheap to evaluate again, and none close to the
-    // one before.
+    // prompt's first positions, cheap to evaluate again, and none close to another, the
+    // likelier (then the later) kept.
+    std::stable_sort(c.begin(), c.end(), [](const Candidate& a, const Candidate& b) {
+        return a.rank != b.rank ? a.rank < b.rank : a.p > b.p;
+    });
+    std::vector<int64_t> at;
+    for (const Candidate& x : c) {
+        if (x.p < opt_.checkpoint_spacing.first) continue;
+        bool near = false;
+        for (int64_t q : at) near = near || std::llabs(x.p - q) < opt_.checkpoint_spacing.gap;
+        if (!near) at.push_back(x.p);
+    }
     std::sort(at.begin(), at.end());
-    std::vector<int64_t> spaced;
-    for (int64_t p : at)
-        if (p >= opt_.checkpoint_spacing.first &&
-            (spaced.empty() || p - spaced.back() >= opt_.checkpoint_spacing.gap))
-            spaced.push_back(p);
-    at = std::move(spaced);
     constexpr size_t kFirst = 3;
     if (at.size() > EngineOptions::kMaxCheckpoints)
         at.erase(at.begin() + kFirst,

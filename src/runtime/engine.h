@@ -153,9 +153,10 @@ struct EngineOptions {
     // the conversation with its last part changed resumes close to the change.
     bool checkpoint_tail = true;
     // None before position `first` (a short prefix is cheap to evaluate again) and none
-    // within `gap` of the one before: each ends a prefill chunk, a forward more.
+    // within `gap` of another (message starts kept first, then those near the end): each
+    // ends a prefill chunk, a forward more.
     struct {
-        int64_t first = 256, gap = 32;
+        int64_t first = 256, gap = 16;
     } checkpoint_spacing;
     static constexpr size_t kMaxCheckpoints = 16;
     SpecParams spec;  // speculative decoding for requests that do not say
