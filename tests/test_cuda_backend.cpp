@@ -593,20 +593,7 @@ std::vector<std::vector<int32_t>> greedy_pair(model::Model& m, runtime::DraftTyp
     eo.prefix_cache = false;
     runtime::Engine e(m, eo);
     std::vector<runtime::RequestParams> ps;
-    for (int r = 0; r < 2; ++r) {
-        runtime::RequestParams p;
-        for (int rep = 0; rep < 3; ++rep)
-            for (int32_t t : {5, 6, 7, 8, 9, 41, 42}) p.prompt.push_back(t + r);
-        p.max_tokens = 16;
-        p.sampling.temperature = 0;
-        p.sampling.repeat_penalty = 0.2f;  // loops that drafts can predict
-        runtime::SpecParams sp;
-        sp.type = draft;
-        sp.draft_max = 4;
-        sp.adaptive = false;
-        p.spec = sp;
-        ps.push_back(std::move(p));
-    }
+    for (int r = 0; r < 2; ++r) ps.push_back(test::looping_request(r, draft, 16));
     std::vector<std::vector<int32_t>> out;
     for (auto& h : e.submit_group(std::move(ps))) {
         const runtime::RequestResult r = h->wait();

@@ -85,17 +85,7 @@ std::vector<std::vector<float>> engine_run(model::Model& m, runtime::DraftType t
     std::vector<std::vector<float>> rows[2];
     std::vector<runtime::RequestParams> ps;
     for (int r = 0; r < 2; ++r) {
-        runtime::RequestParams p;
-        for (int rep = 0; rep < 3; ++rep)
-            for (int32_t t : {5, 6, 7, 8, 9, 41, 42}) p.prompt.push_back(t + r);
-        p.max_tokens = 24;
-        p.sampling.temperature = 0;
-        p.sampling.repeat_penalty = 0.2f;  // loops that drafts can predict
-        runtime::SpecParams sp;
-        sp.type = type;
-        sp.draft_max = 4;
-        sp.adaptive = false;
-        p.spec = sp;
+        runtime::RequestParams p = looping_request(r, type, 24);
         p.on_logits = [&rows, r](int32_t, std::span<const float> lg) {
             rows[r].emplace_back(lg.begin(), lg.end());
         };

@@ -18,6 +18,7 @@
 #include "core/memory.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "runtime/engine.h"
 #include "runtime/sampler.h"
 
 namespace glm5::test {
@@ -175,6 +176,24 @@ inline MemoryAvailable simulated_memory(uint64_t bytes) {
     a.bytes = bytes;
     a.source = "test";
     return a;
+}
+
+// Request r of a pair decoded together in the speculation tests: a prompt that repeats a
+// short loop (offset by r), greedy, with a repeat penalty so the reply loops too and drafts
+// (`draft`, a fixed window of 4) can predict it.
+inline runtime::RequestParams looping_request(int r, runtime::DraftType draft, int max_tokens) {
+    runtime::RequestParams p;
+    for (int rep = 0; rep < 3; ++rep)
+        for (int32_t t : {5, 6, 7, 8, 9, 41, 42}) p.prompt.push_back(t + r);
+    p.max_tokens = max_tokens;
+    p.sampling.temperature = 0;
+    p.sampling.repeat_penalty = 0.2f;
+    runtime::SpecParams sp;
+    sp.type = draft;
+    sp.draft_max = 4;
+    sp.adaptive = false;
+    p.spec = sp;
+    return p;
 }
 
 }  // namespace glm5::test
