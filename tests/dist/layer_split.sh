@@ -138,29 +138,23 @@ serve)
     same "$work/reply.$p1.$i" "$work/reply.$p2.$i" "reply to '${prompts[$i]}'"
   done
   echo "4 concurrent completions from a 2-rank server equal the one-process server's"
+  reused() {  # reused NAME PROMPT WHAT: both servers answer alike; the split one reused a prefix
+    for port in $p1 $p2; do
+      curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'content-type: application/json' \
+        -d "{\"prompt\": \"$2\", \"max_tokens\": 24, \"temperature\": 0}" >"$work/$1.$port"
+    done
+    grep -q '"cached_tokens":[1-9]' "$work/$1.$p2" || { cat "$work/$1.$p2"; fail "no prefix $3"; }
+    t1=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$work/$1.$p1")
+    t2=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$work/$1.$p2")
+    [[ -n $t1 && $t1 == "$t2" ]] || fail "a reply after a prefix $3 differs: '$t1' / '$t2'"
+  }
   # Prefix reuse: an earlier prompt and its reply, continued, adopt the
   # retained sequence (rewound on every rank) and still answer the same.
-  long="${prompts[1]}$(cat "$work/reply.$p1.1")"
-  for port in $p1 $p2; do
-    curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'content-type: application/json' \
-      -d "{\"prompt\": \"$long\", \"max_tokens\": 24, \"temperature\": 0}" >"$work/long.$port"
-  done
-  grep -q '"cached_tokens":[1-9]' "$work/long.$p2" || { cat "$work/long.$p2"; fail "no prefix reuse"; }
-  t1=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$work/long.$p1")
-  t2=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$work/long.$p2")
-  [[ -n $t1 && $t1 == "$t2" ]] || fail "a reply after prefix reuse differs: '$t1' / '$t2'"
+  reused long "${prompts[1]}$(cat "$work/reply.$p1.1")" reused
   echo "a prompt extending an earlier one reuses its prefix on every rank and answers the same"
   # A prompt sharing only the start of that sequence (more than 16 tokens before its end)
   # copies the shared prefix into a sequence of its own, on every rank.
-  early="${prompts[1]} and then"
-  for port in $p1 $p2; do
-    curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'content-type: application/json' \
-      -d "{\"prompt\": \"$early\", \"max_tokens\": 24, \"temperature\": 0}" >"$work/early.$port"
-  done
-  grep -q '"cached_tokens":[1-9]' "$work/early.$p2" || { cat "$work/early.$p2"; fail "no prefix copied"; }
-  t1=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$work/early.$p1")
-  t2=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$work/early.$p2")
-  [[ -n $t1 && $t1 == "$t2" ]] || fail "a reply after a copied prefix differs: '$t1' / '$t2'"
+  reused early "${prompts[1]} and then" copied
   echo "a prompt sharing an earlier one's start copies its prefix on every rank and answers the same"
   ;;
 faults)
