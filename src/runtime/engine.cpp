@@ -18,6 +18,9 @@ double seconds(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
 }
 constexpr size_t kMaxRetained = 64;
+// A sequence's checkpoints past kMaxCheckpoints: the first ones (the system prompt and tools
+// sub-agents share) and the latest are kept.
+constexpr size_t kFirstCheckpoints = 3;
 // Caches are sized in whole blocks of positions: an entry adopted by a
 // slightly longer request often holds enough already.
 constexpr int64_t kCacheBlock = 64;
@@ -275,21 +278,21 @@ void Engine::admit(std::unique_lock<std::mutex>& lk) {
         const Retained* keep = adopting ? &*a.entry : nullptr;
         const bool as_is = adopting && !a.copy && a.entry->state->capacity() >= want;
         const size_t base = as_is ? 0 : bytes;
-        size_t ck = checkpoint_bytes(job.params.prompt, adopting ? a.keep : 0);
-        if (!fits(base + ck, keep)) ck = 0;
+        std::vector<int64_t> plan = checkpoint_plan(job.params.prompt, adopting ? a.keep : 0);
+        if (!fits(base + checkpoint_bytes(plan), keep)) plan.clear();
         size_t reserved = 0;
         if (adopting) {
-            if (make_room(base + ck, keep)) {
-                reserved = (as_is ? a.entry->bytes : 0) + base + ck;
+            if (make_room(base + checkpoint_bytes(plan), keep)) {
+                reserved = (as_is ? a.entry->bytes : 0) + base + checkpoint_bytes(plan);
             } else {
                 if (!a.copy) retained_.erase(a.entry);
                 a = Adoption{retained_.end()};
             }
         }
         if (a.entry == retained_.end()) {
-            ck = checkpoint_bytes(job.params.prompt, 0);
-            if (!fits(bytes + ck, nullptr)) ck = 0;
-            if (!make_room(bytes + ck, nullptr) &&
+            plan = checkpoint_plan(job.params.prompt, 0);
+            if (!fits(bytes + checkpoint_bytes(plan), nullptr)) plan.clear();
+            if (!make_room(bytes + checkpoint_bytes(plan), nullptr) &&
                 !(shed_checkpoints() && make_room(bytes, nullptr))) {
                 if (!slots_.empty()) break;  // waits for running requests to end
                 // Nothing runs and nothing is retained: it can never fit.
@@ -298,9 +301,9 @@ void Engine::admit(std::unique_lock<std::mutex>& lk) {
                                      std::to_string(opt_.cache_pool_bytes));
                 continue;
             }
-            reserved = bytes + ck;
+            reserved = bytes + checkpoint_bytes(plan);
         }
-        start_slot(lk, a, reserved, want, ck);
+        start_slot(lk, a, reserved, want, std::move(plan));
     }
 }
 
@@ -362,7 +365,7 @@ Engine::Adoption Engine::best_prefix(const Job& job) {
 }
 
 void Engine::start_slot(std::unique_lock<std::mutex>& lk, Adoption a, size_t reserved, int64_t want,
-                        size_t checkpoint_bytes) {
+                        std::vector<int64_t> plan) {
     auto s = std::make_unique<Slot>();
     for (bool taken = true; taken; ++s->id) {
         taken = false;
@@ -387,7 +390,7 @@ void Engine::start_slot(std::unique_lock<std::mutex>& lk, Adoption a, size_t res
         // A checkpoint past what is kept would resume rows about to be overwritten.
         while (!s->checkpoints.empty() && s->checkpoints.back()->n_past() > a.keep)
             s->checkpoints.pop_back();
-        if (a.at && a.at->n_past() != s->state->n_past())
+        if (a.at)  // (only where the state cannot be cut back)
             s->state->restore(*a.at);
         else
             s->state->rewind(a.keep);
@@ -395,7 +398,7 @@ void Engine::start_slot(std::unique_lock<std::mutex>& lk, Adoption a, size_t res
         s->cached = a.keep;
     }
     s->bytes = reserved;
-    s->checkpoint_bytes = checkpoint_bytes;
+    s->checkpoint_bytes = checkpoint_bytes(plan);
     active_bytes_ += reserved;
     lk.unlock();
     std::string alloc_error;
@@ -430,7 +433,10 @@ void Engine::start_slot(std::unique_lock<std::mutex>& lk, Adoption a, size_t res
         }
     }
     s->prompt_pos = size_t(s->cached);
-    if (checkpoint_bytes) s->checkpoint_at = checkpoint_plan(s->job->params.prompt, s->cached);
+    // (Planned from the adopted prefix; a copy that failed starts from 0.)
+    if (!plan.empty() && !held.empty() && s->cached == 0)
+        plan = checkpoint_plan(s->job->params.prompt, 0);
+    s->checkpoint_at = std::move(plan);
     s->sampler = s->job->params.sampler ? s->job->params.sampler
                                         : std::make_shared<Sampler>(s->job->params.sampling);
     s->history = s->job->params.prompt;
@@ -447,11 +453,12 @@ void Engine::start_slot(std::unique_lock<std::mutex>& lk, Adoption a, size_t res
     slots_.push_back(std::move(s));
 }
 
-// Before each message start and at every interval past `from`: the first three and
-// the latest, kMaxCheckpoints in all (a main agent's sub-agents share the first
-// messages; a client's next request, most of the rest).
+// At most kMaxCheckpoints past `from`, the first kFirstCheckpoints and the latest (a main
+// agent's sub-agents share the first messages; a client's next request, most of the rest);
+// none for states that can be cut back, or without a prefix cache.
 std::vector<int64_t> Engine::checkpoint_plan(const std::vector<int32_t>& prompt,
                                              int64_t from) const {
+    if (!recurrent_ || !opt_.prefix_cache) return {};
     // Candidates, the likelier places for a later request to diverge first: message starts;
     // then, since agents resend the conversation and change what comes last (a reminder
     // appended to the newest message, the reply's start), doubling distances from the end;
@@ -487,17 +494,14 @@ std::vector<int64_t> Engine::checkpoint_plan(const std::vector<int32_t>& prompt,
         if (!near) at.push_back(x.p);
     }
     std::sort(at.begin(), at.end());
-    constexpr size_t kFirst = 3;
     if (at.size() > EngineOptions::kMaxCheckpoints)
-        at.erase(at.begin() + kFirst,
-                 at.end() - ptrdiff_t(EngineOptions::kMaxCheckpoints - kFirst));
+        at.erase(at.begin() + kFirstCheckpoints,
+                 at.end() - ptrdiff_t(EngineOptions::kMaxCheckpoints - kFirstCheckpoints));
     return at;
 }
 
-size_t Engine::checkpoint_bytes(const std::vector<int32_t>& prompt, int64_t from) const {
-    if (!recurrent_ || !opt_.prefix_cache) return 0;
-    return std::min(EngineOptions::kMaxCheckpoints, checkpoint_plan(prompt, from).size()) *
-           model_.state_cost().snapshot;
+size_t Engine::checkpoint_bytes(const std::vector<int64_t>& plan) const {
+    return plan.size() * model_.state_cost().snapshot;
 }
 
 void Engine::take_checkpoint(Slot& s) {
@@ -508,9 +512,8 @@ void Engine::take_checkpoint(Slot& s) {
         return;
     }
     // An adopted entry's checkpoints come first: the plan's count stays the bound.
-    constexpr size_t kFirst = 3;
     if (s.checkpoints.size() > EngineOptions::kMaxCheckpoints)
-        s.checkpoints.erase(s.checkpoints.begin() + kFirst);
+        s.checkpoints.erase(s.checkpoints.begin() + kFirstCheckpoints);
 }
 
 int64_t Engine::reach(const RequestParams& p) const {

@@ -284,13 +284,13 @@ class Engine {
     Adoption best_prefix(const Job& job);
     void refuse_front(std::unique_lock<std::mutex>& lk, const std::string& why);
     void start_slot(std::unique_lock<std::mutex>& lk, Adoption a, size_t reserved, int64_t want,
-                    size_t checkpoint_bytes);
+                    std::vector<int64_t> plan);
     bool shed_checkpoints();  // true when running slots gave some memory up
     // Checkpoints of recurrent state (EngineOptions::checkpoint_tokens): the positions
     // of a prompt past `from` where its slot takes one, and one taken.
     std::vector<int64_t> checkpoint_plan(const std::vector<int32_t>& prompt, int64_t from) const;
     void take_checkpoint(Slot& s);
-    size_t checkpoint_bytes(const std::vector<int32_t>& prompt, int64_t from) const;
+    size_t checkpoint_bytes(const std::vector<int64_t>& plan) const;
     void finish(Slot& s, const std::string& reason, const std::string& error = "");
     bool image_rows(Slot& s, size_t n, std::deque<std::vector<model::EmbedRows>>& out);
     void retain(Slot& s);
