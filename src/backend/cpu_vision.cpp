@@ -72,9 +72,7 @@ void CpuBackend::rope_2d(DevPtr<float> x_, int64_t n_tok, int64_t tok_stride, in
     OpTimer timer_(profile_, "rope_2d", n_tok);
     const int64_t half = dim / 2, quarter = dim / 4;
     // Angles in double (positions reach a few hundred), rounded once.
-    std::vector<double> freq(static_cast<size_t>(quarter));
-    for (int64_t i = 0; i < quarter; ++i)
-        freq[size_t(i)] = std::pow(double(theta), -double(2 * i) / double(half));
+    const std::vector<double> freq = rope_2d_frequencies(dim, theta);
     pool_.parallel_for(n_tok, 16, [&](int64_t b, int64_t e, int ith) {
         std::vector<float>& cs = per_thread_[size_t(ith)].rope;
         cs.resize(size_t(dim));  // cos[half] | sin[half]

@@ -2,9 +2,22 @@
 // (docs/glm5next-format.md section 12.4) beside the core's products and norms.
 #pragma once
 
+#include <cmath>
+#include <vector>
+
 #include "backend/backend.h"
 
 namespace glm5::backend {
+
+// rope_2d's frequencies f_i = theta^(-4i/dim), i < dim/4, in double: every backend's angles
+// (position times f_i, rounded once) come from these.
+inline std::vector<double> rope_2d_frequencies(int64_t dim, float theta) {
+    const int64_t half = dim / 2, quarter = dim / 4;
+    std::vector<double> f(static_cast<size_t>(quarter));
+    for (int64_t i = 0; i < quarter; ++i)
+        f[size_t(i)] = std::pow(double(theta), -double(2 * i) / double(half));
+    return f;
+}
 
 class VisionOps {
   public:

@@ -122,12 +122,8 @@ void CudaBackend::rope_2d(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, in
     op("rope_2d", n_tok);
     if (n_tok <= 0) return;
     Temporaries t(*this);
-    const int64_t half = dim / 2, quarter = dim / 4;
-    // The CPU's frequencies, in double, computed once on the host.
-    std::vector<double> freq(static_cast<size_t>(quarter));
-    for (int64_t i = 0; i < quarter; ++i)
-        freq[size_t(i)] = std::pow(double(theta), -double(2 * i) / double(half));
-    const double* f = stage(freq);
+    const int64_t half = dim / 2;
+    const double* f = stage(rope_2d_frequencies(dim, theta));  // the CPU's, on the host
     const int32_t* r = stage(std::vector<int32_t>(row, row + n_tok));
     const int32_t* c = stage(std::vector<int32_t>(col, col + n_tok));
     GLM5_LAUNCH(rope_2d_kernel, grid_for(n_tok * half), kThreads, 0, stream(), dev(x), n_tok,
