@@ -23,6 +23,11 @@ nlohmann::ordered_json ApiError::body() const {
     return j;
 }
 
+ApiError request_memory_busy() {
+    return ApiError(503, "the server holds too much request memory; retry later", "",
+                    "server_busy");
+}
+
 ApiError context_length_exceeded(int64_t n_prompt, int64_t n_ctx, const std::string& param) {
     const std::string n = std::to_string(n_prompt), m = std::to_string(n_ctx);
     ApiError e(400,

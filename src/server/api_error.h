@@ -77,4 +77,8 @@ inline ApiError bad_request(const std::string& message, const std::string& param
 // conversation (Claude Code compacts on Anthropic's).
 ApiError context_length_exceeded(int64_t n_prompt, int64_t n_ctx, const std::string& param);
 
+// 503 server_busy: what a request would make the server hold does not fit the request
+// memory the server allows now (a BudgetHold that is not held).
+ApiError request_memory_busy();
+
 }  // namespace glm5::server

@@ -70,6 +70,10 @@ std::string raw_header(std::string_view name);
 // The handler running on the calling worker has parsed its request's body: the body
 // budget it held is released (the request may go on generating for a long time).
 void body_parsed();
+// Encoding text whole takes up to about kEncodeCost bytes a byte of it (a run of
+// punctuation is one word to the byte-pair merges): what /tokenize and count_tokens hold.
+inline constexpr size_t kEncodeCost = 64;
+
 // Memory a request makes from a small body beyond the body (the pixels of its images)
 // charged to the body budget while the hold lives, so that what a body can make the server
 // hold stays within the budget whatever the body's size. held() is false when the bytes did

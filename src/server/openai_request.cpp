@@ -914,13 +914,9 @@ int64_t count_chat_prompt(const ojson& body, const ModelContext& mc) {
     parse_common(body, mc, g);
     std::vector<text::ChatMessage> history;
     text::RenderedPrompt p = render_chat(body, mc, g, history, true);
-    // Counted whole, so encoded whole: up to about 64 bytes a byte of text (a run of
-    // punctuation is one word to the byte-pair merges), charged to the body budget as
-    // /tokenize charges it.
-    const BudgetHold hold(64 * p.text.size());
-    if (!hold.held())
-        throw ApiError(503, "the server holds too much request memory; retry later", "",
-                       "server_busy");
+    // Counted whole, so encoded whole, charged to the body budget.
+    const BudgetHold hold(kEncodeCost * p.text.size());
+    if (!hold.held()) throw request_memory_busy();
     int64_t n = int64_t(text::encode_prompt(*mc.tok, p).size());
     // Images count from their headers; none is decoded.
     for (const ImageSource& s : message_image_sources(history, mc)) n += s.size.tokens - 1;

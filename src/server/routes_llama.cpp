@@ -87,20 +87,19 @@ void Server::tokenize(const httplib::Request& req, httplib::Response& res) {
     const bool add_special = b.value("add_special", false);
     const bool parse_special = b.value("parse_special", true);
     const bool with_pieces = b.value("with_pieces", false);
-    // Encoding takes up to about 64 bytes a byte of content (a run of punctuation is one
-    // word to the byte-pair merges): bounded, and charged to the body budget.
+    // Encoding takes up to kEncodeCost bytes a byte of content: bounded, and charged to the
+    // body budget.
     const std::string& content = it->get_ref<const std::string&>();
     constexpr size_t kMaxContent = size_t(8) << 20;
     if (content.size() > kMaxContent)
         throw ApiError(413,
                        "'content' of " + std::to_string(content.size()) +
                            " bytes: /tokenize takes at most " + std::to_string(kMaxContent) +
-                           " (encoding costs up to 64 bytes a byte)",
+                           " (encoding costs up to " + std::to_string(kEncodeCost) +
+                           " bytes a byte)",
                        "content", "content_too_large");
-    const BudgetHold hold(64 * content.size());
-    if (!hold.held())
-        throw ApiError(503, "the server holds too much request memory; retry later", "",
-                       "server_busy");
+    const BudgetHold hold(kEncodeCost * content.size());
+    if (!hold.held()) throw request_memory_busy();
     // The ids (4 bytes a token, a token at least a byte of the body) are all this holds;
     // the reply, pieces and all (over 200 bytes a token), is written as it is sent.
     auto ids = std::make_shared<std::vector<int32_t>>();
