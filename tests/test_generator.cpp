@@ -19,13 +19,14 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "quant/quant.h"
+#include "quantize/mix.h"
 #include "synth/generator.h"
-#include "synth/quant_mix.h"
 #include "synth/random.h"
 #include "synth/vocab.h"
 
 namespace fs = std::filesystem;
 using namespace glm5::synth;
+using namespace glm5::quantize;
 using glm5::quant::Type;
 
 namespace {

@@ -87,4 +87,11 @@ SealedPages::~SealedPages() {
 SealedPages::SealedPages(SealedPages&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
 
+void release_mapped_pages(const void* p, size_t n) {
+    const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+}
+
 }  // namespace glm5

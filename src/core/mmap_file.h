@@ -33,6 +33,11 @@ class MappedFile {
     size_t size_ = 0;
 };
 
+// Drops the pages wholly inside [p, p + n) of a read-only file mapping from this process's
+// memory (they are read again from the file if touched): a tool that streams through a
+// mapped file once keeps its resident size small. Pages partly outside are kept.
+void release_mapped_pages(const void* p, size_t n);
+
 // Anonymous memory in whole pages (transparent huge pages asked for), filled once by
 // `fill` and read-only from then on, unmapped when destroyed: a copy of weights that
 // the process owns (--no-mmap, a backend's repacked layout).

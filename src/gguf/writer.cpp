@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -249,6 +251,13 @@ void Writer::set_array_bool(const std::string& key, const std::vector<bool>& v) 
 
 void Writer::add_tensor(const std::string& name, quant::Type type, std::vector<int64_t> ne,
                         Fill fill) {
+    if (!fill) throw Error("gguf writer: tensor '" + name + "': no fill function");
+    add_tensor_pieces(name, type, std::move(ne), SIZE_MAX,
+                      [fill = std::move(fill)](uint8_t* dst, size_t, size_t n) { fill(dst, n); });
+}
+
+void Writer::add_tensor_pieces(const std::string& name, quant::Type type, std::vector<int64_t> ne,
+                               size_t max_piece_bytes, FillPiece fill) {
     const std::string what = "gguf writer: tensor '" + name + "': ";
     if (name.empty() || name.size() > kMaxTensorNameBytes)
         throw Error(what + "name must be 1 to 64 bytes");
@@ -269,7 +278,9 @@ void Writer::add_tensor(const std::string& name, quant::Type type, std::vector<i
                     tt.name + "'s block size " + std::to_string(tt.block_size));
     if (!fill) throw Error(what + "no fill function");
     const size_t nbytes = size_t(n / tt.block_size) * tt.type_size;
-    tensors_.push_back({name, type, std::move(ne), nbytes, std::move(fill)});
+    const size_t row = std::max<size_t>(quant::row_size(type, ne[0]), 1);
+    const size_t piece = std::min(nbytes, std::max(row, max_piece_bytes / row * row));
+    tensors_.push_back({name, type, std::move(ne), nbytes, piece, std::move(fill)});
 }
 
 void Writer::add_tensor_bytes(const std::string& name, quant::Type type, std::vector<int64_t> ne,
@@ -316,13 +327,18 @@ void Writer::write_file(const std::string& path,
     std::vector<uint8_t> buf;
     for (size_t i = first_tensor; i < end_tensor; ++i) {
         const PendingTensor& t = tensors_[i];
-        if (buf.size() < std::max<size_t>(t.nbytes, 1)) buf.resize(std::max<size_t>(t.nbytes, 1));
-        std::memset(buf.data(), 0, t.nbytes);  // a Fill that writes less leaves zeros, not junk
-        t.fill(buf.data(), t.nbytes);
-        out.write(buf.data(), t.nbytes);
+        if (buf.size() < std::max<size_t>(t.piece_bytes, 1))
+            buf.resize(std::max<size_t>(t.piece_bytes, 1));
+        for (size_t at = 0; at < t.nbytes || (at == 0 && t.nbytes == 0); at += t.piece_bytes) {
+            const size_t n = std::min(t.piece_bytes, t.nbytes - at);
+            std::memset(buf.data(), 0, n);  // a fill that writes less leaves zeros, not junk
+            t.fill(buf.data(), at, n);
+            out.write(buf.data(), n);
+            progress.done += n;
+            if (*progress.fn) (*progress.fn)(progress.done, progress.total);
+            if (t.nbytes == 0) break;
+        }
         out.zeros(padded(t.nbytes, alignment_) - t.nbytes);
-        progress.done += t.nbytes;
-        if (*progress.fn) (*progress.fn)(progress.done, progress.total);
     }
     out.commit();
 }

@@ -34,6 +34,12 @@ class Writer {
     // row_size(type, ne[0]) * rows bytes to fill with the tensor's data.
     using Fill = std::function<void(uint8_t* dst, size_t nbytes)>;
     void add_tensor(const std::string& name, quant::Type type, std::vector<int64_t> ne, Fill fill);
+    // Like add_tensor, for a tensor too large to hold whole: `fill` is called for
+    // consecutive pieces of whole rows, at most max_piece_bytes each (one row at least),
+    // with the piece's byte offset within the tensor; progress is reported after each.
+    using FillPiece = std::function<void(uint8_t* dst, size_t offset, size_t nbytes)>;
+    void add_tensor_pieces(const std::string& name, quant::Type type, std::vector<int64_t> ne,
+                           size_t max_piece_bytes, FillPiece fill);
     // Convenience: copies the bytes given.
     void add_tensor_bytes(const std::string& name, quant::Type type, std::vector<int64_t> ne,
                           const void* data, size_t nbytes);
@@ -67,7 +73,8 @@ class Writer {
         quant::Type type;
         std::vector<int64_t> ne;
         size_t nbytes;
-        Fill fill;
+        size_t piece_bytes;  // whole rows; nbytes for a tensor filled at once
+        FillPiece fill;
     };
     uint32_t alignment_;
     std::vector<std::pair<std::string, Value>> kv_;

@@ -17,11 +17,18 @@
 #include "core/thread_pool.h"
 #include "gguf/writer.h"
 #include "quant/quant.h"
+#include "quantize/mix.h"
 #include "synth/layout.h"
-#include "synth/quant_mix.h"
 #include "synth/random.h"
 
 namespace glm5::synth {
+
+using quantize::assign_types;
+using quantize::is_quantizable;
+using quantize::MixTensor;
+using quantize::parse_scheme;
+using quantize::QuantScheme;
+using quantize::type_requires_imatrix;
 
 using quant::Type;
 

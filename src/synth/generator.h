@@ -16,7 +16,7 @@
 //
 // Structure: an architecture describes its layout (metadata + TensorSpecs,
 // gen_layout.h); the core here samples values, picks per-tensor types
-// (gen_quant_mix.h), derives importance vectors and streams tensors to the
+// (quantize/mix.h), derives importance vectors and streams tensors to the
 // GGUF writer in parallel. Adding an architecture means adding a layout
 // builder, not touching the core.
 #pragma once

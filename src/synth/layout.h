@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "quantize/mix.h"
 #include "synth/generator.h"
-#include "synth/quant_mix.h"
 
 namespace glm5::synth {
+
+using quantize::MixModel;
 
 struct TensorSpec {
     std::string name;

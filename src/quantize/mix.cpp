@@ -3,7 +3,7 @@
 // size fallbacks) follow llama.cpp's src/llama-quant.cpp so that a generated
 // Q4_K_M file has the same per-tensor types llama-quantize would give it;
 // tests compare against the fixtures llama-quantize produced.
-#include "synth/quant_mix.h"
+#include "quantize/mix.h"
 
 #include <algorithm>
 #include <cctype>
@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 
-namespace glm5::synth {
+namespace glm5::quantize {
 
 using quant::Type;
 
@@ -402,7 +402,8 @@ Type Walk::rule(Type t, Cat c, const std::string& name, int64_t ne0) {
     return t;
 }
 
-// A row of ne0 values must hold whole blocks; llama-quantize's substitutes.
+}  // namespace
+
 Type block_fallback(Type t, int64_t ne0) {
     if (ne0 % quant::traits(t).block_size == 0) return t;
     Type r;
@@ -440,10 +441,15 @@ Type block_fallback(Type t, int64_t ne0) {
     return r;
 }
 
-}  // namespace
-
 std::optional<QuantScheme> parse_scheme(std::string_view name, bool force_pure) {
     const std::string up = upper(name);
+    if (up.rfind("DYN-", 0) == 0) {
+        const auto t = quant::type_from_name(up.substr(4));
+        if (!t || !is_weight_type(*t) || !quant::traits(*t).quantized) return std::nullopt;
+        QuantScheme s{up, pure_ftype(*t), *t, false};
+        s.dynamic = true;
+        return s;
+    }
     for (const auto& e : kMixes) {
         if (up != e.name) continue;
         QuantScheme s{up, e.ftype, e.base, false};
@@ -465,7 +471,82 @@ std::vector<std::string> scheme_names() {
     std::vector<std::string> r;
     for (const auto& e : kMixes) r.push_back(e.name);
     for (const char* p : {"Q3_K", "Q4_K", "Q5_K"}) r.push_back(p);
+    for (const char* p : {"DYN-IQ1_S", "DYN-IQ1_M", "DYN-IQ2_XXS", "DYN-IQ2_XS", "DYN-IQ2_S",
+                          "DYN-IQ3_XXS", "DYN-Q2_K", "DYN-Q3_K", "DYN-Q4_K"})
+        r.push_back(p);
     return r;
+}
+
+Type step_up(Type t) {
+    switch (t) {
+        case Type::IQ1_S:
+        case Type::IQ1_M:
+            return Type::IQ2_XXS;
+        case Type::IQ2_XXS:
+            return Type::IQ2_XS;
+        case Type::IQ2_XS:
+            return Type::IQ2_S;
+        case Type::IQ2_S:
+            return Type::IQ3_XXS;
+        case Type::IQ3_XXS:
+            return Type::IQ3_S;
+        case Type::IQ3_S:
+            return Type::IQ4_XS;
+        case Type::IQ4_XS:
+        case Type::IQ4_NL:
+        case Type::Q4_K:
+            return Type::Q5_K;
+        case Type::Q2_K:
+            return Type::Q3_K;
+        case Type::Q3_K:
+            return Type::Q4_K;
+        case Type::Q5_K:
+            return Type::Q6_K;
+        case Type::Q4_0:
+        case Type::Q4_1:
+            return Type::Q5_0;
+        case Type::Q5_0:
+        case Type::Q5_1:
+        case Type::Q6_K:
+            return Type::Q8_0;
+        default:
+            return t;
+    }
+}
+
+bool glm5next_keeps_f32(const std::string& name) {
+    auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+    return has("hc_attn_fn.") || has("hc_ffn_fn.") || has("indexer_compressor_ape.") ||
+           has("ssm_conv1d");
+}
+
+namespace {
+
+double bits_per_value(Type t) {
+    return 8.0 * double(quant::traits(t).type_size) / double(quant::traits(t).block_size);
+}
+
+// The type of the two that keeps more bits.
+Type wider(Type a, Type b) {
+    return bits_per_value(a) >= bits_per_value(b) ? a : b;
+}
+
+}  // namespace
+
+Type dynamic_type(const QuantScheme& scheme, const MixModel& model, const std::string& name) {
+    auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+    const Type base = scheme.base;
+    if (name == "token_embd.weight" || name == "output.weight") return wider(base, Type::Q6_K);
+    const int b = block_of(name);
+    const bool nextn = model.n_nextn > 0 && b >= model.n_layer_all - model.n_nextn;
+    if (has("_exps.")) {
+        const Type t = has("ffn_down_exps.") ? step_up(base) : base;
+        return nextn ? wider(t, Type::Q4_K) : t;
+    }
+    if (nextn) return wider(base, Type::Q8_0);
+    if (has("_shexp.") || has("ffn_gate.") || has("ffn_up.") || has("ffn_down."))
+        return wider(base, Type::Q6_K);
+    return wider(base, Type::Q8_0);
 }
 
 bool is_quantizable(const std::string& name, const std::vector<int64_t>& ne) {
@@ -473,6 +554,7 @@ bool is_quantizable(const std::string& name, const std::vector<int64_t>& ne) {
     if (name.size() < 6 || name.compare(name.size() - 6, 6, "weight") != 0) return false;
     if (name.find("_norm.weight") != std::string::npos) return false;
     if (name.find("ffn_gate_inp.weight") != std::string::npos) return false;
+    if (name.find("ssm_conv1d") != std::string::npos) return false;
     return true;
 }
 
@@ -531,6 +613,8 @@ std::vector<Type> assign_types(const QuantScheme& scheme, const MixModel& model,
         Type ty = scheme.base;
         if (t.override_type)
             ty = *t.override_type;
+        else if (scheme.dynamic)
+            ty = dynamic_type(scheme, model, t.name);
         else if (!scheme.pure)
             ty = w.rule(ty, category_of(t.name), t.name, t.ne[0]);
         out[i] = quant::traits(ty).quantized ? block_fallback(ty, t.ne[0]) : ty;
@@ -538,4 +622,4 @@ std::vector<Type> assign_types(const QuantScheme& scheme, const MixModel& model,
     return out;
 }
 
-}  // namespace glm5::synth
+}  // namespace glm5::quantize

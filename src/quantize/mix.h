@@ -13,7 +13,7 @@
 
 #include "quant/types.h"
 
-namespace glm5::synth {
+namespace glm5::quantize {
 
 // general.file_type values (llama.cpp's llama_ftype).
 enum class FileType : uint32_t {
@@ -55,11 +55,14 @@ struct QuantScheme {
     FileType ftype;
     quant::Type base;  // the mix's default matrix type
     bool pure;         // every quantizable matrix gets `base` (block-size fallbacks still apply)
+    // DYN-<type>: the routed experts at `base`, everything else kept high (dynamic_type).
+    bool dynamic = false;
 };
 
 // Resolves a name. A llama-quantize mix name wins ("Q2_K" is the Q2_K mix);
 // a type that is no mix name (Q4_K, Q5_K, Q3_K) is pure. force_pure makes any
-// quantized name pure. nullopt for an unknown name.
+// quantized name pure. "DYN-<type>" (any quantized type) is the dynamic preset around
+// that type. nullopt for an unknown name.
 std::optional<QuantScheme> parse_scheme(std::string_view name, bool force_pure = false);
 
 // Names accepted by parse_scheme, for --help.
@@ -72,6 +75,7 @@ struct MixModel {
     int n_head = 1;
     int n_head_kv = 1;
     bool has_imatrix = false;
+    int n_nextn = 0;  // the last n_nextn blocks are NextN/MTP blocks
 };
 
 struct MixTensor {
@@ -91,11 +95,30 @@ std::vector<quant::Type> assign_types(const QuantScheme& scheme, const MixModel&
                                       const std::vector<MixTensor>& tensors);
 
 // Whether llama-quantize would quantize the tensor at all (2-D or more, a
-// ".weight", not a norm, not the router).
+// ".weight", not a norm, not the router, not a short convolution).
 bool is_quantizable(const std::string& name, const std::vector<int64_t>& ne);
+
+// Matrices glm5next's format stores in F32 whatever the file type (the hyper-connection
+// mixing logits, the pooled indexer's positional table, KDA's short convolutions).
+bool glm5next_keeps_f32(const std::string& name);
+
+// The dynamic preset's rule, for a quantizable matrix of a model with these facts (before
+// the block-size fallback): routed experts at the preset's type (their down projection one
+// step up the ladder), the NextN block's experts at Q4_K at least, the shared experts and
+// dense FFNs at Q6_K, attention, the indexers, KDA, the hyper-connections and the rest of
+// the NextN block at Q8_0, the embeddings and the output at Q6_K.
+quant::Type dynamic_type(const QuantScheme& scheme, const MixModel& model, const std::string& name);
+
+// The type a row of ne0 values stores in place of t when it cannot hold t's blocks
+// (llama-quantize's substitutes: IQ* -> IQ4_NL, Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, ...).
+quant::Type block_fallback(quant::Type t, int64_t ne0);
+
+// The next type up the ladder a mix climbs for the more sensitive matrices (IQ2_XXS ->
+// IQ2_XS, Q2_K -> Q3_K, ...; Q8_0 and the float types stay).
+quant::Type step_up(quant::Type t);
 
 // Whether a tensor stored as `t` needs importance data under this scheme
 // (llama-quantize refuses to write it without).
 bool type_requires_imatrix(const std::string& name, quant::Type t, FileType ftype);
 
-}  // namespace glm5::synth
+}  // namespace glm5::quantize
