@@ -154,6 +154,22 @@ struct Counters {
     }
 };
 
+// Sees the float input of the products before it is rounded to a weight's activation format:
+// what an importance matrix is made of (quantize/imatrix.h). Called on the thread that
+// issued the op; the rows are host memory, valid for the call.
+class ProductObserver {
+  public:
+    virtual ~ProductObserver() = default;
+    // n_rows rows of input (row r at x + r * stride) multiplied by the matrix registered as
+    // `name`; for a stack of per-head matrices (w.slices > 1), slice s reads the rows at
+    // x + s * slice_stride.
+    virtual void dense(const std::string& name, const Weight& w, const float* x, int64_t stride,
+                       int64_t slice_stride, int64_t n_rows) = 0;
+    // n_rows rows routed to expert `slice` of the stack registered as `name`.
+    virtual void routed(const std::string& name, const Weight& w, int64_t slice, const float* x,
+                        int64_t stride, int64_t n_rows) = 0;
+};
+
 // Tensor parallelism: sums a partial result over the ranks that share a
 // layer's weights (provided by the multi-rank runtime, which moves host
 // memory; a backend whose memory is elsewhere stages through it, or talks to
@@ -382,6 +398,12 @@ class Backend {
     // sampler. Only these come back to the host, not the logits.
     virtual void draft_pick(DevPtr<const float> logits, int64_t n_rows, int64_t n_vocab,
                             DevPtr<int32_t> best, DevPtr<double> prob) = 0;
+
+    // Reports every product's input to `o` from now on (null: stop). Only a backend whose
+    // activations are host memory does; the others refuse, naming themselves.
+    virtual void set_product_observer(ProductObserver* o) {
+        if (o) throw Error("the " + name() + " backend does not report product inputs");
+    }
 
     // ---- accounting --------------------------------------------------------
     virtual Counters counters() const = 0;

@@ -257,6 +257,7 @@ void CpuBackend::matmul(const Weight& w, DevPtr<const float> x_, int64_t xs, int
     const float* x = host(x_);
     float* y = host(y_);
     OpTimer timer_(profile_, "matmul", n_tok, quant::name(w.type));
+    observe(w, x, xs, 0, n_tok);
     products(w, 1, x, xs, 0, n_tok, y, ys, 0);
 }
 
@@ -265,6 +266,7 @@ void CpuBackend::matmuls(std::span<const MatmulOut> outs, DevPtr<const float> x_
     const float* x = host(x_);
     OpTimer timer_(profile_, "matmuls", n_tok);
     if (n_tok <= 0 || outs.empty()) return;
+    for (const MatmulOut& o : outs) observe(*o.w, x, xs, 0, n_tok);
     // One quantized copy of x per activation format (outs share few).
     struct Act {
         quant::Type type;
@@ -306,6 +308,7 @@ void CpuBackend::matmul_slices(const Weight& w, DevPtr<const float> x_, int64_t 
     const float* x = host(x_);
     float* y = host(y_);
     OpTimer timer_(profile_, "matmul_slices", n_tok, quant::name(w.type));
+    observe(w, x, x_tok, x_slice, n_tok);
     products(w, w.slices, x, x_tok, x_slice, n_tok, y, y_tok, y_slice);
 }
 
@@ -418,9 +421,26 @@ size_t CpuBackend::weight_copy_bytes(quant::Type t, int64_t cols, int64_t rows,
     return quant::repacked_bytes(t, cols, rows) * size_t(slices);
 }
 
+void CpuBackend::observe(const Weight& w, const float* x, int64_t stride, int64_t slice_stride,
+                         int64_t n) const {
+    if (!observer_ || n <= 0) return;
+    const auto it = weight_names_.find(w.data);
+    if (it != weight_names_.end()) observer_->dense(it->second, w, x, stride, slice_stride, n);
+}
+
+void CpuBackend::observe_routed(const Weight& w, int64_t slice, const float* x, int64_t stride,
+                                int64_t n) const {
+    if (!observer_ || n <= 0) return;
+    const auto it = weight_names_.find(w.data);
+    if (it != weight_names_.end()) observer_->routed(it->second, w, slice, x, stride, n);
+}
+
 Weight CpuBackend::register_weight(const Weight& w, bool copy, const std::string& name) {
     const size_t bytes = weight_copy_bytes(w.type, w.cols, w.rows, w.slices);
-    if (!copy || bytes == 0 || w.repacked) return w;
+    if (!copy || bytes == 0 || w.repacked) {
+        weight_names_[w.data] = name;
+        return w;
+    }
     // Every core repacks (one thread did about 0.4 GB/s); a plain stride between slices
     // (a stack whose slices are cut views is not one matrix) is read slice by slice.
     const size_t packed = bytes / size_t(w.slices);
@@ -437,6 +457,7 @@ Weight CpuBackend::register_weight(const Weight& w, bool copy, const std::string
     r.data = weight_copies_.back().data();
     r.slice_bytes = packed;
     r.repacked = true;
+    weight_names_[r.data] = name;
     return r;
 }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 #include "backend/attention_ops.h"
 #include "backend/backend.h"
@@ -148,6 +149,7 @@ class CpuBackend final : public Backend,
     Weight register_weight(const Weight& w, bool copy, const std::string& name) override;
     size_t weight_copy_bytes(quant::Type t, int64_t cols, int64_t rows,
                              int64_t slices) const override;
+    void set_product_observer(ProductObserver* o) override { observer_ = o; }
 
     // ---- memory ------------------------------------------------------------
     DevPtr<float> scratch(size_t n_floats) override;
@@ -448,6 +450,15 @@ class CpuBackend final : public Backend,
     std::mutex mapped_mu_;
     std::map<uint8_t*, size_t> mapped_;      // cache mappings and their sizes
     std::deque<SealedPages> weight_copies_;  // registered repacks
+    // Each registered matrix's name, by the data the products get (for the observer).
+    std::unordered_map<const uint8_t*, std::string> weight_names_;
+    ProductObserver* observer_ = nullptr;
+    // The observer told of a product's input (nothing without one, or for a matrix that was
+    // never registered).
+    void observe(const Weight& w, const float* x, int64_t stride, int64_t slice_stride,
+                 int64_t n) const;
+    void observe_routed(const Weight& w, int64_t slice, const float* x, int64_t stride,
+                        int64_t n) const;
     std::vector<PerThread> per_thread_;
     std::vector<Block> blocks_;
     size_t cur_ = 0;

@@ -119,6 +119,7 @@ struct CpuBackend::MoeWork {
         arow_u = arow_g;
         if (!same_acts(act_up(), act_gate()))
             tu = be.quantize_acts(be.moe_tok_u_, act_up().type, E, 1, x, E, 0, T, arow_u);
+        observe_inputs();
         const uint8_t* xg = gather(be.moe_gate_buf_, tg, arow_g);
         const uint8_t* xu = tu == tg ? xg : gather(be.moe_up_buf_, tu, arow_u);
 
@@ -138,6 +139,17 @@ struct CpuBackend::MoeWork {
                              u + s0 * F, eo + s0 * E});
         }
         if (shared()) units.push_back(shared_unit());
+    }
+
+    // The gate and up products' inputs, for an observer: each (token, slot) pair's row
+    // for the expert it was routed to; every token's for the shared expert.
+    void observe_inputs() const {
+        if (!be.observer_) return;
+        for (int64_t i = 0; i < P && routed; ++i)
+            for (const Weight* w : {&routed.gate, &routed.up})
+                be.observe_routed(*w, ids[size_t(i)], x + (i / K) * E, E, 1);
+        if (shared())
+            for (const Weight* w : {&shared_ffn->gate, &shared_ffn->up}) be.observe(*w, x, E, 0, T);
     }
 
     // Token order: the routed experts' token-order activations serve where
@@ -198,6 +210,10 @@ struct CpuBackend::MoeWork {
 
     // Down projections (the hidden rows are already in unit order).
     void down() {
+        for (int32_t e : active)
+            be.observe_routed(routed.down, e, g + first[size_t(e)] * F, F,
+                              first[size_t(e + 1)] - first[size_t(e)]);
+        if (shared()) be.observe(shared_ffn->down, g + P * F, S, 0, T);
         size_t arow_h = 0;
         const uint8_t* ah =
             P > 0 ? be.quantize_acts(be.act_buf_, routed.down.type, F, 1, g, F, 0, P, arow_h)
