@@ -13,9 +13,10 @@
 #include "commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "progress.h"
+#include "quantize/mix.h"
 #include "synth/generator.h"
 #include "synth/mmproj.h"
-#include "synth/quant_mix.h"
 
 namespace glm5::app {
 
@@ -77,15 +78,6 @@ std::vector<bool> parse_pattern(const std::string& s, int64_t n_layer) {
     return v;
 }
 
-std::string gb(uint64_t bytes) {
-    char b[32];
-    if (bytes >= (1ull << 30))
-        std::snprintf(b, sizeof b, "%.2f GiB", double(bytes) / double(1ull << 30));
-    else
-        std::snprintf(b, sizeof b, "%.2f MiB", double(bytes) / double(1ull << 20));
-    return b;
-}
-
 // --arch mmproj: a random glm5next vision tower (model/gen_mmproj.h).
 int make_mmproj(const Args& a) {
     auto hp = synth::MmprojHParams::preset(a.get("preset"));
@@ -108,7 +100,7 @@ int make_mmproj(const Args& a) {
         synth::write_mmproj(hp, uint64_t(a.get_int("seed", 0, INT64_MAX)), out, threads, nullptr);
     if (!a.get_flag("quiet"))
         std::fprintf(stderr, "make-model: wrote %s: mmproj %s (%s matrices), %s in %.1f s\n",
-                     out.c_str(), a.get("preset").c_str(), quant::name(hp.type), gb(bytes).c_str(),
+                     out.c_str(), a.get("preset").c_str(), quant::name(hp.type), gib(bytes).c_str(),
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::printf("%s\n", out.c_str());
     return 0;
@@ -220,7 +212,7 @@ void storage_options(const Args& a, const std::string& types, GenOptions& o) {
              : next           ? synth::Glm5NextHParams::preset_default_type(o.preset)
                               : GlmDsaHParams::preset_default_type(o.preset);
     o.pure = a.get_flag("pure");
-    if (!synth::parse_scheme(o.type, o.pure))
+    if (!quantize::parse_scheme(o.type, o.pure))
         throw UsageError("--type: unknown type or mix '" + o.type + "' (one of: " + types + ")");
     o.seed = uint64_t(a.get_int("seed", 0, INT64_MAX));
     o.name = a.get("name");
@@ -258,7 +250,7 @@ void print_plan(const synth::ModelPlan& p, const GenOptions& o) {
         "# %zu tensors, %.3f G params, %s of tensor data; decode reads %.2f MB of weights "
         "per token (%.2f dense, %.2f routed experts, %.2f shared experts, %.2f head; the "
         "NextN block not counted)\n",
-        p.tensors.size(), double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str(),
+        p.tensors.size(), double(p.n_params) * 1e-9, gib(p.tensor_bytes).c_str(),
         double(d.total()) * 1e-6, double(d.dense) * 1e-6, double(d.routed) * 1e-6,
         double(d.shared) * 1e-6, double(d.head) * 1e-6);
 }
@@ -271,49 +263,32 @@ void write_model(const GenOptions& o, const synth::ModelPlan& p, const std::stri
     if (!quiet) {
         std::string counts;
         for (const auto& [t, n] : p.type_counts) counts += " " + std::to_string(n) + " " + t;
-        std::fprintf(stderr,
-                     "make-model: %s %s, type %s, seed %llu: %lld+%lld blocks, %.3f G params, "
-                     "%s;%s%s; %d threads\n",
-                     p.arch.c_str(), o.preset.c_str(),
-                     synth::parse_scheme(o.type, o.pure)->name.c_str(), (unsigned long long)o.seed,
-                     (long long)(next ? o.glm5next.n_layer : o.glm_dsa.n_layer),
-                     (long long)(next ? o.glm5next.n_nextn : o.glm_dsa.n_nextn),
-                     double(p.n_params) * 1e-9, gb(p.tensor_bytes).c_str(), counts.c_str(),
-                     !p.imatrix                             ? ""
-                     : o.blocks == synth::BlockSource::Pool ? "; uniform imatrix (pool)"
-                                                            : "; derived imatrix",
-                     threads);
+        std::fprintf(
+            stderr,
+            "make-model: %s %s, type %s, seed %llu: %lld+%lld blocks, %.3f G params, "
+            "%s;%s%s; %d threads\n",
+            p.arch.c_str(), o.preset.c_str(), quantize::parse_scheme(o.type, o.pure)->name.c_str(),
+            (unsigned long long)o.seed, (long long)(next ? o.glm5next.n_layer : o.glm_dsa.n_layer),
+            (long long)(next ? o.glm5next.n_nextn : o.glm_dsa.n_nextn), double(p.n_params) * 1e-9,
+            gib(p.tensor_bytes).c_str(), counts.c_str(),
+            !p.imatrix                             ? ""
+            : o.blocks == synth::BlockSource::Pool ? "; uniform imatrix (pool)"
+                                                   : "; derived imatrix",
+            threads);
     }
 
-    const bool tty = isatty(2);
-    int last_decile = -1;
-    const auto t0 = std::chrono::steady_clock::now();
-    auto progress = [&](uint64_t done, uint64_t total) {
-        if (quiet || total == 0) return;
-        const double s =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const int pct = int(100.0 * double(done) / double(total));
-        if (tty) {
-            std::fprintf(stderr, "\r  %3d%%  %s / %s  %.1f s", pct, gb(done).c_str(),
-                         gb(total).c_str(), s);
-            if (done == total) std::fputc('\n', stderr);
-        } else if (pct / 10 != last_decile) {
-            last_decile = pct / 10;
-            std::fprintf(stderr, "  %3d%%  %s / %s  %.1f s\n", pct, gb(done).c_str(),
-                         gb(total).c_str(), s);
-        }
-    };
+    const auto progress = byte_progress(quiet);
     const synth::GenResult r = synth::generate(o, out, progress);
     if (!quiet)
         std::fprintf(stderr, "make-model: wrote %s: %llu bytes (%s) in %.1f s\n", out.c_str(),
-                     (unsigned long long)r.file_bytes, gb(r.file_bytes).c_str(), r.seconds);
+                     (unsigned long long)r.file_bytes, gib(r.file_bytes).c_str(), r.seconds);
 }
 
 }  // namespace
 
 int cmd_make_model(int argc, char** argv) {
     std::string types;
-    for (const auto& n : synth::scheme_names()) types += (types.empty() ? "" : " ") + n;
+    for (const auto& n : quantize::scheme_names()) types += (types.empty() ? "" : " ") + n;
     Args a("make-model",
            "Write a synthetic GLM model: deterministic random weights in the real glm-dsa or\n"
            "glm5next GGUF layout (metadata, tokenizer, tensor names and shapes) and real\n"

@@ -16,6 +16,7 @@ void CpuBackend::moe_route(const MoeRouter& m, DevPtr<const float> x_, int64_t T
     const int64_t E = m.router.cols, X = m.router.rows, K = m.n_used;
     // Route: sigmoid probabilities; the bias only decides which experts run.
     std::vector<float> logits(static_cast<size_t>(T * X));
+    observe(m.router, x, E, 0, T);
     products(m.router, 1, x, E, 0, T, logits.data(), X, 0);
     std::vector<float> p(static_cast<size_t>(X)), sel(static_cast<size_t>(X));
     for (int64_t t = 0; t < T; ++t) {

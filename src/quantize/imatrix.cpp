@@ -145,8 +145,10 @@ void Imatrix::write_gguf(const std::string& path) const {
     for (const auto& [name, e] : entries) {
         std::vector<float> sums(e.sums.begin(), e.sums.end());
         std::vector<float> counts(e.counts.begin(), e.counts.end());
-        w.add_tensor_bytes(name + kSums, quant::Type::F32, {e.cols, e.n_mat()}, sums.data(),
-                           sums.size() * sizeof(float));
+        // llama.cpp's shape: one row per count (a stack of heads with one count is one row).
+        const int64_t rows = int64_t(counts.size());
+        w.add_tensor_bytes(name + kSums, quant::Type::F32, {int64_t(sums.size()) / rows, rows},
+                           sums.data(), sums.size() * sizeof(float));
         w.add_tensor_bytes(name + kCounts, quant::Type::F32, {1, int64_t(counts.size())},
                            counts.data(), counts.size() * sizeof(float));
     }
@@ -208,8 +210,10 @@ void Imatrix::merge(const Imatrix& o) {
         auto [it, fresh] = entries.emplace(name, oe);
         if (fresh) continue;
         ImatrixEntry& e = it->second;
-        if (e.cols != oe.cols || e.sums.size() != oe.sums.size())
-            throw Error("imatrix: " + name + " has different shapes in the files merged");
+        if (e.sums.size() != oe.sums.size())
+            throw Error("imatrix: " + name + " has different sizes in the files merged");
+        // A stack of heads with one count may be written as one long row: keep the blocks.
+        e.cols = std::min(e.cols, oe.cols);
         for (size_t i = 0; i < e.sums.size(); ++i) e.sums[i] += oe.sums[i];
         if (e.counts.size() != oe.counts.size()) {
             // One count for all blocks beside one per block: spread the single one.
@@ -238,7 +242,7 @@ ImatrixEntry& ImatrixCollector::entry(const std::string& name, const backend::We
         e.cols = w.cols;
         e.sums.assign(size_t(w.cols * w.slices), 0.0);
         e.counts.assign(per_slice ? size_t(w.slices) : 1, 0);
-    } else if (e.cols != w.cols || int64_t(e.sums.size()) != w.cols * w.slices) {
+    } else if (int64_t(e.sums.size()) != w.cols * w.slices) {
         throw Error("imatrix: " + name + " was seen with two shapes");
     } else if (per_slice && e.counts.size() == 1) {
         e.counts.assign(size_t(w.slices), e.counts[0]);
