@@ -92,7 +92,7 @@ class VisionTower {
     std::vector<float> conv_floats(const std::string& name, std::initializer_list<int64_t> np);
     const float* own_floats(std::vector<float> v);
     backend::Weight own_matrix(const float* data, int64_t cols, int64_t rows);
-    backend::Weight float_matrix(const std::string& name, int64_t cols, int64_t rows);
+    backend::Weight product_matrix(const std::string& name, int64_t cols, int64_t rows);
 
     const gguf::File& file_;
     backend::Backend& be_;

@@ -107,11 +107,10 @@ std::vector<float> VisionTower::conv_floats(const std::string& name,
     return out;
 }
 
-backend::Weight VisionTower::float_matrix(const std::string& name, int64_t cols, int64_t rows) {
+backend::Weight VisionTower::product_matrix(const std::string& name, int64_t cols, int64_t rows) {
+    // Any weight format (glm5 quantize writes quantized towers); the tower's source is
+    // never repacked, so a fused matrix can be cut into row views.
     backend::Weight w = tensors_.matrix(name, {cols, rows});
-    if (!float_type(w.type))
-        throw Error(file_.path() + ": tensor " + name + " has type " + quant::name(w.type) +
-                    ", expected F32, F16 or BF16");
     weight_bytes_ += w.bytes();
     return w;
 }
@@ -178,7 +177,7 @@ VisionTower::VisionTower(const gguf::File& f, backend::Backend& be, const ModelI
         B.ln1 = vec(p + "ln1.weight", D);
         B.ln2 = vec(p + "ln2.weight", D);
         // q, k and v as row views of the fused matrix: three outputs of one op.
-        const backend::Weight qkv = float_matrix(p + "attn_qkv.weight", D, 3 * D);
+        const backend::Weight qkv = product_matrix(p + "attn_qkv.weight", D, 3 * D);
         for (int u = 0; u < 3; ++u) {
             backend::Weight w = qkv;
             w.rows = D;
@@ -192,11 +191,11 @@ VisionTower::VisionTower(const gguf::File& f, backend::Backend& be, const ModelI
         B.v_bias = qkv_bias + 2 * D;
         B.q_norm = vec(p + "attn_q_norm.weight", d);
         B.k_norm = vec(p + "attn_k_norm.weight", d);
-        B.wo = float_matrix(p + "attn_out.weight", D, D);
+        B.wo = product_matrix(p + "attn_out.weight", D, D);
         B.wo_bias = vec(p + "attn_out.bias", D);
-        B.gate = float_matrix(p + "ffn_gate.weight", D, F);
-        B.up = float_matrix(p + "ffn_up.weight", D, F);
-        B.down = float_matrix(p + "ffn_down.weight", F, D);
+        B.gate = product_matrix(p + "ffn_gate.weight", D, F);
+        B.up = product_matrix(p + "ffn_up.weight", D, F);
+        B.down = product_matrix(p + "ffn_down.weight", F, D);
         B.gate_bias = opt_vec(p + "ffn_gate.bias", F);
         B.up_bias = opt_vec(p + "ffn_up.bias", F);
         B.down_bias = opt_vec(p + "ffn_down.bias", D);
@@ -215,15 +214,15 @@ VisionTower::VisionTower(const gguf::File& f, backend::Backend& be, const ModelI
         merger_ = own_matrix(own_floats(std::move(r)), 4 * D, E);
         merger_bias_ = vec("mm.patch_merger.bias", E);
     }
-    fc_ = float_matrix("mm.model.fc.weight", E, E);
+    fc_ = product_matrix("mm.model.fc.weight", E, E);
     post_norm_w_ = vec("mm.post_norm.weight", E);
     post_norm_b_ = vec("mm.post_norm.bias", E);
     const gguf::TensorInfo* g = f.find_tensor("mm.gate.weight");
     if (!g) throw Error(f.path() + ": missing tensor mm.gate.weight");
     hp_.proj_ff = g->ne[1];
-    mm_gate_ = float_matrix("mm.gate.weight", E, hp_.proj_ff);
-    mm_up_ = float_matrix("mm.up.weight", E, hp_.proj_ff);
-    mm_down_ = float_matrix("mm.down.weight", hp_.proj_ff, E);
+    mm_gate_ = product_matrix("mm.gate.weight", E, hp_.proj_ff);
+    mm_up_ = product_matrix("mm.up.weight", E, hp_.proj_ff);
+    mm_down_ = product_matrix("mm.down.weight", hp_.proj_ff, E);
 }
 
 std::unique_ptr<VisionTower> load_vision_tower(const gguf::File& mmproj, backend::Backend& be,
