@@ -46,6 +46,12 @@ std::vector<std::string> quantize_file(const std::string& in, const std::string&
     return write_quantized(*f, p, o, out, nullptr);
 }
 
+std::string file_sha256(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    return to_hex(sha256({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}));
+}
+
 // Every tensor of `a` in `b` with the same type and bytes; the count of tensors compared.
 size_t expect_same_tensors(const std::string& a, const std::string& b) {
     const auto fa = gguf::File::open(a), fb = gguf::File::open(b);
@@ -70,7 +76,7 @@ size_t expect_same_tensors(const std::string& a, const std::string& b) {
 }  // namespace
 
 // small.gguf is F16; llama-quantize made the fixtures from it. Our mixes give every tensor
-// the same type, and our quantizers the same bytes.
+// the same type, our quantizers the same bytes, and the files are the same files.
 TEST(QuantizeFile, MixesAreLlamaQuantizesBytes) {
     const fs::path d = tmp_dir();
     for (const char* mix : {"Q8_0", "Q4_K_M", "Q2_K", "IQ4_XS"}) {
@@ -84,8 +90,8 @@ TEST(QuantizeFile, MixesAreLlamaQuantizesBytes) {
         quantize_file(data("glm-dsa/small.gguf"), out, o);
         const std::string ref = data("glm-dsa/small-" + lower + ".gguf");
         EXPECT_EQ(expect_same_tensors(out, ref), gguf::File::open(ref)->tensors().size());
-        EXPECT_EQ(gguf::File::open(out)->get_uint("general.file_type"),
-                  gguf::File::open(ref)->get_uint("general.file_type"));
+        // And the whole file: metadata in llama-quantize's order, tensors in its order.
+        EXPECT_EQ(file_sha256(out), file_sha256(ref));
     }
     fs::remove_all(d);
 }
@@ -317,12 +323,6 @@ namespace {
 nlohmann::json read_json(const std::string& path) {
     std::ifstream f(path);
     return nlohmann::json::parse(f);
-}
-
-std::string file_sha256(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    return to_hex(sha256({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}));
 }
 
 // The weights of every entry of `a` against `b`'s: the relative L1 distance, the largest.
@@ -563,5 +563,83 @@ TEST(QuantizeFile, Glm5NextRoundTrips) {
         if (std::string(type) == "F16")
             for (double r : relative_rms(want, got, V)) EXPECT_LT(r, 0.01);
     }
+    fs::remove_all(d);
+}
+
+namespace {
+
+std::string glm5_cmd(const std::string& args) {
+    return test::glm5_binary() + " " + args;
+}
+
+}  // namespace
+
+// The command streams: a model several times the working memory it states is quantized
+// within it (the peak the command reports: getrusage's maximum resident size).
+TEST(QuantizeCli, StreamsInBoundedMemory) {
+    const fs::path d = tmp_dir();
+    const std::string in = (d / "f16.gguf").string(), out = (d / "q8.gguf").string();
+    auto r =
+        test::run_shell(glm5_cmd("make-model --preset small --n-expert 64 --n-ff-exp 512 "
+                                 "--n-layer 6 --type F16 --quiet -o " +
+                                 in));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const uint64_t in_bytes = fs::file_size(in);
+    EXPECT_GT(in_bytes, uint64_t(250) << 20);
+    r = test::run_shell(glm5_cmd("quantize --threads 2 " + in + " " + out + " Q8_0"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const size_t at = r.err.find("peak memory ");
+    ASSERT_NE(at, std::string::npos) << r.err;
+    const double mib = std::stod(r.err.substr(at + 12));
+    EXPECT_LT(mib, 128.0) << r.err;  // 32 MiB of output, 4 MiB a thread, the program
+    EXPECT_NE(r.err.find("100%"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, out + "\n");
+    const auto f = gguf::File::open(out);
+    EXPECT_EQ(f->get_uint("general.file_type"), 7u);
+    fs::remove_all(d);
+}
+
+TEST(QuantizeCli, DryRunSplitsAndRefusals) {
+    const fs::path d = tmp_dir();
+    const std::string small = data("glm-dsa/small.gguf");
+    auto r = test::run_shell(glm5_cmd("quantize --dry-run " + small + " x.gguf DYN-IQ2_XXS"));
+    EXPECT_EQ(r.code, 2) << r.err;  // the experts need an importance matrix
+    EXPECT_NE(r.err.find("needs an importance matrix"), std::string::npos) << r.err;
+    r = test::run_shell(glm5_cmd("quantize --dry-run --imatrix " +
+                                 data("glm-dsa/small.imatrix.gguf") + " " + small +
+                                 " x.gguf DYN-IQ2_XXS"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("blk.2.ffn_up_exps.weight"), std::string::npos);
+    EXPECT_NE(r.out.find("-> IQ2_XXS"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("# 84 tensors"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists("x.gguf"));
+
+    const std::string split = (d / "split").string();
+    r = test::run_shell(
+        glm5_cmd("quantize --quiet --split-max-tensors 30 " + small + " " + split + " Q8_0"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, split + "-00001-of-00003.gguf\n" + split + "-00002-of-00003.gguf\n" + split +
+                         "-00003-of-00003.gguf\n");
+    const std::string kept = (d / "kept").string();
+    r = test::run_shell(glm5_cmd("quantize --quiet --keep-split --allow-requantize " + split +
+                                 "-00001-of-00003.gguf " + kept + " Q4_K_M"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    for (int i = 1; i <= 3; ++i) {
+        const auto a = gguf::File::open(split + "-0000" + std::to_string(i) + "-of-00003.gguf",
+                                        {.load_splits = false});
+        const auto b = gguf::File::open(kept + "-0000" + std::to_string(i) + "-of-00003.gguf",
+                                        {.load_splits = false});
+        ASSERT_EQ(a->tensors().size(), b->tensors().size()) << i;
+        for (size_t t = 0; t < a->tensors().size(); ++t)
+            EXPECT_EQ(a->tensors()[t].name, b->tensors()[t].name);
+    }
+    r = test::run_shell(glm5_cmd("quantize " + split + "-00001-of-00003.gguf x.gguf Q4_K_M"));
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("--allow-requantize"), std::string::npos) << r.err;
+    r = test::run_shell(glm5_cmd("quantize " + small + " x.gguf Q9_K"));
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("unknown type or mix"), std::string::npos) << r.err;
+    r = test::run_shell(glm5_cmd("quantize " + data("glm-dsa/vocab.json") + " x.gguf Q8_0"));
+    EXPECT_EQ(r.code, 2);
     fs::remove_all(d);
 }

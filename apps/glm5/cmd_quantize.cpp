@@ -1,5 +1,6 @@
 // glm5 quantize: a GGUF in, a smaller GGUF out (llama-quantize's command line and rules,
 // for glm-dsa, glm5next and their vision towers), streaming through src/quantize/.
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 
 #include <chrono>
@@ -76,7 +77,8 @@ void declare_flags(Args& a, const std::string& types) {
     a.flag("dry-run", "print each tensor's type and size, and the totals; write nothing");
     a.option("split-max-size", "N", "", "write shards of at most N bytes of tensors (4G, 500M)");
     a.option("split-max-tensors", "N", "", "write shards of at most N tensors");
-    a.flag("keep-split", "write as many shards as the input has, the same tensors in each");
+    a.flag("keep-split",
+           "write the shards the input has: each output shard the tensors of the input's");
     a.option("threads", "N", "all cores", "threads converting rows");
     a.flag("quiet", "no banner or progress on stderr");
 }
@@ -108,8 +110,11 @@ quantize::QuantizeOptions options(const Args& a, const gguf::File& in, quantize:
     if (a.get_flag("keep-split")) {
         if (o.split.max_bytes || o.split.max_tensors)
             throw UsageError("--keep-split and --split-max-* each set the shards: give one");
-        const int n = in.n_shards();
-        if (n > 1) o.split.max_tensors = (in.tensors().size() + size_t(n) - 1) / size_t(n);
+        // Each output shard holds the tensors of the input's shard of that number.
+        for (size_t i = 0; i < in.tensors().size(); ++i)
+            if (i == 0 || in.tensors()[i].shard != in.tensors()[i - 1].shard)
+                o.split.starts.push_back(i);
+        if (o.split.starts.size() < 2) o.split.starts.clear();
     }
     return o;
 }
@@ -180,10 +185,14 @@ int cmd_quantize(int argc, char** argv) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     const auto paths = quantize::write_quantized(*in, plan, o, out, byte_progress(quiet));
-    if (!quiet)
-        std::fprintf(stderr, "quantize: wrote %s (%zu file%s) in %.1f s\n",
+    if (!quiet) {
+        struct rusage ru {};
+        getrusage(RUSAGE_SELF, &ru);
+        std::fprintf(stderr, "quantize: wrote %s (%zu file%s) in %.1f s, peak memory %s\n",
                      gib(plan.out_bytes).c_str(), paths.size(), paths.size() == 1 ? "" : "s",
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                     gib(uint64_t(ru.ru_maxrss) * 1024).c_str());
+    }
     for (const auto& p : paths) std::printf("%s\n", p.c_str());
     return 0;
 }

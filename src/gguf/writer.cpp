@@ -376,8 +376,11 @@ std::vector<std::string> Writer::write_split(const std::string& prefix_or_path,
     uint64_t bytes = 0;
     for (size_t i = 0; i < tensors_.size(); ++i) {
         const uint64_t b = padded(tensors_[i].nbytes, alignment_);
-        const bool full = (limits.max_bytes && bytes + b > limits.max_bytes) ||
-                          (limits.max_tensors && i - begin >= limits.max_tensors);
+        const bool full =
+            limits.starts.empty()
+                ? (limits.max_bytes && bytes + b > limits.max_bytes) ||
+                      (limits.max_tensors && i - begin >= limits.max_tensors)
+                : std::find(limits.starts.begin(), limits.starts.end(), i) != limits.starts.end();
         if (i > begin && full) {
             ranges.emplace_back(begin, i);
             begin = i;

@@ -62,6 +62,9 @@ class Writer {
     struct SplitLimits {
         uint64_t max_bytes = 0;
         size_t max_tensors = 0;
+        // Or the shards given: shard i starts at tensor starts[i] (starts[0] == 0), the
+        // limits above unused (llama-quantize --keep-split: the input's shards).
+        std::vector<size_t> starts;
     };
     std::vector<std::string> write_split(
         const std::string& prefix, const SplitLimits& limits,

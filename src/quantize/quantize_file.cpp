@@ -1,6 +1,7 @@
 #include "quantize/quantize_file.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
@@ -217,14 +218,37 @@ struct Converter {
     }
 };
 
+// llama-quantize's order: by block (the global tensors first), then by name; with the
+// input's shards kept, the input's order.
+std::vector<size_t> write_order(const QuantizePlan& plan, bool input_order) {
+    std::vector<size_t> order(plan.tensors.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (input_order) return order;
+    auto block = [&](size_t i) {
+        int b = -1;
+        std::sscanf(plan.tensors[i].in->name.c_str(), "blk.%d.", &b);
+        return b;
+    };
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        const int ba = block(a), bb = block(b);
+        if (ba != bb) return ba < bb;
+        return plan.tensors[a].in->name < plan.tensors[b].in->name;
+    });
+    return order;
+}
+
 }  // namespace
 
 std::vector<std::string> write_quantized(const gguf::File& in, const QuantizePlan& plan,
                                          const QuantizeOptions& o, const std::string& out,
                                          const std::function<void(uint64_t, uint64_t)>& progress) {
     gguf::Writer w(uint32_t(in.alignment()));
+    // llama-quantize's order: the input's keys, then the ones it sets, each moved to the end
+    // (so that a file it would write comes out byte for byte).
     for (const auto& [key, v] : in.metadata()) {
-        if (key.rfind("split.", 0) == 0 || key.rfind("quantize.imatrix.", 0) == 0) continue;
+        if (key.rfind("split.", 0) == 0 || key.rfind("quantize.imatrix.", 0) == 0 ||
+            key == "general.quantization_version" || key == "general.file_type")
+            continue;
         w.set(key, v);
     }
     w.set_u32("general.quantization_version", 2);
@@ -240,7 +264,8 @@ std::vector<std::string> write_quantized(const gguf::File& in, const QuantizePla
 
     ThreadPool pool(o.n_threads > 0 ? o.n_threads : ThreadPool::default_threads());
     std::vector<std::vector<float>> scratch(size_t(pool.size()));
-    for (const TensorPlan& tp : plan.tensors) {
+    for (const size_t i : write_order(plan, !o.split.starts.empty())) {
+        const TensorPlan& tp = plan.tensors[i];
         const gguf::TensorInfo& t = *tp.in;
         if (!tp.convert) {
             w.add_tensor_pieces(t.name, t.type, dims(t), o.piece_bytes,
@@ -264,7 +289,8 @@ std::vector<std::string> write_quantized(const gguf::File& in, const QuantizePla
                                 if (off + n == tpp->out_bytes) conv->reset();
                             });
     }
-    if (o.split.max_bytes || o.split.max_tensors) return w.write_split(out, o.split, progress);
+    if (o.split.max_bytes || o.split.max_tensors || !o.split.starts.empty())
+        return w.write_split(out, o.split, progress);
     w.write(out, progress);
     return {out};
 }
