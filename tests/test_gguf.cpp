@@ -594,7 +594,7 @@ TEST(GgufSplit, RoundTripMergesShards) {
         Writer w(align);
         set_all_types(w);
         add_all(w, ts);
-        const auto paths = w.write_split(dir.file("m.gguf"), {0, 3});
+        const auto paths = w.write_split(dir.file("m.gguf"), {0, 3, {}});
         ASSERT_EQ(paths.size(), 3u);
         EXPECT_EQ(paths[0], dir.file("m-00001-of-00003.gguf"));
         EXPECT_EQ(paths[2], dir.file("m-00003-of-00003.gguf"));
@@ -636,14 +636,14 @@ TEST(GgufSplit, ByteLimit) {
         w.add_tensor("t" + std::to_string(i), Type::F32, {100},
                      [i](uint8_t* d, size_t n) { std::memset(d, i, n); });
     // 400 bytes each, padded to 416: two per 900-byte shard.
-    const auto paths = w.write_split(dir.file("b"), {900, 0});
+    const auto paths = w.write_split(dir.file("b"), {900, 0, {}});
     ASSERT_EQ(paths.size(), 3u);
     const auto f = File::open(paths[0]);
     ASSERT_EQ(f->tensors().size(), 5u);
     EXPECT_EQ(f->tensors()[4].shard, 2);
     EXPECT_EQ(f->tensors()[4].data[0], 4);
     // A limit below one tensor still puts one tensor in each shard.
-    EXPECT_EQ(w.write_split(dir.file("c"), {1, 0}).size(), 5u);
+    EXPECT_EQ(w.write_split(dir.file("c"), {1, 0, {}}).size(), 5u);
     // No limit: one shard named -00001-of-00001.
     const auto one = w.write_split(dir.file("d"), {});
     ASSERT_EQ(one.size(), 1u);
@@ -656,7 +656,7 @@ TEST(GgufSplit, InconsistentShardsRefused) {
     Writer w;
     w.set_string("general.architecture", "x");
     add_all(w, ts);
-    auto fresh = [&] { return w.write_split(dir.file("m"), {0, 3}); };
+    auto fresh = [&] { return w.write_split(dir.file("m"), {0, 3, {}}); };
 
     auto paths = fresh();
     patch_u16_key(paths[1], "split.no", 2);
@@ -690,7 +690,7 @@ TEST(GgufSplit, InconsistentShardsRefused) {
     dup.set_string("general.architecture", "x");
     dup.add_tensor("aaaa", Type::F32, {4}, [](uint8_t*, size_t) {});
     dup.add_tensor("bbbb", Type::F32, {4}, [](uint8_t*, size_t) {});
-    paths = dup.write_split(dir.file("dup"), {0, 1});
+    paths = dup.write_split(dir.file("dup"), {0, 1, {}});
     {
         auto b = read_bytes(paths[1]);
         const std::string s(b.begin(), b.end());

@@ -139,7 +139,7 @@ std::vector<Seed> make_seeds(const std::string& tmp) {
         w.set_string("general.architecture", "seed");
         for (int i = 0; i < 3; ++i)
             w.add_tensor("t" + std::to_string(i), Type::F32, {8}, pattern(uint8_t(i)));
-        const auto paths = w.write_split(tmp + "/split", {0, 1});
+        const auto paths = w.write_split(tmp + "/split", {0, 1, {}});
         seeds.push_back({"valid-v3-split-shard2.gguf", read_bytes(paths[1])});
         for (const auto& p : paths) fs::remove(p);
     }

@@ -231,7 +231,7 @@ TEST(Inspect, SplitModel) {
     for (const auto& t : f->tensors())
         w.add_tensor_bytes(t.name, t.type, {t.ne.begin(), t.ne.begin() + t.n_dims}, t.data,
                            t.nbytes);
-    const auto paths = w.write_split((dir / "tiny").string(), {1536 * 1024, 0});
+    const auto paths = w.write_split((dir / "tiny").string(), {1536 * 1024, 0, {}});
     ASSERT_EQ(paths.size(), 3u);
 
     CliResult r = inspect({paths[0]});

@@ -318,19 +318,8 @@ void check_unserved(const ojson& body) {
         throw invalid("'cache_control' must be an object", "cache_control");
 }
 
-}  // namespace
-
-ojson to_chat_body(const ojson& body, bool count_tokens) {
-    ojson chat = ojson::object();
-    ojson msgs = ojson::array();
-
-    if (const ojson* s = field(body, "system")) {
-        std::string text = system_text(*s, "system");
-        // Blocks that were all metadata leave no system message, as if none was sent.
-        if (!text.empty() || s->is_string())
-            msgs.push_back({{"role", "system"}, {"content", std::move(text)}});
-    }
-
+// The messages, each in the chat endpoint's form, after the system message (if any).
+void append_messages(const ojson& body, ojson& msgs) {
     const ojson* m = field(body, "messages");
     if (!m) throw invalid("'messages' is required", "messages");
     if (!m->is_array())
@@ -360,58 +349,38 @@ ojson to_chat_body(const ojson& body, bool count_tokens) {
             throw invalid(where + ".role must be \"user\" or \"assistant\", got '" + r + "'",
                           "messages");
     }
-    chat["messages"] = std::move(msgs);
+}
 
-    const ojson* mt = field(body, "max_tokens");
-    if (mt)
-        chat["max_tokens"] = *mt;
-    else if (!count_tokens)
-        throw invalid("'max_tokens' is required", "max_tokens");
-    for (const char* k : {"temperature", "top_p", "top_k", "stream"})
-        if (const ojson* v = field(body, k)) chat[k] = *v;
-    // The chat endpoint's extensions (llama.cpp's and this server's), for clients that
-    // want them here too.
-    for (const char* k : {"seed", "min_p", "repetition_penalty", "repeat_penalty", "ignore_eos",
-                          "cache_prompt", "speculative"})
-        if (const ojson* v = field(body, k)) chat[k] = *v;
-    if (const ojson* s = field(body, "stop_sequences")) chat["stop"] = *s;
-    if (const ojson* md = field(body, "metadata"); md && !md->is_object())
-        throw invalid("'metadata' must be an object", "metadata");
-    check_unserved(body);
-    output_config(body, chat);
-    context_management(body, chat);
-
-    if (const ojson* t = field(body, "tools")) {
-        ojson tools = tools_of(*t);
-        if (!tools.empty()) chat["tools"] = std::move(tools);
+// tool_choice in the chat endpoint's terms.
+void tool_choice(const ojson& tc, ojson& chat) {
+    if (!tc.is_object() || !field(tc, "type") || !tc["type"].is_string())
+        throw invalid("'tool_choice' must be an object with a \"type\"", "tool_choice");
+    const std::string type = tc["type"].get<std::string>();
+    if (type == "auto")
+        chat["tool_choice"] = "auto";
+    else if (type == "any")
+        chat["tool_choice"] = "required";
+    else if (type == "none")
+        chat["tool_choice"] = "none";
+    else if (type == "tool") {
+        const ojson* name = field(tc, "name");
+        if (!name || !name->is_string())
+            throw invalid("'tool_choice' of type \"tool\" needs a \"name\"", "tool_choice");
+        chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", *name}}}};
+    } else {
+        throw invalid("'tool_choice.type' must be auto, any, tool or none, got '" + type + "'",
+                      "tool_choice");
     }
-    if (const ojson* tc = field(body, "tool_choice")) {
-        if (!tc->is_object() || !field(*tc, "type") || !(*tc)["type"].is_string())
-            throw invalid("'tool_choice' must be an object with a \"type\"", "tool_choice");
-        const std::string type = (*tc)["type"].get<std::string>();
-        if (type == "auto")
-            chat["tool_choice"] = "auto";
-        else if (type == "any")
-            chat["tool_choice"] = "required";
-        else if (type == "none")
-            chat["tool_choice"] = "none";
-        else if (type == "tool") {
-            const ojson* name = field(*tc, "name");
-            if (!name || !name->is_string())
-                throw invalid("'tool_choice' of type \"tool\" needs a \"name\"", "tool_choice");
-            chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", *name}}}};
-        } else {
-            throw invalid("'tool_choice.type' must be auto, any, tool or none, got '" + type + "'",
+    if (const ojson* d = field(tc, "disable_parallel_tool_use")) {
+        if (!d->is_boolean())
+            throw invalid("'tool_choice.disable_parallel_tool_use' must be a boolean",
                           "tool_choice");
-        }
-        if (const ojson* d = field(*tc, "disable_parallel_tool_use")) {
-            if (!d->is_boolean())
-                throw invalid("'tool_choice.disable_parallel_tool_use' must be a boolean",
-                              "tool_choice");
-            chat["parallel_tool_calls"] = !d->get<bool>();
-        }
+        chat["parallel_tool_calls"] = !d->get<bool>();
     }
+}
 
+// thinking: on or off, and its budget (below max_tokens when both are given).
+void thinking(const ojson& body, const ojson* mt, ojson& chat) {
     // Thinking is off unless asked for, as Anthropic's models have it.
     chat["think"] = false;
     if (const ojson* th = field(body, "thinking")) {
@@ -443,6 +412,50 @@ ojson to_chat_body(const ojson& body, bool count_tokens) {
                               "in full (\"summarized\")",
                           "thinking.display");
     }
+}
+
+}  // namespace
+
+ojson to_chat_body(const ojson& body, bool count_tokens) {
+    ojson chat = ojson::object();
+    ojson msgs = ojson::array();
+
+    if (const ojson* s = field(body, "system")) {
+        std::string text = system_text(*s, "system");
+        // Blocks that were all metadata leave no system message, as if none was sent.
+        if (!text.empty() || s->is_string())
+            msgs.push_back({{"role", "system"}, {"content", std::move(text)}});
+    }
+
+    append_messages(body, msgs);
+    chat["messages"] = std::move(msgs);
+
+    const ojson* mt = field(body, "max_tokens");
+    if (mt)
+        chat["max_tokens"] = *mt;
+    else if (!count_tokens)
+        throw invalid("'max_tokens' is required", "max_tokens");
+    for (const char* k : {"temperature", "top_p", "top_k", "stream"})
+        if (const ojson* v = field(body, k)) chat[k] = *v;
+    // The chat endpoint's extensions (llama.cpp's and this server's), for clients that
+    // want them here too.
+    for (const char* k : {"seed", "min_p", "repetition_penalty", "repeat_penalty", "ignore_eos",
+                          "cache_prompt", "speculative"})
+        if (const ojson* v = field(body, k)) chat[k] = *v;
+    if (const ojson* s = field(body, "stop_sequences")) chat["stop"] = *s;
+    if (const ojson* md = field(body, "metadata"); md && !md->is_object())
+        throw invalid("'metadata' must be an object", "metadata");
+    check_unserved(body);
+    output_config(body, chat);
+    context_management(body, chat);
+
+    if (const ojson* t = field(body, "tools")) {
+        ojson tools = tools_of(*t);
+        if (!tools.empty()) chat["tools"] = std::move(tools);
+    }
+    if (const ojson* tc = field(body, "tool_choice")) tool_choice(*tc, chat);
+
+    thinking(body, mt, chat);
     return chat;
 }
 
