@@ -10,10 +10,8 @@
 #include "args.h"
 #include "commands.h"
 #include "core/log.h"
-#include "gguf/gguf.h"
 #include "model_setup.h"
 #include "quantize/imatrix.h"
-#include "text/tokenizer.h"
 #include "text_chunks.h"
 
 namespace glm5::app {
@@ -94,12 +92,7 @@ struct Run {
 
 // The chunks after those skipped (--chunk, and a resumed run's).
 ChunkPlan plan_for(const Args& a, int skip) {
-    const std::string text = read_text_file(a.get("file"));
-    gguf::OpenOptions oo;
-    oo.load_splits = false;
-    const auto file = gguf::File::open(a.get("model"), oo);
-    const auto tok = text::Tokenizer::from_gguf(*file);
-    TextTokens t = tokenize_text(*file, *tok, text);
+    TextTokens t = read_tokens(a.get("model"), a.get("file"));
     const int n_ctx = int(a.get_int("ctx-size", 3, INT_MAX / 2));
     if (skip > 0) {
         if (size_t(skip + 2) * size_t(n_ctx) > t.tokens.size())

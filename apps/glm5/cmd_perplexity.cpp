@@ -8,9 +8,7 @@
 #include "args.h"
 #include "commands.h"
 #include "core/log.h"
-#include "gguf/gguf.h"
 #include "model_setup.h"
-#include "text/tokenizer.h"
 #include "text_chunks.h"
 
 namespace glm5::app {
@@ -36,17 +34,6 @@ void declare_flags(Args& a) {
         a.refused(t, "only llama-perplexity's chunked perplexity is implemented here");
 }
 
-// The text's tokens, read with the vocabulary alone (a text too short is refused
-// before the weights are loaded).
-TextTokens read_tokens(const Args& a) {
-    const std::string text = read_text_file(a.get("file"));
-    gguf::OpenOptions oo;
-    oo.load_splits = false;  // the vocabulary lives in the first shard
-    const auto file = gguf::File::open(a.get("model"), oo);
-    const auto tok = text::Tokenizer::from_gguf(*file);
-    return tokenize_text(*file, *tok, text);
-}
-
 }  // namespace
 
 int cmd_perplexity(int argc, char** argv) {
@@ -67,7 +54,8 @@ int cmd_perplexity(int argc, char** argv) {
     const int n_batch = int(a.get_int("batch-size", 1, INT_MAX));
     const int n_ubatch = int(a.get_int("ubatch", 1, INT_MAX));
 
-    const ChunkPlan plan = plan_chunks(read_tokens(a), n_ctx, n_chunks, n_batch, n_ubatch);
+    const ChunkPlan plan =
+        plan_chunks(read_tokens(a.get("model"), a.get("file")), n_ctx, n_chunks, n_batch, n_ubatch);
     LoadedModel m = open_model(a);
     if (n_ctx > m.model->info().n_ctx_train)
         log_info("glm5 perplexity: the model was trained on only %lld context tokens (%d asked)\n",

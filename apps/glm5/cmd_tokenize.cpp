@@ -12,21 +12,9 @@
 #include "gguf/gguf.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
+#include "text_chunks.h"
 
 namespace glm5::app {
-
-namespace {
-
-std::string read_text_file(const std::string& path) {
-    if (path == "-") return {std::istreambuf_iterator<char>(std::cin), {}};
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw Error("cannot read " + path);
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
-}  // namespace
 
 int cmd_tokenize(int argc, char** argv) {
     Args a("tokenize",

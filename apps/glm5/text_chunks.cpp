@@ -53,6 +53,15 @@ int32_t ChunkPlan::token(int c, int k) const {
     return text.tokens[size_t(c) * size_t(n_ctx) + size_t(k)];
 }
 
+TextTokens read_tokens(const std::string& model_path, const std::string& text_path) {
+    const std::string text = read_text_file(text_path);
+    gguf::OpenOptions oo;
+    oo.load_splits = false;  // the vocabulary lives in the first shard
+    const auto file = gguf::File::open(model_path, oo);
+    const auto tok = text::Tokenizer::from_gguf(*file);
+    return tokenize_text(*file, *tok, text);
+}
+
 ChunkPlan plan_chunks(TextTokens text, int n_ctx, int n_chunks_max, int n_batch, int n_ubatch) {
     if (n_ctx < 3)
         throw Error("a context of " + std::to_string(n_ctx) +

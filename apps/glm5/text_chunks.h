@@ -35,6 +35,9 @@ struct TextTokens {
 };
 TextTokens tokenize_text(const gguf::File& f, const text::Tokenizer& tok, const std::string& text,
                          bool parse_special = false);
+// A text file's tokens with the vocabulary of the model at model_path (its first shard alone:
+// a text too short can be refused before the weights are loaded).
+TextTokens read_tokens(const std::string& model_path, const std::string& text_path);
 
 struct ChunkPlan {
     TextTokens text;
