@@ -560,8 +560,9 @@ TEST(QuantizeFile, Glm5NextRoundTrips) {
         const std::vector<float> got = q.batch_logits(prompt);
         ASSERT_EQ(got.size(), want.size());
         for (float v : got) ASSERT_TRUE(std::isfinite(v));
-        if (std::string(type) == "F16")
+        if (std::string(type) == "F16") {
             for (double r : relative_rms(want, got, V)) EXPECT_LT(r, 0.01);
+        }
     }
     fs::remove_all(d);
 }
