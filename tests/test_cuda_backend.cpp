@@ -744,5 +744,36 @@ TEST(CudaGlmDsa, ADecodeRowBesideAPromptChunkIsTheSameBits) {
     EXPECT_EQ(std::memcmp(alone.data(), beside.data(), size_t(V) * sizeof(float)), 0);
 }
 
+// A glm-dsa decode step's traffic with the host, as the simulated device counts it: the
+// kernels it launches (a launch costs a few microseconds on a GPU, so a step of small
+// kernels is bound by their count), one wait for the device (the logits' read), the plan and
+// a few descriptors uploaded, the logits downloaded. The bounds are the counts measured when
+// they were last lowered: a change that adds launches or host traffic to a step fails here.
+TEST(CudaGlmDsa, ADecodeStepsLaunchesAndHostTraffic) {
+    OnBackend g(gpu());
+    model::Model& m = *g.model;
+    const int64_t V = m.info().n_vocab, L = m.info().n_layer;
+    auto st = m.new_state(64);
+    const std::vector<int32_t> prompt = test::random_ids(4, 20, V);
+    std::vector<float> lg;
+    model::SeqInput in{st.get(), prompt, false};
+    m.forward({&in, 1}, lg);
+    g.be->reset_counters();
+    const int32_t next = 9;
+    model::SeqInput step{st.get(), {&next, 1}, false};
+    m.forward({&step, 1}, lg);
+    const backend::Counters c = g.be->counters();
+    std::printf(
+        "  decode step: %llu launches (%.1f per layer), %llu waits, %llu uploads, %llu "
+        "downloads\n",
+        (unsigned long long)c.launches, double(c.launches) / double(L),
+        (unsigned long long)c.host_syncs, (unsigned long long)c.uploads,
+        (unsigned long long)c.downloads);
+    EXPECT_LE(c.launches, 161u);  // 188 before matmuls and SwiGLU were one launch each
+    EXPECT_EQ(c.host_syncs, 1u);
+    EXPECT_LE(c.uploads, 10u);  // the plan, and each attention's and indexer's rows
+    EXPECT_EQ(c.downloads, 1u);
+}
+
 }  // namespace
 }  // namespace glm5

@@ -167,6 +167,7 @@ class Bench {
             bytes_per_token->cache = double(c.cache_bytes) / n;
             tg_ops = double(c.parallel_ops) / double(c_.n_gen);
             tg_rendezvous = double(c.rendezvous) / double(c_.n_gen);
+            tg_device = c;
         }
         last_tg_tokens = n;
         return tps;
@@ -199,6 +200,7 @@ class Bench {
     // decode measured; the tokens of the last decode (the layer split's table); the last
     // speculative reply; the fixed prompt of the greedy tests.
     double pp_ops = 0, pp_rendezvous = 0, tg_ops = 0, tg_rendezvous = 0;
+    backend::Counters tg_device;  // the last decode measured, all its steps
     double last_tg_tokens = 0;
     runtime::RequestResult spec_last;
     std::vector<int32_t> fixed_prompt;
@@ -373,6 +375,19 @@ std::string executor_line(const Bench& b, const BenchConfig& c, const Measured& 
     return "\nexecutor: work handed to the " + std::to_string(threads) + " threads " + parts + "\n";
 }
 
+// A device's cost per decode step beyond its kernels' work: what keeps a step from being one
+// graph replayed (host waits, copies) and what a launch-bound step spends (launches).
+std::string device_line(const Bench& b, const BenchConfig& c, int64_t n_layer) {
+    const backend::Counters& d = b.tg_device;
+    const double steps = double(c.n_gen);
+    return format(
+        "\ndevice: per decode step %.0f kernel launches (%.1f per layer), %.1f host waits, %.1f "
+        "host-to-device and %.1f device-to-host copies\n",
+        double(d.launches) / steps,
+        double(d.launches) / steps / double(std::max<int64_t>(1, n_layer)),
+        double(d.host_syncs) / steps, double(d.uploads) / steps, double(d.downloads) / steps);
+}
+
 // --parallel N: the paired scaling, and the ceiling the weights' bandwidth puts on it.
 std::string parallel_lines(const BenchConfig& c, const Measured& r) {
     std::string each;
@@ -448,6 +463,8 @@ int cmd_bench(int argc, char** argv) {
     std::string out = speed_table(m, c, r);
     if (!r.tg.empty() && bw) out += roofline(r, *bw, m.threads);
     if (b.pp_ops + b.tg_ops > 0 && !is_split(model)) out += executor_line(b, c, r, m.threads);
+    if (b.tg_device.launches > 0 && !is_split(model))
+        out += device_line(b, c, model.info().n_layer);
     if (!r.scaling.empty()) out += parallel_lines(c, r);
     if (!r.tg.empty()) out += split_rank_table(model, b.last_tg_tokens, r.tg.back());
     if (!r.greedy.empty()) {

@@ -142,8 +142,16 @@ struct Counters {
     // The most scratch memory held at once (bytes; a device backend's arena; 0 where the
     // backend does not count it): what the memory plan's scratch figure must cover.
     uint64_t scratch_peak = 0;
+    // A device's traffic with its host: kernels launched, waits for the device to finish
+    // (the host blocked), copies from host to device and from device to host (0 on the CPU).
+    // What a step costs beyond its kernels' work, and what keeps it from being one graph.
+    uint64_t launches = 0, host_syncs = 0, uploads = 0, downloads = 0;
     // Two backends' reads together (a device and the CPU beside it).
     Counters& operator+=(const Counters& o) {
+        launches += o.launches;
+        host_syncs += o.host_syncs;
+        uploads += o.uploads;
+        downloads += o.downloads;
         weight_bytes += o.weight_bytes;
         matmul_calls += o.matmul_calls;
         cache_bytes += o.cache_bytes;

@@ -125,12 +125,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t n_rows, in
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_rows * n) return;
     const int64_t r = i / n, c = i % n;
-    float gi = g[r * in_stride + c], ui = u[r * in_stride + c];
-    if (clamp > 1e-6f) {
-        gi = fminf(gi, clamp);
-        ui = fminf(fmaxf(ui, -clamp), clamp);
-    }
-    out[r * n + c] = __fmul_rn(silu_of(gi), ui);
+    out[r * n + c] = swiglu_value(g[r * in_stride + c], u[r * in_stride + c], clamp);
 }
 
 __global__ void cache_store_kernel(uint8_t* cache, size_t row_bytes, int64_t width, bool f16,
@@ -523,8 +518,13 @@ void CudaBackend::matmuls(std::span<const MatmulOut> outs, DevPtr<const float> x
                           int64_t n_tok) {
     Temporaries tmp(*this);
     op("matmuls", n_tok);
-    for (const MatmulOut& o : outs)
-        dev_.matmul(matrix(*o.w, "matmuls"), 0, dev(x), x_stride, n_tok, dev(o.y), o.y_stride);
+    std::vector<Matrix> ms;
+    ms.reserve(outs.size());
+    for (const MatmulOut& o : outs) ms.push_back(matrix(*o.w, "matmuls"));
+    std::vector<Device::MatmulTarget> ts;
+    for (size_t j = 0; j < outs.size(); ++j)
+        ts.push_back({&ms[j], dev(outs[j].y), outs[j].y_stride});
+    dev_.matmuls(ts, dev(x), x_stride, n_tok);
     matmul_calls_ += outs.size();
 }
 
@@ -544,6 +544,11 @@ Counters CudaBackend::counters() const {
     c.matmul_calls = matmul_calls_;
     c.cache_bytes = cache_bytes_;
     c.scratch_peak = high_water_;
+    const DeviceTraffic t = dev_.traffic();
+    c.launches = t.launches;
+    c.host_syncs = t.syncs;
+    c.uploads = t.uploads;
+    c.downloads = t.downloads;
     return c;
 }
 

@@ -56,11 +56,6 @@ __device__ inline void store_value(uint8_t* row, int64_t i, float v, bool f16) {
         reinterpret_cast<float*>(row)[i] = v;
 }
 
-// The CPU's form (backend/cpu_kernels.h): x / (1 + exp(-x)); the sigmoid is core/hd.h's.
-__device__ inline float silu_of(float x) {
-    return x / (1.0f + expf(-x));
-}
-
 class CudaBackend final : public Backend,
                           public MoeOps,
                           public AttentionOps,

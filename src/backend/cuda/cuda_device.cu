@@ -5,9 +5,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
+#include <unordered_map>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "core/format.h"
@@ -21,7 +24,22 @@ void check(cudaError_t e, const char* what) {
                 cudaGetErrorString(e) + ")");
 }
 
+namespace {
+
+// Each device's launch count by its stream (launched() knows the stream, not the device).
+std::mutex g_streams_mu;
+std::unordered_map<cudaStream_t, DeviceTraffic*> g_streams;
+
+void count_launch(cudaStream_t s) {
+    std::lock_guard lock(g_streams_mu);
+    const auto it = g_streams.find(s);
+    if (it != g_streams.end()) ++it->second->launches;
+}
+
+}  // namespace
+
 void launched(const char* kernel, cudaStream_t s) {
+    count_launch(s);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         throw Error(std::string("cuda: launching ") + kernel + ": " + cudaGetErrorName(e) + " (" +
@@ -177,6 +195,10 @@ Device::Device(int ordinal) : impl_(std::make_unique<Impl>()) {
     check(cudaSetDevice(ordinal), "cudaSetDevice");
     check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     impl_->staging = std::make_unique<StagingRing>(impl_->stream, kStagingBytes);
+    {
+        std::lock_guard lock(g_streams_mu);
+        g_streams[impl_->stream] = &impl_->traffic;
+    }
 
     using namespace quant::iq;
     const size_t bytes = 64 * 8 + sizeof(iq2xxs_grid) + sizeof(iq2xs_grid) + sizeof(iq2s_grid) +
@@ -203,6 +225,10 @@ Device::~Device() {
     if (!impl_) return;
     // Teardown reports nothing: a device that failed has said so already.
     cudaSetDevice(impl_->ordinal);
+    {
+        std::lock_guard lock(g_streams_mu);
+        g_streams.erase(impl_->stream);
+    }
     cudaStreamSynchronize(impl_->stream);
     impl_->staging.reset();
     if (impl_->table_memory) cudaFree(impl_->table_memory);
@@ -251,6 +277,7 @@ void Device::free(void* p) {
 void Device::upload(void* dst, const void* host_src, size_t bytes) {
     bind();
     if (bytes == 0) return;
+    ++impl_->traffic.uploads;
     if (void* pinned = impl_->staging->take(bytes)) {
         std::memcpy(pinned, host_src, bytes);
         check(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
@@ -264,6 +291,7 @@ void Device::upload(void* dst, const void* host_src, size_t bytes) {
 void Device::download(void* host_dst, const void* src, size_t bytes) {
     bind();
     if (bytes == 0) return;
+    ++impl_->traffic.downloads;
     if (void* pinned = impl_->staging->take(bytes)) {
         check(cudaMemcpyAsync(pinned, src, bytes, cudaMemcpyDeviceToHost, impl_->stream),
               "download");
@@ -284,6 +312,7 @@ void Device::copy(void* dst, const void* src, size_t bytes) {
 
 void Device::synchronize() {
     bind();
+    ++impl_->traffic.syncs;
     check(cudaStreamSynchronize(impl_->stream), "a queued op");
     impl_->staging->complete();
 }
@@ -334,8 +363,15 @@ uint64_t Device::weight_bytes_read() const {
     return impl_->weight_bytes;
 }
 
+DeviceTraffic Device::traffic() const {
+    std::lock_guard lock(g_streams_mu);
+    return impl_->traffic;
+}
+
 void Device::reset_counters() {
     impl_->weight_bytes = 0;
+    std::lock_guard lock(g_streams_mu);
+    impl_->traffic = DeviceTraffic{};
 }
 
 }  // namespace glm5::backend::cuda

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,10 @@ struct Matrix {
     int64_t cols = 0, rows = 0, slices = 1;
     size_t row_bytes = 0, slice_bytes = 0;
     const uint8_t* data = nullptr;  // device memory
+};
+
+struct DeviceTraffic {
+    uint64_t launches = 0, syncs = 0, uploads = 0, downloads = 0;
 };
 
 class Device {
@@ -98,6 +103,26 @@ class Device {
     void matmul(const Matrix& w, int64_t slice, const float* x, int64_t x_stride, int64_t n_tok,
                 float* y, int64_t y_stride);
 
+    // Several matrices against the same input, in one launch
+    // per kMaxMulti of them: for every j, outs[j].y[t * y_stride + r] = outs[j].w row r .
+    // x[t * x_stride ..], the bits of matmul.
+    static constexpr int kMaxMulti = 8;
+    struct MatmulTarget {
+        const Matrix* w;
+        float* y;
+        int64_t y_stride;
+    };
+    void matmuls(std::span<const MatmulTarget> outs, const float* x, int64_t x_stride,
+                 int64_t n_tok);
+
+    // A SwiGLU FFN's hidden rows in one launch: out[p * gate.rows + r] = swiglu(gate row r .
+    // x_p, up row r . x_p) (clamped as backend::swiglu), the bits of the two products and
+    // the swiglu op. With ids (device memory), pair p < n reads slice ids[p] and x_p = x +
+    // (p / x_every) * x_stride (a mixture's experts); without, slice 0 and x_p = x + p *
+    // x_stride.
+    void gate_up(const Matrix& gate, const Matrix& up, const int32_t* ids, int64_t n,
+                 int64_t x_every, const float* x, int64_t x_stride, float clamp, float* out);
+
     // Per-slice products, slices s < w.slices: y[t * y_tok + s * y_slice + r] =
     // W[s] row r . x[t * x_tok + s * x_slice ..] (the vector form).
     void matmul_slices(const Matrix& w, const float* x, int64_t x_tok, int64_t x_slice,
@@ -116,6 +141,8 @@ class Device {
 
     // Bytes of weights the products have read since the last reset.
     uint64_t weight_bytes_read() const;
+    // Kernels launched on this device's stream, host waits, copies each way since the reset.
+    DeviceTraffic traffic() const;
     void reset_counters();
 
     struct Impl;

@@ -50,6 +50,21 @@ class StagingRing {
     Piece pending_{};
 };
 
+// The CPU's form (backend/cpu_kernels.h): x / (1 + exp(-x)); the sigmoid is core/hd.h's.
+__device__ inline float silu_of(float x) {
+    return x / (1.0f + expf(-x));
+}
+
+// One SwiGLU value as backend::swiglu computes it: clamped (limit > 1e-6: g to at most the
+// limit, u to [-limit, limit]), then silu(g) * u.
+__device__ inline float swiglu_value(float g, float u, float clamp) {
+    if (clamp > 1e-6f) {
+        g = fminf(g, clamp);
+        u = fminf(fmaxf(u, -clamp), clamp);
+    }
+    return __fmul_rn(silu_of(g), u);
+}
+
 struct Device::Impl {
     DeviceInfo info;
     int ordinal = 0;
@@ -58,6 +73,7 @@ struct Device::Impl {
     void* table_memory = nullptr;
     std::unique_ptr<StagingRing> staging;
     uint64_t weight_bytes = 0;
+    DeviceTraffic traffic;  // since the last reset_counters
 };
 
 }  // namespace glm5::backend::cuda

@@ -71,12 +71,9 @@ void CudaBackend::moe_experts(const MoeFfn& routed, DevPtr<const float> x_, int6
                      d = matrix(routed.down, "moe_experts");
         const int64_t F = g.rows;
         auto* hg = static_cast<float*>(scratch_bytes(size_t(P * F) * sizeof(float)));
-        auto* hu = static_cast<float*>(scratch_bytes(size_t(P * F) * sizeof(float)));
         eo = static_cast<float*>(scratch_bytes(size_t(P * E) * sizeof(float)));
         const int32_t* ids = dev(ids_);
-        dev_.matmul_indexed(g, ids, P, K, x, E, hg, F);
-        dev_.matmul_indexed(u, ids, P, K, x, E, hu, F);
-        swiglu(owned<const float>(hg), owned<const float>(hu), P, F, F, routed.clamp, owned(hg));
+        dev_.gate_up(g, u, ids, P, K, x, E, routed.clamp, hg);
         dev_.matmul_indexed(d, ids, P, 1, hg, F, eo, E);
         matmul_calls_ += 3;
     }
@@ -86,11 +83,8 @@ void CudaBackend::moe_experts(const MoeFfn& routed, DevPtr<const float> x_, int6
                      d = matrix(shared->down, "moe_shared");
         const int64_t S = g.rows;
         auto* sg = static_cast<float*>(scratch_bytes(size_t(T * S) * sizeof(float)));
-        auto* su = static_cast<float*>(scratch_bytes(size_t(T * S) * sizeof(float)));
         auto* so = static_cast<float*>(scratch_bytes(size_t(T * E) * sizeof(float)));
-        dev_.matmul(g, 0, x, E, T, sg, S);
-        dev_.matmul(u, 0, x, E, T, su, S);
-        swiglu(owned<const float>(sg), owned<const float>(su), T, S, S, shared->clamp, owned(sg));
+        dev_.gate_up(g, u, nullptr, T, 1, x, E, shared->clamp, sg);
         dev_.matmul(d, 0, sg, S, T, so, E);
         matmul_calls_ += 3;
         sh = so;
