@@ -11,15 +11,30 @@ namespace glm5::backend::cuda {
 
 namespace {
 
-// One thread per token: the routing rule (moe_ops.h) over sigmoid probabilities.
+constexpr int kRouteWarps = 4;
+
+// A warp per token: its lanes compute the experts' probabilities and selection scores
+// into shared memory (the sigmoids were a thread's serial work per token), then lane 0
+// applies the routing rule (moe_ops.h) to them, with the bits of the rule computing them
+// itself. Dynamic shared memory: 2 * n_expert floats a warp.
 __global__ void route_kernel(const float* logits, int64_t n_tok, int64_t n_expert, int n_used,
                              const float* bias, bool norm, float weights_scale, int32_t* ids,
                              float* weights) {
-    const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (t >= n_tok) return;
+    GLM5_DYNAMIC_SHARED(float, sh);
+    const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+    const int64_t t = int64_t(blockIdx.x) * kRouteWarps + warp;
+    if (t >= n_tok) return;  // the whole warp
+    float* p = sh + int64_t(warp) * 2 * n_expert;
+    float* s = p + n_expert;
     const float* l = logits + t * n_expert;
-    auto prob = [&](int64_t e) { return hd_sigmoid(l[e]); };
-    auto sel = [&](int64_t e) { return prob(e) + (bias ? bias[e] : 0.0f); };
+    for (int64_t e = lane; e < n_expert; e += 32) {
+        p[e] = hd_sigmoid(l[e]);
+        s[e] = p[e] + (bias ? bias[e] : 0.0f);
+    }
+    __syncwarp();
+    if (lane != 0) return;
+    auto prob = [&](int64_t e) { return p[e]; };
+    auto sel = [&](int64_t e) { return s[e]; };
     route_pick(sel, prob, n_expert, n_used, norm, weights_scale, ids + t * n_used,
                weights + t * n_used);
 }
@@ -50,8 +65,9 @@ void CudaBackend::moe_route(const MoeRouter& r, DevPtr<const float> x, int64_t n
     const int64_t X = r.router.rows;
     auto* logits = static_cast<float*>(scratch_bytes(size_t(n_tok * X) * sizeof(float)));
     dev_.matmul(matrix(r.router, "moe_route"), 0, dev(x), r.router.cols, n_tok, logits, X);
-    GLM5_LAUNCH(route_kernel, grid_for(n_tok, 64), 64, 0, stream(), logits, n_tok, X, r.n_used,
-                vec(r.bias, X), r.norm_weights, r.weights_scale, dev(ids), dev(weights));
+    GLM5_LAUNCH(route_kernel, grid_for(n_tok, kRouteWarps), kRouteWarps * 32,
+                size_t(kRouteWarps) * 2 * size_t(X) * sizeof(float), stream(), logits, n_tok, X,
+                r.n_used, vec(r.bias, X), r.norm_weights, r.weights_scale, dev(ids), dev(weights));
 }
 
 void CudaBackend::moe_experts(const MoeFfn& routed, DevPtr<const float> x_, int64_t T,
