@@ -47,7 +47,10 @@ class AttentionOps {
             return n_vis / pool > keep;
         }
         bool selects(int64_t n_vis) const { return rows && selects(n_vis, pool, keep); }
-        int64_t n_selected(int64_t n_vis) const { return keep * pool + n_vis % pool; }
+        static GLM5_HD int64_t n_selected(int64_t n_vis, int64_t pool, int64_t keep) {
+            return keep * pool + n_vis % pool;
+        }
+        int64_t n_selected(int64_t n_vis) const { return n_selected(n_vis, pool, keep); }
     };
 
     // Lightning-indexer selection: for each of the segments' rows t with more than top_k

@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <span>
 
 #include "backend/cuda/cuda_backend_impl.cuh"
 #include "backend/device_math.h"
@@ -23,19 +24,51 @@ __device__ float f16_round(float v) {
     return __half2float(__float2half_rn(v));
 }
 
+// The segments of a launch's rows, passed by value (a launch copies nothing from the host):
+// segment i holds batch rows [first[i], end[i]) and its cache rows at data[i].
+constexpr int kMaxSegs = 16;
+struct SegTable {
+    int n = 0;
+    const uint8_t* data[kMaxSegs];
+    int64_t first[kMaxSegs], end[kMaxSegs];
+};
+
+__device__ inline int seg_of(const SegTable& s, int64_t t) {
+    for (int i = 0; i < s.n; ++i)
+        if (t >= s.first[i] && t < s.end[i]) return i;
+    return -1;
+}
+
+// What a batch row sees, worked out by the kernel from the step's plan (the positions in
+// device memory) and the segments: the rule the CPU applies (attention_ops.h).
+struct RowRule {
+    SegTable segs;
+    const int32_t* pos;
+    const int32_t* sel_rows;  // the indexer's selection, or null
+    int64_t sel_stride, pool, keep;
+};
+
 struct IndexerRow {
     const uint8_t* keys;  // the segment's key cache
     int64_t t;            // the batch row
-    int64_t n_keys;       // candidates (n_vis / pool)
+    int64_t n_keys;       // candidates (n_vis / pool); 0: the row does not select
 };
+
+__device__ inline IndexerRow indexer_row(const RowRule& r, int64_t t) {
+    const int s = seg_of(r.segs, t);
+    if (s < 0) return {nullptr, t, 0};
+    const int64_t n_vis = int64_t(r.pos[t]) + 1;
+    if (!AttentionOps::Selection::selects(n_vis, r.pool, r.keep)) return {nullptr, t, 0};
+    return {r.segs.data[s], t, n_vis / r.pool};
+}
 
 // Block (key chunk, query): one thread per key, every head's dot and the relu-weighted
 // sum in head order.
-__global__ void indexer_scores_kernel(const IndexerRow* rows, const float* q, const float* w,
+__global__ void indexer_scores_kernel(RowRule rule, int64_t t0, const float* q, const float* w,
                                       int64_t n_heads, int64_t dim, size_t row_bytes, bool f16,
                                       float* scores, int64_t ld) {
     // Query rows on x (any number), key chunks on y (up to 65535 x 128 keys).
-    const IndexerRow r = rows[blockIdx.x];
+    const IndexerRow r = indexer_row(rule, t0 + blockIdx.x);
     const int64_t j = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
     if (j >= r.n_keys) return;
     const uint8_t* key = r.keys + size_t(j) * row_bytes;
@@ -51,12 +84,13 @@ __global__ void indexer_scores_kernel(const IndexerRow* rows, const float* q, co
 }
 
 // One block per query: the top_k rows by score (ties to the lower row), ascending.
-__global__ void top_k_kernel(const IndexerRow* rows, const float* scores, int64_t ld, int64_t top_k,
-                             int32_t* out) {
+__global__ void top_k_kernel(RowRule rule, int64_t t0, const float* scores, int64_t ld,
+                             int64_t top_k, int32_t* out) {
     GLM5_SHARED(int, hist, 256);
     GLM5_SHARED_VAR(uint32_t, prefix_sh);
     GLM5_SHARED_VAR(int64_t, remaining_sh);
-    const IndexerRow r = rows[blockIdx.x];
+    const IndexerRow r = indexer_row(rule, t0 + blockIdx.x);
+    if (r.n_keys == 0) return;  // a row that does not select: left alone (whole block)
     const float* sc = scores + int64_t(blockIdx.x) * ld;
     const int64_t n = r.n_keys;
     if (threadIdx.x == 0) {
@@ -101,15 +135,25 @@ struct AttentionRow {
     int64_t n;             // rows seen
 };
 
-// Block (query t, head h).
-__global__ void mla_kernel(const AttentionRow* rows, const float* q, int64_t n_heads, int64_t width,
+__device__ inline AttentionRow attention_row(const RowRule& r, int64_t t) {
+    const int s = seg_of(r.segs, t);
+    if (s < 0) return {nullptr, nullptr, 0};
+    const int64_t n_vis = int64_t(r.pos[t]) + 1;
+    if (r.sel_rows && AttentionOps::Selection::selects(n_vis, r.pool, r.keep))
+        return {r.segs.data[s], r.sel_rows + t * r.sel_stride,
+                AttentionOps::Selection::n_selected(n_vis, r.pool, r.keep)};
+    return {r.segs.data[s], nullptr, n_vis};
+}
+
+// Block (query t0 + t, head h); q, scores and out start at row t0.
+__global__ void mla_kernel(RowRule rule, int64_t t0, const float* q, int64_t n_heads, int64_t width,
                            int64_t v_width, size_t row_bytes, bool f16, float scale, float* scores,
                            int64_t ld, float* out) {
     GLM5_DYNAMIC_SHARED(float, qs);  // the query, rounded to F16 with an F16 cache
     GLM5_SHARED(double, sh, kThreads);
     GLM5_SHARED(float, red, kThreads);
     const int64_t t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
-    const AttentionRow a = rows[t];
+    const AttentionRow a = attention_row(rule, t0 + t);
     if (a.n == 0) return;  // a row of no segment: left alone, as on the CPU (whole block)
     const float* qh = q + (t * n_heads + h) * width;
     for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
@@ -152,12 +196,34 @@ __global__ void mla_kernel(const AttentionRow* rows, const float* q, int64_t n_h
 
 // The scores an op keeps at once: its query rows go in chunks of at most kChunkRows, and of
 // no more than kScoreBytes of scores (a dense prompt deep in a context would otherwise ask
-// for rows x heads x depth floats), each chunk's row descriptors staged with it.
+// for rows x heads x depth floats), and of at most kMaxSegs segments (a launch's table).
 constexpr size_t kScoreBytes = size_t(64) << 20;
 constexpr int64_t kChunkRows = 256;
 int64_t rows_per_chunk(int64_t floats_per_row) {
     return std::clamp<int64_t>(int64_t(kScoreBytes / (size_t(floats_per_row) * sizeof(float))), 1,
                                kChunkRows);
+}
+
+// The table of the segments that rows [t0, t0 + n) belong to, n first cut where it would
+// take more than kMaxSegs of them. `data` gives a segment's cache rows in device memory.
+template <class Data>
+SegTable seg_table(std::span<const AttentionOps::Segment> segs, int64_t t0, int64_t& n, Data data) {
+    std::vector<const AttentionOps::Segment*> order;
+    for (const auto& s : segs)
+        if (s.n > 0 && s.first + s.n > t0 && s.first < t0 + n) order.push_back(&s);
+    std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->first < b->first; });
+    SegTable t;
+    for (const AttentionOps::Segment* s : order) {
+        if (t.n == kMaxSegs) {
+            n = s->first - t0;
+            break;
+        }
+        t.data[t.n] = data(*s);
+        t.first[t.n] = s->first;
+        t.end[t.n] = s->first + s->n;
+        ++t.n;
+    }
+    return t;
 }
 
 constexpr int kPick = 10;
@@ -214,8 +280,9 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
     for (const Segment& s : keys) T = std::max(T, s.first + s.n);
     op("indexer_select", T);
     if (T == 0) return;
+    // The host's copy of the plan sizes the launches; the kernels read the positions and
+    // work out each row's candidates themselves.
     const int32_t* p = host_positions(pos, T);
-    std::vector<IndexerRow> rows;
     int64_t most = 0;
     size_t row_bytes = 0;
     bool f16 = false;
@@ -229,24 +296,28 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
         for (int64_t t = s.first; t < s.first + s.n; ++t) {
             const int64_t n_vis = int64_t(p[t]) + 1;
             if (!Selection::selects(n_vis, pool, top_k)) continue;
-            rows.push_back({dev(s.cache.data), t, n_vis / pool});
             most = std::max(most, n_vis / pool);
             cache_bytes_ += uint64_t(n_vis / pool) * row_bytes;
         }
     }
-    if (rows.empty()) return;
-    const int64_t n = int64_t(rows.size()), chunk = rows_per_chunk(most);
-    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    if (most == 0) return;
+    const int64_t chunk = rows_per_chunk(most);
+    for (int64_t t0 = 0; t0 < T;) {
         Temporaries part(*this);
-        const int64_t m = std::min(chunk, n - r0);
-        const IndexerRow* d_rows =
-            stage(std::vector<IndexerRow>(rows.begin() + r0, rows.begin() + r0 + m));
+        int64_t m = std::min(chunk, T - t0);
+        RowRule rule{seg_table(keys, t0, m, [&](const Segment& s) { return dev(s.cache.data); }),
+                     dev(pos),
+                     nullptr,
+                     0,
+                     pool,
+                     top_k};
         auto* scores = static_cast<float*>(scratch_bytes(size_t(m * most) * sizeof(float)));
         const dim3 grid(unsigned(m), grid_for(most, 128));
-        GLM5_LAUNCH(indexer_scores_kernel, grid, 128, 0, stream(), d_rows, dev(q), dev(w), n_heads,
-                    dim, row_bytes, f16, scores, most);
-        GLM5_LAUNCH(top_k_kernel, unsigned(m), kThreads, 0, stream(), d_rows, scores, most, top_k,
+        GLM5_LAUNCH(indexer_scores_kernel, grid, 128, 0, stream(), rule, t0, dev(q), dev(w),
+                    n_heads, dim, row_bytes, f16, scores, most);
+        GLM5_LAUNCH(top_k_kernel, unsigned(m), kThreads, 0, stream(), rule, t0, scores, most, top_k,
                     dev(out));
+        t0 += m;
     }
 }
 
@@ -259,11 +330,9 @@ void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos
     op("mla_attention", T);
     if (T == 0) return;
     const int32_t* p = host_positions(pos, T);
-    std::vector<AttentionRow> rows(size_t(T), AttentionRow{nullptr, nullptr, 0});
     int64_t most = 1, width = 0;
     size_t row_bytes = 0;
     bool f16 = false;
-    const int32_t* sel_rows = dev(sel.rows);
     for (const Segment& s : segs) {
         if (s.cache.type == CacheType::BF16)
             throw Error("mla_attention: BF16 caches are the CPU's --attn-bf16");
@@ -274,26 +343,26 @@ void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos
         f16 = s.cache.type == CacheType::F16;
         for (int64_t t = s.first; t < s.first + s.n; ++t) {
             const int64_t n_vis = int64_t(p[t]) + 1;
-            AttentionRow a{dev(s.cache.data), nullptr, n_vis};
-            if (sel.selects(n_vis)) {
-                a.rows = sel_rows + t * sel.stride;
-                a.n = sel.n_selected(n_vis);
-            }
-            rows[size_t(t)] = a;
-            most = std::max(most, a.n);
-            cache_bytes_ += uint64_t(a.n) * row_bytes;
+            const int64_t n = sel.selects(n_vis) ? sel.n_selected(n_vis) : n_vis;
+            most = std::max(most, n);
+            cache_bytes_ += uint64_t(n) * row_bytes;
         }
     }
     const int64_t per_query = n_heads * most, chunk = rows_per_chunk(per_query);
-    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    for (int64_t t0 = 0; t0 < T;) {
         Temporaries part(*this);
-        const int64_t n = std::min(chunk, T - t0);
-        const AttentionRow* d_rows =
-            stage(std::vector<AttentionRow>(rows.begin() + t0, rows.begin() + t0 + n));
+        int64_t n = std::min(chunk, T - t0);
+        RowRule rule{seg_table(segs, t0, n, [&](const Segment& s) { return dev(s.cache.data); }),
+                     dev(pos),
+                     sel.rows ? dev(sel.rows) : nullptr,
+                     sel.stride,
+                     sel.pool,
+                     sel.keep};
         auto* scores = static_cast<float*>(scratch_bytes(size_t(n * per_query) * sizeof(float)));
         GLM5_LAUNCH(mla_kernel, unsigned(n * n_heads), kThreads, size_t(width) * sizeof(float),
-                    stream(), d_rows, dev(q) + t0 * n_heads * width, n_heads, width, v_width,
+                    stream(), rule, t0, dev(q) + t0 * n_heads * width, n_heads, width, v_width,
                     row_bytes, f16, scale, scores, most, dev(out) + t0 * n_heads * v_width);
+        t0 += n;
     }
 }
 
