@@ -374,6 +374,8 @@ void Glm5NextModel::load_layer(int64_t il, Layer& L, bool with_indexer) {
         const float* a = ts.vector_any_shape(p + "ssm_a", H);
         L.decay_rate.resize(size_t(Hl));
         for (int64_t i = 0; a && i < Hl; ++i) L.decay_rate[size_t(i)] = -a[h0 + i];
+        // Made here, so registered here: a device copies it once, not every step.
+        if (a) ts.register_vector(L.decay_rate.data(), Hl, p + "ssm_a");
         L.beta = ts.matrix(p + "ssm_beta.weight", {E, H}, cut);
         if (ts.has(p + "ssm_g.weight")) {
             L.g_full = ts.matrix(p + "ssm_g.weight", {E, di}, cut);

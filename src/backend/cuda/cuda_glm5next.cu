@@ -30,6 +30,14 @@ __global__ void sigmoid_kernel(float* y, const float* gate, int64_t n) {
     y[i] = gate ? __fmul_rn(y[i], hd_sigmoid(gate[i])) : hd_sigmoid(y[i]);
 }
 
+// Per-sequence descriptors passed by value, kSeqs a launch (a launch copies nothing from
+// the host); more sequences take more launches.
+constexpr int kSeqs = 16;
+template <class D>
+struct SeqBatch {
+    D d[kSeqs];
+};
+
 struct ConvDesc {
     const float* x;
     float* tail;
@@ -39,11 +47,11 @@ struct ConvDesc {
 };
 
 // Thread per (sequence, channel): its outputs in token order, then its new tail.
-__global__ void conv_kernel(const ConvDesc* seqs, int64_t C, const float* taps, int64_t K,
+__global__ void conv_kernel(SeqBatch<ConvDesc> seqs, int64_t C, const float* taps, int64_t K,
                             int64_t xs, int64_t ys, bool use_silu) {
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    const ConvDesc s = seqs[blockIdx.y];
+    const ConvDesc s = seqs.d[blockIdx.y];
     const float* old_tail = s.tail_in ? s.tail_in : s.tail;
     const int64_t n_tail = K - 1, n = s.n_tok;
     auto in = [&](int64_t tau) {
@@ -76,12 +84,12 @@ struct DeltaDesc {
 
 // Block (sequence, head), thread j: column j of the state S[i][j] (key i, value j),
 // walked token by token; a column's sums run over i in order, as the CPU's loops.
-__global__ void delta_rule_kernel(const DeltaDesc* seqs, int64_t H, int64_t D, float scale) {
+__global__ void delta_rule_kernel(SeqBatch<DeltaDesc> seqs, int64_t H, int64_t D, float scale) {
     GLM5_DYNAMIC_SHARED(float, sh);  // decay, k, q of the token: 3 D floats
     float* decay = sh;
     float* kk = sh + D;
     float* qq = sh + 2 * D;
-    const DeltaDesc s = seqs[blockIdx.x / H];
+    const DeltaDesc s = seqs.d[blockIdx.x / H];
     const int64_t h = blockIdx.x % H, HD = H * D;
     float* S = s.state + h * D * D;
     const float* S0 = s.state_in ? s.state_in + h * D * D : S;
@@ -245,10 +253,15 @@ void CudaBackend::causal_conv(std::span<const ConvSeq> seqs, int64_t channels, c
     }
     op("causal_conv", rows);
     if (d.empty() || channels <= 0) return;
-    if (d.size() > 65535) throw Error("causal_conv: more than 65535 sequences in one step");
-    const dim3 grid(grid_for(channels), unsigned(d.size()));
-    GLM5_LAUNCH(conv_kernel, grid, kThreads, 0, stream(), stage(d), channels,
-                vec(taps, channels * kernel), kernel, x_stride, y_stride, silu);
+    const float* w = vec(taps, channels * kernel);
+    for (size_t at = 0; at < d.size(); at += kSeqs) {
+        SeqBatch<ConvDesc> b{};
+        const size_t n = std::min(d.size() - at, size_t(kSeqs));
+        std::copy_n(d.begin() + int64_t(at), n, b.d);
+        const dim3 grid(grid_for(channels), unsigned(n));
+        GLM5_LAUNCH(conv_kernel, grid, kThreads, 0, stream(), b, channels, w, kernel, x_stride,
+                    y_stride, silu);
+    }
 }
 
 void CudaBackend::bounded_decay(DevPtr<const float> z, const float* bias, const float* rate,
@@ -277,8 +290,13 @@ void CudaBackend::gated_delta_rule(std::span<const DeltaRuleSeq> seqs, int64_t n
         throw Error("gated_delta_rule: heads of " + std::to_string(dim) + " values");
     cache_bytes_ += uint64_t(d.size()) * uint64_t(n_heads * dim * dim) * sizeof(float);
     const int threads = int(std::min<int64_t>(kThreads, (dim + 31) / 32 * 32));
-    GLM5_LAUNCH(delta_rule_kernel, unsigned(int64_t(d.size()) * n_heads), threads,
-                size_t(3 * dim) * sizeof(float), stream(), stage(d), n_heads, dim, scale);
+    for (size_t at = 0; at < d.size(); at += kSeqs) {
+        SeqBatch<DeltaDesc> b{};
+        const size_t n = std::min(d.size() - at, size_t(kSeqs));
+        std::copy_n(d.begin() + int64_t(at), n, b.d);
+        GLM5_LAUNCH(delta_rule_kernel, unsigned(int64_t(n) * n_heads), threads,
+                    size_t(3 * dim) * sizeof(float), stream(), b, n_heads, dim, scale);
+    }
 }
 
 void CudaBackend::hc_coefficients(DevPtr<const float> mix, int64_t n_tok, int64_t n_streams,
