@@ -27,8 +27,9 @@ TEST(FuzzLoadCorpus, EveryInputLoadsOrIsRefused) {
             ++seeds;
             EXPECT_EQ(r, 0) << e.path() << ": a fixture header must load";
         }
-        if (e.path().filename().string().rfind("crash-", 0) == 0)
+        if (e.path().filename().string().rfind("crash-", 0) == 0) {
             EXPECT_EQ(r, 1) << e.path() << ": a past crash must be refused";
+        }
     }
     EXPECT_GE(seeds, 5u);  // both architectures and the mmproj
     std::printf("load corpus: %zu loaded, %zu refused\n", loaded, refused);

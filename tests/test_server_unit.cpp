@@ -339,7 +339,7 @@ TEST(RequestParsing, ChatOptionsBecomeEngineParameters) {
         EXPECT_FALSE(p.constraint->allows(fx().tools->tool_open));
     }
     // The prompt is the chat format's rendering of the messages.
-    text::RenderedPrompt rp = fx().format->render({{"user", "Hi", {}, {}, {}}}, nullptr, {});
+    text::RenderedPrompt rp = fx().format->render({text::text_message("user", "Hi")}, nullptr, {});
     EXPECT_EQ(g.prompts[0].tokens, text::encode_prompt(*fx().tok, rp));
 }
 

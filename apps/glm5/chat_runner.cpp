@@ -120,9 +120,9 @@ void ChatRunner::reset() {
 TurnResult ChatRunner::turn(const std::string& user, bool think, text::ReasoningEffort effort,
                             const StreamCallbacks& cb) {
     std::vector<text::ChatMessage> msgs;
-    if (!system_.empty()) msgs.push_back({"system", system_, {}, {}, {}});
+    if (!system_.empty()) msgs.push_back(text::text_message("system", system_));
     msgs.insert(msgs.end(), history_.begin(), history_.end());
-    text::ChatMessage um{"user", user, {}, {}, {}};
+    text::ChatMessage um = text::text_message("user", user);
     for (const auto& path : pending_paths_) {
         um.image_at.push_back(0);
         um.image_urls.push_back(path);

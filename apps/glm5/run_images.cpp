@@ -49,8 +49,8 @@ int run_with_images(const Args& a, LoadedModel& m, LoadedVision& v) {
         }
         text::ChatFormat format = text::ChatFormat::from_gguf(*m.file);
         std::vector<text::ChatMessage> msgs;
-        if (!a.get("system").empty()) msgs.push_back({"system", a.get("system")});
-        text::ChatMessage um{"user", user};
+        if (!a.get("system").empty()) msgs.push_back(text::text_message("system", a.get("system")));
+        text::ChatMessage um = text::text_message("user", user);
         for (size_t i = 0; i < p.images.size(); ++i) {
             um.image_at.push_back(0);  // the images first, then the question
             um.image_urls.push_back(a.get_all("image")[i]);

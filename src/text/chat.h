@@ -79,6 +79,14 @@ struct ChatMessage {
     std::vector<std::string> image_urls;
 };
 
+// A message of plain text (no reasoning, tool calls or images).
+inline ChatMessage text_message(std::string role, std::string content) {
+    ChatMessage m;
+    m.role = std::move(role);
+    m.content = std::move(content);
+    return m;
+}
+
 // The text an image is rendered as (docs/glm5next-format.md 11, 12.5).
 inline constexpr const char* kImageMarker = "<|begin_of_image|><|image|><|end_of_image|>";
 
