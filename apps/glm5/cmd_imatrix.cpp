@@ -54,7 +54,7 @@ struct Run {
     void take_earlier() {
         for (const std::string& f : a.get_all("in-file")) base.merge(quantize::Imatrix::read(f));
         if (!a.get_flag("resume") || !std::filesystem::exists(out)) return;
-        const quantize::Imatrix prev = quantize::Imatrix::read(out);
+        quantize::Imatrix prev = quantize::Imatrix::read(out);
         if (prev.datasets.empty() || prev.datasets.back() != a.get("file"))
             throw UsageError(
                 "--resume: " + out + " was not made from " + a.get("file") +
@@ -64,20 +64,22 @@ struct Run {
                              std::to_string(prev.chunk_size) + " tokens; give -c " +
                              std::to_string(prev.chunk_size));
         n_done_before = int(prev.chunk_count);
-        quantize::Imatrix p = prev;
-        p.datasets.pop_back();  // this text's name is added again when it is saved
-        base.merge(p);
+        prev.datasets.pop_back();  // this text's name is added again when it is saved
+        base.merge(prev);
         log_info("glm5 imatrix: resuming %s after %d chunks\n", out.c_str(), n_done_before);
     }
 
     // The statistics so far (earlier files, then this run's), as they are written.
+    // This run's sums are merged straight from the collector (not copied first: they are the
+    // size of the matrices' columns, gigabytes for GLM-5.2), then its text and chunks.
     quantize::Imatrix snapshot(int chunks_done, uint32_t n_ctx) const {
         quantize::Imatrix m = base;
-        quantize::Imatrix now = collector.data();
-        now.datasets = {a.get("file")};
-        now.chunk_count = uint32_t(chunks_done);  // the resumed ones are in base
-        now.chunk_size = n_ctx;
-        m.merge(now);
+        m.merge(collector.data());
+        quantize::Imatrix run;
+        run.datasets = {a.get("file")};
+        run.chunk_count = uint32_t(chunks_done);  // the resumed ones are in base
+        run.chunk_size = n_ctx;
+        m.merge(run);
         return m;
     }
 

@@ -41,15 +41,6 @@ uint64_t parse_size(const std::string& s) {
     return uint64_t(v * mul);
 }
 
-quant::Type parse_type(const Args& a, const std::string& flag) {
-    std::string up = a.get(flag);
-    for (char& c : up) c = char(std::toupper((unsigned char)c));
-    const auto t = quant::type_from_name(up);
-    if (!t || !quant::traits(*t).weight_format)
-        throw UsageError("--" + flag + ": unknown type '" + a.get(flag) + "'");
-    return *t;
-}
-
 void declare_flags(Args& a, const std::string& types) {
     a.positional("input", "the GGUF to read (the first shard of a split model)");
     a.positional("output", "the GGUF to write (a prefix for the shards with --split-max-*)");
@@ -97,10 +88,14 @@ quantize::QuantizeOptions options(const Args& a, const gguf::File& in, quantize:
     }
     for (const std::string& s : a.get_all("tensor-type"))
         o.tensor_types.push_back(quantize::parse_type_override(s));
-    if (a.is_set("output-tensor-type")) o.output_type = parse_type(a, "output-tensor-type");
+    if (a.is_set("output-tensor-type"))
+        o.output_type =
+            quantize::parse_weight_type(a.get("output-tensor-type"), "--output-tensor-type");
     if (a.get_flag("leave-output-tensor"))
         if (const gguf::TensorInfo* t = in.find_tensor("output.weight")) o.output_type = t->type;
-    if (a.is_set("token-embedding-type")) o.embedding_type = parse_type(a, "token-embedding-type");
+    if (a.is_set("token-embedding-type"))
+        o.embedding_type =
+            quantize::parse_weight_type(a.get("token-embedding-type"), "--token-embedding-type");
     o.allow_requantize = a.get_flag("allow-requantize");
     if (a.has_positional("nthreads")) o.n_threads = int(std::stol(a.positional_value("nthreads")));
     if (a.is_set("threads")) o.n_threads = int(a.get_int("threads", 1, 1024));

@@ -187,9 +187,9 @@ void Imatrix::write_legacy(const std::string& path) const {
 }
 
 std::optional<std::vector<float>> Imatrix::weights(const std::string& name) const {
-    const auto it = entries.find(name);
-    if (it == entries.end()) return std::nullopt;
-    const ImatrixEntry& e = it->second;
+    const ImatrixEntry* found = find(name);
+    if (!found) return std::nullopt;
+    const ImatrixEntry& e = *found;
     std::vector<float> w(e.sums.size());
     for (size_t i = 0; i < w.size(); ++i) {
         const int64_t c = e.count(int64_t(i) / e.cols);

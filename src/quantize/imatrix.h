@@ -46,6 +46,12 @@ struct Imatrix {
     // reached stores 1s (its sums would otherwise read as zero importance).
     void write_legacy(const std::string& path) const;
 
+    // The entry of matrix `name`, or null.
+    const ImatrixEntry* find(const std::string& name) const {
+        const auto it = entries.find(name);
+        return it == entries.end() ? nullptr : &it->second;
+    }
+
     // What quantizing `name` weighs its columns by: per block, each column's mean squared
     // input (sums / count; 1 for a block no row reached, as llama-quantize does). n_mat *
     // cols values, or nullopt when the file has no entry for the matrix.

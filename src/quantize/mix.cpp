@@ -111,33 +111,7 @@ FileType pure_ftype(Type t) {
 }
 
 bool is_weight_type(Type t) {
-    switch (t) {
-        case Type::F32:
-        case Type::F16:
-        case Type::BF16:
-        case Type::Q4_0:
-        case Type::Q4_1:
-        case Type::Q5_0:
-        case Type::Q5_1:
-        case Type::Q8_0:
-        case Type::Q2_K:
-        case Type::Q3_K:
-        case Type::Q4_K:
-        case Type::Q5_K:
-        case Type::Q6_K:
-        case Type::IQ1_S:
-        case Type::IQ1_M:
-        case Type::IQ2_XXS:
-        case Type::IQ2_XS:
-        case Type::IQ2_S:
-        case Type::IQ3_XXS:
-        case Type::IQ3_S:
-        case Type::IQ4_NL:
-        case Type::IQ4_XS:
-            return true;
-        default:
-            return false;
-    }
+    return quant::traits(t).weight_format;
 }
 
 std::string upper(std::string_view s) {
@@ -180,13 +154,6 @@ Cat category_of(const std::string& n) {
 
 bool is_v_like(Cat c) {
     return c == Cat::AttnV || c == Cat::AttnQkv || c == Cat::AttnKvB;
-}
-
-// Block number of "blk.N....", -1 otherwise.
-int block_of(const std::string& n) {
-    int b = -1;
-    if (std::sscanf(n.c_str(), "blk.%d.", &b) != 1) return -1;
-    return b;
 }
 
 int n_dims_of(const std::vector<int64_t>& ne) {
@@ -404,6 +371,28 @@ Type Walk::rule(Type t, Cat c, const std::string& name, int64_t ne0) {
 
 }  // namespace
 
+int block_of(const std::string& name) {
+    int b = -1;
+    if (std::sscanf(name.c_str(), "blk.%d.", &b) != 1) return -1;
+    return b;
+}
+
+bool in_nextn(const std::string& name, const MixModel& model) {
+    const int b = block_of(name);
+    return model.n_nextn > 0 && b >= model.n_layer_all - model.n_nextn;
+}
+
+std::vector<size_t> loader_order(size_t n, const std::function<const std::string&(size_t)>& name) {
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        const int ba = block_of(name(a)), bb = block_of(name(b));
+        if (ba != bb) return ba < bb;
+        return name(a) < name(b);
+    });
+    return order;
+}
+
 Type block_fallback(Type t, int64_t ne0) {
     if (ne0 % quant::traits(t).block_size == 0) return t;
     Type r;
@@ -537,8 +526,7 @@ Type dynamic_type(const QuantScheme& scheme, const MixModel& model, const std::s
     auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
     const Type base = scheme.base;
     if (name == "token_embd.weight" || name == "output.weight") return wider(base, Type::Q6_K);
-    const int b = block_of(name);
-    const bool nextn = model.n_nextn > 0 && b >= model.n_layer_all - model.n_nextn;
+    const bool nextn = in_nextn(name, model);
     if (has("_exps.")) {
         const Type t = has("ffn_down_exps.") ? step_up(base) : base;
         return nextn ? wider(t, Type::Q4_K) : t;
@@ -592,14 +580,8 @@ std::vector<Type> assign_types(const QuantScheme& scheme, const MixModel& model,
         return out;
     }
 
-    // llama.cpp's loader order: by block (globals first), then by name.
-    std::vector<size_t> order(tensors.size());
-    std::iota(order.begin(), order.end(), size_t(0));
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-        const int ba = block_of(tensors[a].name), bb = block_of(tensors[b].name);
-        if (ba != bb) return ba < bb;
-        return tensors[a].name < tensors[b].name;
-    });
+    const std::vector<size_t> order = loader_order(
+        tensors.size(), [&](size_t i) -> const std::string& { return tensors[i].name; });
 
     Walk w{model, scheme.ftype};
     for (const MixTensor& t : tensors) {

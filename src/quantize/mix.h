@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -108,6 +109,16 @@ bool glm5next_keeps_f32(const std::string& name);
 // dense FFNs at Q6_K, attention, the indexers, KDA, the hyper-connections and the rest of
 // the NextN block at Q8_0, the embeddings and the output at Q6_K.
 quant::Type dynamic_type(const QuantScheme& scheme, const MixModel& model, const std::string& name);
+
+// Block number of "blk.N....", -1 for the global tensors.
+int block_of(const std::string& name);
+
+// Whether the tensor belongs to one of the model's NextN/MTP blocks (the last n_nextn).
+bool in_nextn(const std::string& name, const MixModel& model);
+
+// llama.cpp's loader order of n tensors (name(i) names tensor i): by block, the global
+// tensors first, then by name. The order llama-quantize walks and writes them in.
+std::vector<size_t> loader_order(size_t n, const std::function<const std::string&(size_t)>& name);
 
 // The type a row of ne0 values stores in place of t when it cannot hold t's blocks
 // (llama-quantize's substitutes: IQ* -> IQ4_NL, Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, ...).

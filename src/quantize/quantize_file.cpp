@@ -57,12 +57,6 @@ bool clip_quantizable(const std::string& name, const std::vector<int64_t>& ne) {
            (name.rfind("v.blk.", 0) == 0 || name.rfind("mm.", 0) == 0);
 }
 
-bool in_nextn(const std::string& name, const MixModel& m) {
-    int b = -1;
-    return m.n_nextn > 0 && std::sscanf(name.c_str(), "blk.%d.", &b) == 1 &&
-           b >= m.n_layer_all - m.n_nextn;
-}
-
 // The user's choice for a tensor, ahead of the mix: the embedding and output types, then
 // the first --tensor-type pattern found in its name (patterns only where the mix quantizes,
 // as llama-quantize has it).
@@ -83,16 +77,15 @@ void check_imatrix(TensorPlan& tp, const QuantizeOptions& o, const QuantScheme& 
     const gguf::TensorInfo& t = *tp.in;
     if (!tp.convert || !quant::traits(tp.type).quantized) return;
     const bool required = type_requires_imatrix(t.name, tp.type, s.ftype);
-    std::optional<std::vector<float>> w;
-    if (o.imatrix) w = o.imatrix->weights(t.name);
-    if (w) {
-        const int64_t want = t.ne[0] * t.ne[2];
-        if (int64_t(w->size()) == want) {
+    // The entry's size is checked here; its weights are made when the tensor is written.
+    if (const ImatrixEntry* e = o.imatrix ? o.imatrix->find(t.name) : nullptr) {
+        const int64_t want = t.ne[0] * t.ne[2], have = int64_t(e->sums.size());
+        if (have == want) {
             tp.imatrix = true;
             return;
         }
         if (t.name != "token_embd.weight")
-            throw Error("the importance matrix has " + std::to_string(w->size()) + " values for " +
+            throw Error("the importance matrix has " + std::to_string(have) + " values for " +
                         t.name + ", which needs " + std::to_string(want) +
                         " (a matrix from another model?)");
     }
@@ -114,15 +107,17 @@ void check_imatrix(TensorPlan& tp, const QuantizeOptions& o, const QuantScheme& 
 
 }  // namespace
 
+quant::Type parse_weight_type(const std::string& name, const std::string& what) {
+    const auto t = quant::type_from_name(name);  // any case
+    if (!t || !quant::traits(*t).weight_format) throw Error(what + ": unknown type '" + name + "'");
+    return *t;
+}
+
 TypeOverride parse_type_override(const std::string& arg) {
     const size_t eq = arg.rfind('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size())
         throw Error("--tensor-type expects PATTERN=TYPE, got '" + arg + "'");
-    std::string up = arg.substr(eq + 1);
-    for (char& c : up) c = char(std::toupper((unsigned char)c));
-    const auto t = quant::type_from_name(up);
-    if (!t || !quant::traits(*t).weight_format)
-        throw Error("--tensor-type '" + arg + "': unknown type " + arg.substr(eq + 1));
+    const Type t = parse_weight_type(arg.substr(eq + 1), "--tensor-type '" + arg + "'");
     TypeOverride r;
     r.pattern = lower(arg.substr(0, eq));
     try {
@@ -130,7 +125,7 @@ TypeOverride parse_type_override(const std::string& arg) {
     } catch (const std::regex_error& e) {
         throw Error("--tensor-type '" + arg + "': bad pattern: " + e.what());
     }
-    r.type = *t;
+    r.type = t;
     return r;
 }
 
@@ -185,7 +180,6 @@ namespace {
 // floats and quantized on every thread, each slice (expert) with its own importance weights.
 struct Converter {
     const TensorPlan& tp;
-    const QuantizeOptions& o;
     ThreadPool& pool;
     std::vector<std::vector<float>>& scratch;  // per thread
     std::vector<float> imatrix;                // n_mat * cols, or empty
@@ -218,22 +212,14 @@ struct Converter {
     }
 };
 
-// llama-quantize's order: by block (the global tensors first), then by name; with the
-// input's shards kept, the input's order.
+// llama-quantize's order (loader_order), or with the input's shards kept, the input's.
 std::vector<size_t> write_order(const QuantizePlan& plan, bool input_order) {
+    if (!input_order)
+        return loader_order(plan.tensors.size(), [&](size_t i) -> const std::string& {
+            return plan.tensors[i].in->name;
+        });
     std::vector<size_t> order(plan.tensors.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    if (input_order) return order;
-    auto block = [&](size_t i) {
-        int b = -1;
-        std::sscanf(plan.tensors[i].in->name.c_str(), "blk.%d.", &b);
-        return b;
-    };
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-        const int ba = block(a), bb = block(b);
-        if (ba != bb) return ba < bb;
-        return plan.tensors[a].in->name < plan.tensors[b].in->name;
-    });
     return order;
 }
 
@@ -281,7 +267,7 @@ std::vector<std::string> write_quantized(const gguf::File& in, const QuantizePla
         w.add_tensor_pieces(t.name, tp.type, dims(t), o.piece_bytes,
                             [&, conv, tpp = &tp](uint8_t* dst, size_t off, size_t n) {
                                 if (!*conv) {
-                                    conv->emplace(Converter{*tpp, o, pool, scratch, {}});
+                                    conv->emplace(Converter{*tpp, pool, scratch, {}});
                                     if (tpp->imatrix)
                                         (*conv)->imatrix = *o.imatrix->weights(tpp->in->name);
                                 }

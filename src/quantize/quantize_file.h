@@ -30,6 +30,9 @@ struct TypeOverride {
     std::regex re;
     quant::Type type;
 };
+// A weight format by ggml's name, any case ("q4_K"); glm5::Error naming `what` otherwise.
+quant::Type parse_weight_type(const std::string& name, const std::string& what);
+
 // Parses "PATTERN=TYPE" (type names as ggml spells them, any case). Throws glm5::Error.
 TypeOverride parse_type_override(const std::string& arg);
 
