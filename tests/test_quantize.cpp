@@ -171,6 +171,16 @@ TEST(QuantizeFile, UserTypesComeFirst) {
     }
     EXPECT_EQ(n_down, 2);
     EXPECT_EQ(n_exps, 4);
+    // A pattern does not reach what the rules never quantize: a vision tower's patch
+    // convolution (4-D) stays as stored.
+    const auto tower = gguf::File::open(data("glm5next/mmproj-tiny.gguf"));
+    QuantizeOptions v;
+    v.scheme = "Q8_0";
+    v.tensor_types.push_back(parse_type_override("patch_embd=q8_0"));
+    for (const TensorPlan& t : plan_quantize(*tower, v).tensors)
+        if (t.in->name.find("patch_embd") != std::string::npos) {
+            EXPECT_EQ(t.type, t.in->type) << t.in->name;
+        }
     EXPECT_THROW(parse_type_override("no-equals"), Error);
     EXPECT_THROW(parse_type_override("x=Q9_K"), Error);
     EXPECT_THROW(parse_type_override("(=q4_k"), Error);

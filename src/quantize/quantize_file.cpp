@@ -154,7 +154,8 @@ QuantizePlan plan_quantize(const gguf::File& in, const QuantizeOptions& o) {
         TensorPlan tp;
         tp.in = &t;
         const bool q = clip ? clip_quantizable(t.name, mt[i].ne) : is_quantizable(t.name, mt[i].ne);
-        tp.type = q || mt[i].override_type ? types[i] : t.type;
+        // A tensor the rules do not quantize keeps its type, a matching pattern or not.
+        tp.type = q ? types[i] : t.type;
         if (quant::traits(tp.type).quantized) tp.type = block_fallback(tp.type, t.ne[0]);
         tp.convert = tp.type != t.type;
         if (tp.convert && !is_float(t.type) && !o.allow_requantize)
