@@ -329,15 +329,16 @@ void Writer::write_file(const std::string& path,
         const PendingTensor& t = tensors_[i];
         if (buf.size() < std::max<size_t>(t.piece_bytes, 1))
             buf.resize(std::max<size_t>(t.piece_bytes, 1));
-        for (size_t at = 0; at < t.nbytes || (at == 0 && t.nbytes == 0); at += t.piece_bytes) {
+        size_t at = 0;
+        do {  // once for an empty tensor too, as its fill expects
             const size_t n = std::min(t.piece_bytes, t.nbytes - at);
             std::memset(buf.data(), 0, n);  // a fill that writes less leaves zeros, not junk
             t.fill(buf.data(), at, n);
             out.write(buf.data(), n);
+            at += n;
             progress.done += n;
             if (*progress.fn) (*progress.fn)(progress.done, progress.total);
-            if (t.nbytes == 0) break;
-        }
+        } while (at < t.nbytes);
         out.zeros(padded(t.nbytes, alignment_) - t.nbytes);
     }
     out.commit();
