@@ -467,6 +467,16 @@ TEST(ImatrixCli, MatchesLlamaImatrixAndResumes) {
             EXPECT_EQ(ours.entries.at(name).counts, e.counts) << name;
         }
 
+    // --process-output: output.weight's inputs from every row, as the trunk's matrices.
+    const std::string with_output = (d / "output.gguf").string();
+    r = test::run_shell(base + with_output + " --chunks 4 --no-ppl --process-output");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const Imatrix wo = Imatrix::read(with_output);
+    ASSERT_NE(wo.find("output.weight"), nullptr);
+    EXPECT_EQ(wo.find("output.weight")->counts, wo.find("blk.0.attn_q_a.weight")->counts);
+    EXPECT_EQ(wo.find("output.weight")->counts, std::vector<int64_t>{4 * 128});
+    EXPECT_EQ(ours.find("output.weight"), nullptr);
+
     r = test::run_shell(base + part + " --chunks 10 --no-ppl");
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(Imatrix::read(part).chunk_count, 10u);

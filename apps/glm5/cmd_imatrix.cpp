@@ -102,9 +102,13 @@ ChunkPlan plan_for(const Args& a, int skip) {
                              std::to_string(skip) + " chunks");
         t.tokens.erase(t.tokens.begin(), t.tokens.begin() + int64_t(skip) * n_ctx);
     }
-    return plan_chunks(std::move(t), n_ctx, int(a.get_int("chunks", -1, INT_MAX)),
-                       int(a.get_int("batch-size", 1, INT_MAX)),
-                       int(a.get_int("ubatch", 1, INT_MAX)));
+    ChunkPlan p =
+        plan_chunks(std::move(t), n_ctx, int(a.get_int("chunks", -1, INT_MAX)),
+                    int(a.get_int("batch-size", 1, INT_MAX)), int(a.get_int("ubatch", 1, INT_MAX)));
+    // The output matrix then sees every row, as llama-imatrix has it (it asks for every
+    // row's logits), not only the scored half.
+    p.logits_all = a.get_flag("process-output");
+    return p;
 }
 
 }  // namespace
