@@ -820,15 +820,79 @@ StepTraffic decode_step_traffic(const std::string& fixture) {
 TEST(CudaSteps, ADecodeStepsLaunchesAndHostTraffic) {
     // Before matmuls and SwiGLU were one launch each: 188 (glm-dsa); before the attention,
     // indexer, convolution and delta-rule descriptors came with their launches, 10 and 33
-    // uploads.
+    // uploads. glm5next's pool compression is launched at every step since its pools are
+    // found on the device (296 before).
     for (const auto& [fixture, most] : {std::pair<std::string, uint64_t>{"glm-dsa/tiny.gguf", 161},
-                                        {"glm5next/tiny.gguf", 299}}) {
+                                        {"glm5next/tiny.gguf", 301}}) {
         SCOPED_TRACE(fixture);
         const StepTraffic t = decode_step_traffic(fixture);
         EXPECT_LE(t.c.launches, most);
         EXPECT_EQ(t.c.host_syncs, 1u);
         EXPECT_EQ(t.c.uploads, 1u);
         EXPECT_EQ(t.c.downloads, 1u);
+        EXPECT_EQ(t.c.graphs, 1u);  // the whole step, one graph
+    }
+}
+
+// A decode run with CUDA graphs on or off (GLM5_CUDA_GRAPHS=0): two sequences decoded
+// together for 20 steps, the logits of every step, and glm-dsa's MTP drafts after them.
+struct GraphRun {
+    std::vector<float> logits;
+    std::vector<int32_t> drafts;
+    backend::Counters decode;  // the decode steps' counts
+};
+GraphRun graph_run(const std::string& fixture, bool graphs) {
+    if (!graphs) setenv("GLM5_CUDA_GRAPHS", "0", 1);
+    const bool nextn = fixture.starts_with("glm-dsa");
+    OnBackend g(gpu(), nextn, fixture);
+    unsetenv("GLM5_CUDA_GRAPHS");
+    model::Model& m = *g.model;
+    const int64_t V = m.info().n_vocab;
+    auto sa = m.new_state(128), sb = m.new_state(128);
+    const std::vector<int32_t> a = test::random_ids(21, 30, V), b = test::random_ids(22, 9, V);
+    GraphRun r;
+    std::vector<float> lg;
+    model::SeqInput pa{sa.get(), a, false}, pb{sb.get(), b, false};
+    m.forward({&pa, 1}, lg);
+    m.forward({&pb, 1}, lg);
+    g.be->reset_counters();
+    for (int32_t step = 0; step < 20; ++step) {
+        const int32_t ta = 3 + step, tb = 40 + step;
+        model::SeqInput both[2] = {{sa.get(), {&ta, 1}, false}, {sb.get(), {&tb, 1}, false}};
+        m.forward(both, lg);
+        r.logits.insert(r.logits.end(), lg.begin(), lg.end());
+    }
+    r.decode = g.be->counters();
+    if (nextn) {
+        model::DraftRequest d[2];
+        d[0].state = sa.get(), d[0].token = 7, d[0].max_tokens = 4;
+        d[1].state = sb.get(), d[1].token = 8, d[1].max_tokens = 3;
+        m.draft(d);
+        for (const auto& x : d) r.drafts.insert(r.drafts.end(), x.out.begin(), x.out.end());
+    }
+    return r;
+}
+
+// A step is recorded and launched as one CUDA graph, and a later step that queues the same
+// work replays it: the plan (positions, the rows that want logits) is the one thing copied in,
+// and the kernels size their work from bounds that hold for many steps. Replays give the
+// eager launches' logits and drafts bit for bit, and 20 decode steps capture one graph
+// (glm5next two: its recurrent state alternates between two buffers).
+TEST(CudaGraphs, DecodeStepsReplayOneGraphWithTheEagerBits) {
+    for (const auto& [fixture, captures] :
+         {std::pair<std::string, uint64_t>{"glm-dsa/tiny.gguf", 1}, {"glm5next/tiny.gguf", 2}}) {
+        SCOPED_TRACE(fixture);
+        const GraphRun eager = graph_run(fixture, false), graphs = graph_run(fixture, true);
+        std::printf("  %s: 20 decode steps, %llu graphs launched, %llu captured\n", fixture.c_str(),
+                    (unsigned long long)graphs.decode.graphs,
+                    (unsigned long long)graphs.decode.captures);
+        EXPECT_EQ(eager.decode.graphs, 0u);
+        EXPECT_EQ(graphs.decode.graphs, 20u);
+        EXPECT_EQ(graphs.decode.captures, captures);
+        EXPECT_EQ(graphs.decode.launches, eager.decode.launches);
+        EXPECT_TRUE(test::bitwise_equal(graphs.logits, eager.logits));
+        EXPECT_EQ(graphs.drafts, eager.drafts);
+        if (fixture.starts_with("glm-dsa")) EXPECT_FALSE(eager.drafts.empty());
     }
 }
 

@@ -382,10 +382,12 @@ std::string device_line(const Bench& b, const BenchConfig& c, int64_t n_layer) {
     const double steps = double(c.n_gen);
     return format(
         "\ndevice: per decode step %.0f kernel launches (%.1f per layer), %.1f host waits, %.1f "
-        "host-to-device and %.1f device-to-host copies\n",
+        "host-to-device and %.1f device-to-host copies; %.0f%% of the steps one CUDA graph "
+        "(%llu captured for %.0f steps)\n",
         double(d.launches) / steps,
         double(d.launches) / steps / double(std::max<int64_t>(1, n_layer)),
-        double(d.host_syncs) / steps, double(d.uploads) / steps, double(d.downloads) / steps);
+        double(d.host_syncs) / steps, double(d.uploads) / steps, double(d.downloads) / steps,
+        100.0 * double(d.graphs) / steps, (unsigned long long)d.captures, steps);
 }
 
 // --parallel N: the paired scaling, and the ceiling the weights' bandwidth puts on it.

@@ -146,9 +146,14 @@ struct Counters {
     // (the host blocked), copies from host to device and from device to host (0 on the CPU).
     // What a step costs beyond its kernels' work, and what keeps it from being one graph.
     uint64_t launches = 0, host_syncs = 0, uploads = 0, downloads = 0;
+    // Steps a device launched as one graph, and the graphs it captured for them (a step
+    // replays the graph of an earlier step with the same work).
+    uint64_t graphs = 0, captures = 0;
     // Two backends' reads together (a device and the CPU beside it).
     Counters& operator+=(const Counters& o) {
         launches += o.launches;
+        graphs += o.graphs;
+        captures += o.captures;
         host_syncs += o.host_syncs;
         uploads += o.uploads;
         downloads += o.downloads;

@@ -426,7 +426,8 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
         lg = be.scratch(size_t(R * h.n_vocab));
         be.matmul(output_, xo, E, R, lg, h.n_vocab);
     }
-    if (hn) mtp_catch_up(fb, hn);
+    std::vector<std::vector<float>> hidden;
+    if (hn) hidden = mtp_catch_up(fb, hn);
     step.end();
     // The logits come back behind the step while the states advance.
     if (R > 0) {
@@ -436,6 +437,7 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
     if (span.commit)
         for (const Segment& s : fb.segs) s.state->advance(s.n);
     be.sync();
+    if (hn) keep_rows(fb, hidden);
 }
 
 // Keeps the NextN block's cache in step with the trunk: the block's row at
@@ -443,7 +445,8 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
 // zero row at position 0, or where that state is gone), as llama.cpp's MTP
 // drafter does. A row a draft step already computed from the trunk's hidden
 // state is not computed again.
-void GlmDsaModel::mtp_catch_up(const FlatBatch<DsaState>& fb, DevPtr<const float> hn) {
+std::vector<std::vector<float>> GlmDsaModel::mtp_catch_up(const FlatBatch<DsaState>& fb,
+                                                          DevPtr<const float> hn) {
     backend::Backend& be = *backend_;
     const int64_t E = hp_.n_embd;
     std::vector<int32_t> tokens, pos;
@@ -483,13 +486,21 @@ void GlmDsaModel::mtp_catch_up(const FlatBatch<DsaState>& fb, DevPtr<const float
         }
         mtp_block(tokens, pos, hin, segs);
     }
-    // Only a completed pass changes the states. Every row's hidden state is
-    // kept as the seed of the next draft, so a rollback to any of them still
-    // finds it.
+    // Every row's hidden state is kept as the seed of the next draft, so a rollback to any
+    // of them still finds it: read behind the step (no wait inside it).
+    std::vector<std::vector<float>> rows;
     for (const auto& s : fb.segs) {
-        std::vector<float> rows(size_t(s.n * E));
-        be.read(hn + s.first * E, rows.data(), rows.size());
-        s.state->keep_hidden(rows.data(), s.n_past, s.n);
+        rows.emplace_back(size_t(s.n * E));
+        be.read_later(hn + s.first * E, rows.back().data(), rows.back().size());
+    }
+    return rows;
+}
+
+// Only a completed pass changes the states.
+void GlmDsaModel::keep_rows(const FlatBatch<DsaState>& fb, std::vector<std::vector<float>>& rows) {
+    for (size_t i = 0; i < fb.segs.size(); ++i) {
+        const auto& s = fb.segs[i];
+        s.state->keep_hidden(rows[i].data(), s.n_past, s.n);
         s.state->mtp_valid = s.n_past + s.n;
     }
 }

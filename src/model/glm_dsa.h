@@ -110,7 +110,11 @@ class GlmDsaModel final : public Model {
     // decide from it what each row sees).
     void block(const Layer& L, Buffers& b, backend::DevPtr<float> x, int64_t T,
                backend::DevPtr<const int32_t> dpos, std::span<const BlockSegment> segs);
-    void mtp_catch_up(const FlatBatch<DsaState>& fb, backend::DevPtr<const float> hn);
+    // Returns each segment's hidden rows, read behind the step (the host has them after the
+    // backend's sync), for keep_rows.
+    std::vector<std::vector<float>> mtp_catch_up(const FlatBatch<DsaState>& fb,
+                                                 backend::DevPtr<const float> hn);
+    void keep_rows(const FlatBatch<DsaState>& fb, std::vector<std::vector<float>>& rows);
     backend::DevPtr<float> mtp_block(std::span<const int32_t> tokens, std::span<const int32_t> pos,
                                      backend::DevPtr<const float> hh,
                                      std::span<const BlockSegment> segs);

@@ -1,7 +1,10 @@
 // Attention on the GPU: the lightning indexer's scores and top k, absorbed MLA over the
 // rows a query sees (dense, or only the selected ones), and the drafter's pick. Which
-// rows a query sees is decided per row from the step's positions, as on the CPU; the
-// host reads the positions from the plan's copy to size the launches.
+// rows a query sees is decided per row from the step's positions, as on the CPU.
+//
+// The launches are sized from a bound on the rows a query sees, rounded up to kRowBucket
+// rows (the kernels read each row's own count from the positions), so that a decode step
+// is the same launch for kRowBucket steps and replays one graph.
 //
 // One block per (query, head) for attention: scores of the visible rows, a softmax
 // (maximum, then the sum in double, in a fixed tree), then each output column a sum over
@@ -28,7 +31,7 @@ __device__ float f16_round(float v) {
 // segment i holds batch rows [first[i], end[i]) and its cache rows at data[i].
 constexpr int kMaxSegs = 16;
 struct SegTable {
-    int n = 0;
+    int64_t n = 0;  // (64 bits: no padding, so a launch's bytes are its values)
     const uint8_t* data[kMaxSegs];
     int64_t first[kMaxSegs], end[kMaxSegs];
 };
@@ -199,6 +202,10 @@ __global__ void mla_kernel(RowRule rule, int64_t t0, const float* q, int64_t n_h
 // for rows x heads x depth floats), and of at most kMaxSegs segments (a launch's table).
 constexpr size_t kScoreBytes = size_t(64) << 20;
 constexpr int64_t kChunkRows = 256;
+constexpr int64_t kRowBucket = 256;
+int64_t bucket(int64_t rows) {
+    return (rows + kRowBucket - 1) / kRowBucket * kRowBucket;
+}
 int64_t rows_per_chunk(int64_t floats_per_row) {
     return std::clamp<int64_t>(int64_t(kScoreBytes / (size_t(floats_per_row) * sizeof(float))), 1,
                                kChunkRows);
@@ -212,7 +219,7 @@ SegTable seg_table(std::span<const AttentionOps::Segment> segs, int64_t t0, int6
     for (const auto& s : segs)
         if (s.n > 0 && s.first + s.n > t0 && s.first < t0 + n) order.push_back(&s);
     std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->first < b->first; });
-    SegTable t;
+    SegTable t{};  // (unused entries zero: a launch's bytes are its values)
     for (const AttentionOps::Segment* s : order) {
         if (t.n == kMaxSegs) {
             n = s->first - t0;
@@ -280,8 +287,8 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
     for (const Segment& s : keys) T = std::max(T, s.first + s.n);
     op("indexer_select", T);
     if (T == 0) return;
-    // The host's copy of the plan sizes the launches; the kernels read the positions and
-    // work out each row's candidates themselves.
+    // The host's copy of the plan bounds the launches (and counts the reads); the kernels
+    // read the positions and work out each row's candidates themselves.
     const int32_t* p = host_positions(pos, T);
     int64_t most = 0;
     size_t row_bytes = 0;
@@ -301,6 +308,7 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
         }
     }
     if (most == 0) return;
+    most = bucket(most);
     const int64_t chunk = rows_per_chunk(most);
     for (int64_t t0 = 0; t0 < T;) {
         Temporaries part(*this);
@@ -348,6 +356,7 @@ void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos
             cache_bytes_ += uint64_t(n) * row_bytes;
         }
     }
+    most = bucket(most);
     const int64_t per_query = n_heads * most, chunk = rows_per_chunk(per_query);
     for (int64_t t0 = 0; t0 < T;) {
         Temporaries part(*this);
@@ -369,7 +378,7 @@ void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos
 size_t CudaBackend::attention_scratch_bytes(int64_t n_heads, int64_t n_visible) const {
     // One chunk of mla_attention's queries: its scores and row descriptors (with the
     // arena's alignment).
-    const size_t per_query = size_t(n_heads * n_visible) * sizeof(float);
+    const size_t per_query = size_t(n_heads * bucket(n_visible)) * sizeof(float);
     const size_t scores =
         std::max(per_query, std::min(kScoreBytes, size_t(kChunkRows) * per_query));
     return scores + size_t(kChunkRows) * sizeof(AttentionRow) + 512;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 #include "backend/cuda/cuda_backend_impl.cuh"
 #include "core/format.h"
@@ -242,6 +243,7 @@ void CudaBackend::reset_scratch() {
 
 DevPtr<uint8_t> CudaBackend::alloc_cache(size_t bytes) {
     auto* p = static_cast<uint8_t*>(dev_.alloc(bytes, "a sequence's caches"));
+    dev_.eager();  // the zeroing below is queued directly
     check(cudaMemsetAsync(p, 0, bytes, stream()), "zeroing a cache");
     return owned(p);
 }
@@ -249,6 +251,10 @@ DevPtr<uint8_t> CudaBackend::alloc_cache(size_t bytes) {
 void CudaBackend::free_cache(DevPtr<uint8_t> p) {
     // Called from states' destructors: a device that has failed says so elsewhere, and
     // nothing is thrown from here.
+    try {
+        dev_.eager();  // recorded ops may read it
+    } catch (const std::exception&) {
+    }
     cudaStreamSynchronize(stream());  // queued ops may still read it (stream() binds)
     cudaFree(dev(p));
 }
@@ -269,6 +275,18 @@ void CudaBackend::read_async(DevPtr<const uint8_t> src, void* host_dst, size_t b
 
 void CudaBackend::sync() {
     dev_.synchronize();
+}
+
+void CudaBackend::begin_step() {
+    if (steps_open_++ == 0) {
+        exceptions_at_step_ = std::uncaught_exceptions();
+        dev_.begin_graph();
+    }
+}
+
+void CudaBackend::end_step() {
+    if (steps_open_ > 0 && --steps_open_ == 0)
+        dev_.end_graph(std::uncaught_exceptions() == exceptions_at_step_);
 }
 
 void CudaBackend::copy_cache(DevPtr<uint8_t> dst, DevPtr<const uint8_t> src, size_t bytes,
@@ -319,6 +337,7 @@ void CudaBackend::register_view(const Weight& w, const std::string& name) {
         views_.erase(it);
     }
     auto* d = static_cast<uint8_t*>(dev_.alloc(bytes, name));
+    dev_.eager();  // the copy below is queued directly
     check(cudaMemcpyAsync(d, w.data, bytes, cudaMemcpyHostToDevice, stream()), "upload");
     dev_.synchronize();
     views_[start] = ViewCopy{start + bytes, d};
@@ -375,6 +394,7 @@ Matrix CudaBackend::matrix(const Weight& w, const char* op) {
     // A view nobody registered: copied for this step (packed rows).
     const size_t row = quant::row_size(w.type, w.cols);
     auto* d = static_cast<uint8_t*>(scratch_bytes(row * size_t(w.rows * w.slices)));
+    dev_.eager();  // from pageable memory, queued directly
     for (int64_t s = 0; s < w.slices; ++s)
         check(cudaMemcpy2DAsync(d + size_t(s * w.rows) * row, row, w.row(0, s), w.row_bytes, row,
                                 size_t(w.rows), cudaMemcpyHostToDevice, stream()),
@@ -549,6 +569,8 @@ Counters CudaBackend::counters() const {
     c.host_syncs = t.syncs;
     c.uploads = t.uploads;
     c.downloads = t.downloads;
+    c.graphs = t.graphs;
+    c.captures = t.captures;
     return c;
 }
 

@@ -84,6 +84,10 @@ class CudaBackend final : public Backend,
                              int64_t slices) const override;
     void read_async(DevPtr<const uint8_t> src, void* host_dst, size_t bytes) override;
     void sync() override;
+    // A step's work is recorded and launched at its end as one CUDA graph (Device's
+    // begin_graph); a step inside another is part of it.
+    void begin_step() override;
+    void end_step() override;
     void copy_cache(DevPtr<uint8_t> dst, DevPtr<const uint8_t> src, size_t bytes,
                     const char* why) override;
     void planned(const PlanArrays& a, const PlanHandles& h) override;
@@ -238,6 +242,8 @@ class CudaBackend final : public Backend,
     std::vector<int32_t> plan_pos_;
     const int32_t* plan_pos_dev_ = nullptr;
     std::vector<int32_t> pos_tmp_;
+    int steps_open_ = 0;
+    int exceptions_at_step_ = 0;
 };
 
 }  // namespace glm5::backend::cuda

@@ -26,20 +26,30 @@ void check(cudaError_t e, const char* what) {
 
 namespace {
 
-// Each device's launch count by its stream (launched() knows the stream, not the device).
+// Each device's state by its stream (a launch knows the stream, not the device).
 std::mutex g_streams_mu;
-std::unordered_map<cudaStream_t, DeviceTraffic*> g_streams;
+std::unordered_map<cudaStream_t, Device::Impl*> g_streams;
 
-void count_launch(cudaStream_t s) {
-    std::lock_guard lock(g_streams_mu);
+Device::Impl* impl_of(cudaStream_t s) {
     const auto it = g_streams.find(s);
-    if (it != g_streams.end()) ++it->second->launches;
+    return it == g_streams.end() ? nullptr : it->second;
 }
 
 }  // namespace
 
-void launched(const char* kernel, cudaStream_t s) {
-    count_launch(s);
+void count_launch(cudaStream_t s) {
+    std::lock_guard lock(g_streams_mu);
+    if (Device::Impl* d = impl_of(s)) ++d->traffic.launches;
+}
+
+StepRecorder* recorder_of(cudaStream_t s) {
+    std::lock_guard lock(g_streams_mu);
+    Device::Impl* d = impl_of(s);
+    return d && d->recording ? &d->recorder : nullptr;
+}
+
+void launched(const char* kernel, cudaStream_t s, bool counted) {
+    if (counted) count_launch(s);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         throw Error(std::string("cuda: launching ") + kernel + ": " + cudaGetErrorName(e) + " (" +
@@ -118,10 +128,9 @@ StagingRing::StagingRing(cudaStream_t s, size_t bytes) : stream_(s), bytes_(byte
 
 StagingRing::~StagingRing() {
     // Teardown: what was queued is waited for, nothing is delivered.
-    for (Piece& p : pieces_) {
-        cudaEventSynchronize(p.done);
-        cudaEventDestroy(p.done);
-    }
+    cudaStreamSynchronize(stream_);
+    for (Piece& p : pieces_)
+        if (p.done) cudaEventDestroy(p.done);
     for (cudaEvent_t e : spare_) cudaEventDestroy(e);
     cudaFreeHost(base_);
 }
@@ -129,8 +138,13 @@ StagingRing::~StagingRing() {
 void StagingRing::retire_oldest(bool stream_done) {
     Piece p = pieces_.front();
     pieces_.erase(pieces_.begin());
-    spare_.push_back(p.done);  // (kept if the wait below throws)
-    if (!stream_done) check(cudaEventSynchronize(p.done), "a staged copy");
+    if (!stream_done) {
+        if (p.done)
+            check(cudaEventSynchronize(p.done), "a staged copy");
+        else
+            check(cudaStreamSynchronize(stream_), "a staged copy");
+    }
+    if (p.done) spare_.push_back(p.done);
     if (p.host) std::memcpy(p.host, base_ + p.at, p.host_bytes);
 }
 
@@ -139,22 +153,26 @@ void StagingRing::complete() {
     head_ = 0;
 }
 
-void* StagingRing::take(size_t bytes) {
+void* StagingRing::take(size_t bytes, bool may_wait) {
     bytes = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
     if (bytes > bytes_ / 2) return nullptr;
-    if (head_ + bytes > bytes_) head_ = 0;  // wrap: the tail of the ring stays unused
-    const size_t at = head_;
+    const size_t at = head_ + bytes > bytes_ ? 0 : head_;  // wrap: the ring's tail stays unused
     // Wait for the oldest copies until none still uses [at, at + bytes).
     auto overlaps = [&](const Piece& p) { return p.at < at + bytes && at < p.at + p.bytes; };
+    if (!may_wait && std::any_of(pieces_.begin(), pieces_.end(), overlaps)) return nullptr;
     while (std::any_of(pieces_.begin(), pieces_.end(), overlaps)) retire_oldest(false);
     head_ = at + bytes;
     pending_ = Piece{at, bytes, nullptr, nullptr, 0};
     return base_ + at;
 }
 
-void StagingRing::queued(void* host_dst, size_t bytes) {
+void StagingRing::queued(void* host_dst, size_t bytes, bool marked) {
     pending_.host = host_dst;
     pending_.host_bytes = bytes;
+    if (!marked) {
+        pieces_.push_back(pending_);
+        return;
+    }
     if (spare_.empty()) {
         cudaEvent_t e = nullptr;
         check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
@@ -197,8 +215,9 @@ Device::Device(int ordinal) : impl_(std::make_unique<Impl>()) {
     impl_->staging = std::make_unique<StagingRing>(impl_->stream, kStagingBytes);
     {
         std::lock_guard lock(g_streams_mu);
-        g_streams[impl_->stream] = &impl_->traffic;
+        g_streams[impl_->stream] = impl_.get();
     }
+    set_graphs(true);
 
     using namespace quant::iq;
     const size_t bytes = 64 * 8 + sizeof(iq2xxs_grid) + sizeof(iq2xs_grid) + sizeof(iq2s_grid) +
@@ -230,6 +249,7 @@ Device::~Device() {
         g_streams.erase(impl_->stream);
     }
     cudaStreamSynchronize(impl_->stream);
+    for (const Impl::Kept& k : impl_->kept) cudaGraphExecDestroy(k.exec);
     impl_->staging.reset();
     if (impl_->table_memory) cudaFree(impl_->table_memory);
     if (impl_->stream) cudaStreamDestroy(impl_->stream);
@@ -271,6 +291,7 @@ void* Device::alloc(size_t bytes, const std::string& what) {
 
 void Device::free(void* p) {
     bind();
+    eager();  // recorded work may read it
     if (p) check(cudaFree(p), "cudaFree");
 }
 
@@ -278,20 +299,38 @@ void Device::upload(void* dst, const void* host_src, size_t bytes) {
     bind();
     if (bytes == 0) return;
     ++impl_->traffic.uploads;
+    cudaStream_t s = impl_->stream;
+    if (impl_->recording) {
+        if (void* pinned = impl_->staging->take(bytes, false)) {
+            std::memcpy(pinned, host_src, bytes);
+            record_copy(dst, pinned, bytes, cudaMemcpyHostToDevice);
+            impl_->staging->queued(nullptr, 0, false);
+            return;
+        }
+        eager();
+    }
     if (void* pinned = impl_->staging->take(bytes)) {
         std::memcpy(pinned, host_src, bytes);
-        check(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
+        check(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, s), "upload");
         impl_->staging->queued();
         return;
     }
     // Larger than the ring: the driver stages pageable memory itself.
-    check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
+    check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, s), "upload");
 }
 
 void Device::download(void* host_dst, const void* src, size_t bytes) {
     bind();
     if (bytes == 0) return;
     ++impl_->traffic.downloads;
+    if (impl_->recording) {
+        if (void* pinned = impl_->staging->take(bytes, false)) {
+            record_copy(pinned, src, bytes, cudaMemcpyDeviceToHost);
+            impl_->staging->queued(host_dst, bytes, false);
+            return;
+        }
+        eager();
+    }
     if (void* pinned = impl_->staging->take(bytes)) {
         check(cudaMemcpyAsync(pinned, src, bytes, cudaMemcpyDeviceToHost, impl_->stream),
               "download");
@@ -307,14 +346,109 @@ void Device::download(void* host_dst, const void* src, size_t bytes) {
 void Device::copy(void* dst, const void* src, size_t bytes) {
     bind();
     if (bytes == 0) return;
+    if (impl_->recording) return record_copy(dst, src, bytes, cudaMemcpyDeviceToDevice);
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream), "copy");
+}
+
+void Device::record_copy(void* dst, const void* src, size_t bytes, int kind) {
+    StepRecorder& r = impl_->recorder;
+    r.key(uintptr_t(0));  // no kernel: a copy
+    r.key(reinterpret_cast<uintptr_t>(dst));
+    r.key(reinterpret_cast<uintptr_t>(src));
+    r.key(bytes);
+    r.key(kind);
+    cudaStream_t s = impl_->stream;
+    r.add([=] { check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyKind(kind), s), "a copy"); });
 }
 
 void Device::synchronize() {
     bind();
+    eager();
     ++impl_->traffic.syncs;
     check(cudaStreamSynchronize(impl_->stream), "a queued op");
     impl_->staging->complete();
+}
+
+// ---- steps as graphs ----------------------------------------------------------------------
+
+namespace {
+
+bool env_is(const char* name, const char* value) {
+    const char* v = std::getenv(name);
+    return v && std::strcmp(v, value) == 0;
+}
+
+void run_all(std::vector<std::function<void()>>& ops) {
+    for (auto& op : ops) op();
+}
+
+}  // namespace
+
+void Device::set_graphs(bool on) {
+    eager();
+    impl_->graphs_on = on && !env_is("GLM5_CUDA_GRAPHS", "0") && !env_is("GLM5_CUDA_SYNC", "1");
+}
+
+void Device::begin_graph() {
+    if (!impl_->graphs_on || impl_->recording) return;
+    std::lock_guard lock(g_streams_mu);
+    impl_->recording = true;
+}
+
+void Device::eager() {
+    if (!impl_->recording) return;
+    {
+        std::lock_guard lock(g_streams_mu);
+        impl_->recording = false;
+    }
+    std::vector<std::function<void()>> ops = impl_->recorder.take();
+    run_all(ops);
+}
+
+void Device::end_graph(bool complete) {
+    if (!impl_->recording) return;
+    bind();
+    if (!complete || impl_->recorder.empty()) return eager();
+    {
+        std::lock_guard lock(g_streams_mu);
+        impl_->recording = false;
+    }
+    std::vector<Impl::Kept>& kept = impl_->kept;
+    const std::vector<unsigned char> key = impl_->recorder.key();
+    std::vector<std::function<void()>> ops = impl_->recorder.take();
+    cudaStream_t s = impl_->stream;
+    auto it =
+        std::find_if(kept.begin(), kept.end(), [&](const Impl::Kept& k) { return k.key == key; });
+    if (it == kept.end()) {
+        check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "beginning a capture");
+        cudaGraph_t g = nullptr;
+        try {
+            run_all(ops);
+        } catch (...) {
+            cudaStreamEndCapture(s, &g);
+            if (g) cudaGraphDestroy(g);
+            cudaGetLastError();
+            throw;
+        }
+        check(cudaStreamEndCapture(s, &g), "capturing a step");
+        cudaGraphExec_t exec = nullptr;
+        const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+        cudaGraphDestroy(g);
+        check(e, "instantiating a step's graph");
+        if (kept.size() == kGraphs) {
+            // A graph still running is freed when it ends.
+            cudaGraphExecDestroy(kept.front().exec);
+            kept.erase(kept.begin());
+        }
+        kept.push_back({key, exec});
+        it = kept.end() - 1;
+        ++impl_->traffic.captures;
+    } else {
+        std::rotate(it, it + 1, kept.end());  // the most recently used last
+        it = kept.end() - 1;
+    }
+    check(cudaGraphLaunch(it->exec, s), "launching a step's graph");
+    ++impl_->traffic.graphs;
 }
 
 Matrix Device::upload_matrix(const Weight& w, const std::string& name) {

@@ -56,6 +56,8 @@ struct Matrix {
 
 struct DeviceTraffic {
     uint64_t launches = 0, syncs = 0, uploads = 0, downloads = 0;
+    // Steps launched as one CUDA graph, and the graphs captured for them.
+    uint64_t graphs = 0, captures = 0;
 };
 
 class Device {
@@ -89,6 +91,22 @@ class Device {
     // Waits for everything queued and completes the downloads; a failed op surfaces here as
     // glm5::Error.
     void synchronize();
+
+    // ---- steps as graphs ----------------------------------------------------
+    // Between begin_graph() and end_graph() the kernels and copies queued on the stream are
+    // recorded, not queued. end_graph() launches the CUDA graph of an earlier step whose work
+    // was the same (the same kernels, launch sizes and argument bytes, the same copies: a
+    // step's key), or captures one from the recorded work and keeps it (the last kGraphs).
+    // A replay is that work, bit for bit. What needs the recorded work to have been queued
+    // (a wait for the device, a free, a copy the recorder does not see) calls eager() first:
+    // the step's work so far is queued and the rest of the step is queued as it comes.
+    // Graphs are off with GLM5_CUDA_GRAPHS=0 or GLM5_CUDA_SYNC=1 in the environment.
+    static constexpr size_t kGraphs = 8;
+    void begin_graph();
+    // `complete`: the step ended normally (not by an exception): its work may become a graph.
+    void end_graph(bool complete);
+    void eager();
+    void set_graphs(bool on);
 
     // ---- weights -----------------------------------------------------------
     // One copy of w's payload, in its format (each slice's rows packed, the slice
@@ -148,6 +166,8 @@ class Device {
     struct Impl;
 
   private:
+    // A copy kept in the step being recorded (kind: a cudaMemcpyKind).
+    void record_copy(void* dst, const void* src, size_t bytes, int kind);
     std::unique_ptr<Impl> impl_;
 };
 

@@ -166,9 +166,14 @@ __global__ void hc_expand_kernel(const float* X, const float* f, const float* po
 // RMSNorm, stored as row j of the pool cache.
 __global__ void pool_kernel(const uint8_t* cells, size_t cell_bytes, bool cells_f16, int64_t Dk,
                             int64_t Gw, int64_t B, const float* ape, const float* norm_w, float eps,
-                            uint8_t* pools, size_t pool_bytes, bool pools_f16, int64_t first) {
+                            uint8_t* pools, size_t pool_bytes, bool pools_f16, const int32_t* pos,
+                            int64_t n_rows) {
     GLM5_DYNAMIC_SHARED(float, sm);  // weights [B][Gw], then the pooled key [Dk]
     GLM5_SHARED(double, red, kThreads);
+    // The pools the rows complete, from the plan's positions (a launch of a bound on their
+    // count is the same launch at every step).
+    const int64_t first = int64_t(pos[0]) / B;
+    if (int64_t(blockIdx.x) >= (int64_t(pos[n_rows - 1]) + 1) / B - first) return;
     float* a = sm;
     float* pooled = sm + B * Gw;
     const int64_t j = first + blockIdx.x;
@@ -335,18 +340,17 @@ void CudaBackend::pool_compress(const CacheRows& cells, int64_t key_width, int64
     if (n_rows <= 0) return;
     if (cells.type == CacheType::BF16 || pools.type == CacheType::BF16)
         throw Error("pool_compress: BF16 caches are the CPU's --attn-bf16");
-    const int32_t* p = host_positions(pos, n_rows);
-    const int64_t first = p[0] / pool_size;
-    const int64_t n_pools = (int64_t(p[n_rows - 1]) + 1) / pool_size - first;
-    if (n_pools <= 0) return;
+    // Rows at consecutive positions complete at most n_rows / pool_size + 1 pools; the
+    // kernel works out which from the positions.
+    const int64_t most_pools = n_rows / pool_size + 1;
     const size_t shared = size_t(pool_size * gate_width + key_width) * sizeof(float);
     if (shared + kThreads * sizeof(double) > 48 * 1024)  // beside the kernel's own sums
         throw Error("pool_compress: pools of " + std::to_string(pool_size) + " x " +
                     std::to_string(gate_width) + " gates do not fit a block's shared memory");
-    GLM5_LAUNCH(pool_kernel, unsigned(n_pools), kThreads, shared, stream(), dev(cells.data),
+    GLM5_LAUNCH(pool_kernel, unsigned(most_pools), kThreads, shared, stream(), dev(cells.data),
                 cells.row_bytes(), cells.type == CacheType::F16, key_width, gate_width, pool_size,
                 vec(ape, pool_size * gate_width), vec(norm_w, key_width), eps, dev(pools.data),
-                pools.row_bytes(), pools.type == CacheType::F16, first);
+                pools.row_bytes(), pools.type == CacheType::F16, dev(pos), n_rows);
 }
 
 void CudaBackend::pool_cells(DevPtr<const int32_t> picked, DevPtr<const int32_t> pos,

@@ -25,20 +25,24 @@ class StagingRing {
     StagingRing(cudaStream_t s, size_t bytes);
     ~StagingRing();
     // `bytes` of pinned memory for a copy about to be queued, or null when the request is
-    // larger than half the ring (the caller copies from pageable memory instead).
-    void* take(size_t bytes);
+    // larger than half the ring (the caller copies from pageable memory instead), or when
+    // it would have to wait for an earlier copy and `may_wait` is false (a step being
+    // recorded: its copies are not queued yet).
+    void* take(size_t bytes, bool may_wait = true);
     // The copy that uses the region take() just gave is queued: its region is free again
     // once the stream passes this point. A download names where its bytes go: they are
-    // copied there once the copy has finished (at the latest by complete()).
-    void queued(void* host_dst = nullptr, size_t bytes = 0);
+    // copied there once the copy has finished (at the latest by complete()). `marked`: an
+    // event marks the point (a recorded copy has none: its region is free after complete()
+    // or a wait for the whole stream).
+    void queued(void* host_dst = nullptr, size_t bytes = 0, bool marked = true);
     // After the stream has been synchronised: every download delivered, every region free.
     void complete();
 
   private:
     struct Piece {
         size_t at, bytes;
-        cudaEvent_t done;
-        void* host;  // a download's destination
+        cudaEvent_t done;  // null: unmarked
+        void* host;        // a download's destination
         size_t host_bytes;
     };
     void retire_oldest(bool stream_done);
@@ -74,6 +78,15 @@ struct Device::Impl {
     std::unique_ptr<StagingRing> staging;
     uint64_t weight_bytes = 0;
     DeviceTraffic traffic;  // since the last reset_counters
+    // Steps as graphs: the step being recorded, and the graphs kept, least recently used first.
+    bool graphs_on = true;
+    bool recording = false;
+    StepRecorder recorder;
+    struct Kept {
+        std::vector<unsigned char> key;
+        cudaGraphExec_t exec;
+    };
+    std::vector<Kept> kept;
 };
 
 }  // namespace glm5::backend::cuda

@@ -78,8 +78,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 // Several matrices against the same input in one launch (the projections of one
 // normalised row): the blocks of output j are [first[j], first[j + 1]). Passed by value,
 // so a launch copies nothing from the host.
+// (Fields of 64 bits, or a 32-bit pair: no padding, so a launch's bytes are its values.)
 struct MultiOut {
     quant::Type type;
+    uint32_t unused = 0;
     const uint8_t* w;
     size_t row_bytes;
     int64_t cols, rows;
@@ -87,9 +89,9 @@ struct MultiOut {
     int64_t y_stride;
 };
 struct MultiArgs {
-    int n;
+    int64_t n;
     MultiOut out[Device::kMaxMulti];
-    unsigned first[Device::kMaxMulti + 1];
+    uint64_t first[Device::kMaxMulti + 1];
 };
 
 __global__ void __launch_bounds__(kWarps * 32)
@@ -175,12 +177,12 @@ void Device::matmuls(std::span<const MatmulTarget> outs, const float* x, int64_t
     bind();
     for (size_t at = 0; at < outs.size(); at += kMaxMulti) {
         MultiArgs a{};
-        a.n = int(std::min(outs.size() - at, size_t(kMaxMulti)));
+        a.n = int64_t(std::min(outs.size() - at, size_t(kMaxMulti)));
         unsigned blocks = 0;
         for (int j = 0; j < a.n; ++j) {
             const MatmulTarget& t = outs[at + size_t(j)];
-            a.out[j] = {t.w->type, t.w->data, t.w->row_bytes, t.w->cols,
-                        t.w->rows, t.y,       t.y_stride};
+            a.out[j] = {t.w->type, 0,         t.w->data, t.w->row_bytes,
+                        t.w->cols, t.w->rows, t.y,       t.y_stride};
             a.first[j] = blocks;
             blocks += blocks_for(t.w->rows, kWarps);
             impl_->weight_bytes += uint64_t(t.w->slice_bytes) * blocks_for(n_tok, kTokenChunk);
