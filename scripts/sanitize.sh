@@ -30,7 +30,7 @@ asan_tests=(test_thread_pool test_gguf_malformed test_quant_basic test_quant_mul
             test_glm_dsa_parity "test_glm5next:--gtest_filter=-Glm5NextCli.*"
             test_engine test_engine_faults test_engine_stress test_server_unit
             test_fuzz_load_corpus test_cudasim test_cuda_products
-            "test_cuda_backend:--gtest_filter=CudaOps.*:CudaVision.*:CudaHybrid.HostExpertsBegin*")
+            "test_cuda_backend:--gtest_filter=CudaOps.*:CudaVision.*:CudaHybrid.HostExpertsBegin*:CudaGraphs.*")
 # (The SIGTERM test waits for a 2500-token stream to finish within the 30 s drain
 # timeout, which an instrumented server on a busy machine may not make; the other
 # shutdown tests cover the same code.)
@@ -40,7 +40,7 @@ tsan_tests=(test_thread_pool test_engine test_engine_stress
             "test_server_limits:--gtest_filter=ServerLimits.*:ServerKeepAlive.*"
             "test_cudasim:--gtest_filter=CudaSim.*:CudaSimBackend.TheSecondDevice*"
             test_cuda_products
-            "test_cuda_backend:--gtest_filter=CudaOps.*:CudaVision.*:CudaHybrid.HostExpertsBegin*")
+            "test_cuda_backend:--gtest_filter=CudaOps.*:CudaVision.*:CudaHybrid.HostExpertsBegin*:CudaGraphs.*")
 
 # Debian's cpp-httplib source (the single header its library is built from),
 # which scripts/deps.sh fetches into .cache/cpp-httplib.

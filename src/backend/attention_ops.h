@@ -53,6 +53,18 @@ class AttentionOps {
         int64_t n_selected(int64_t n_vis) const { return n_selected(n_vis, pool, keep); }
     };
 
+    // The lightning indexer's inputs made ready for indexer_select, for the segments' rows
+    // t at positions pos[t]: each query head q[t][h] (dim values) RoPE'd over its first
+    // n_rot values and rotated by the normalised Hadamard transform; each key k[t]
+    // layer-normed (norm_w, norm_b, eps 0), RoPE'd and rotated likewise, and stored as row
+    // pos[t] of its segment's key cache; the head weights w[t][h] scaled by w_scale. The
+    // bits of Backend's rope, layer_norm, hadamard, cache_store and scale (a device does it
+    // in fewer launches). q: [T][n_heads][dim], k: [T][dim], w: [T][n_heads].
+    virtual void indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float> w,
+                                DevPtr<const int32_t> pos, std::span<const Segment> keys,
+                                int64_t n_heads, int64_t dim, int64_t n_rot, float freq_base,
+                                const float* norm_w, const float* norm_b, float w_scale) = 0;
+
     // Lightning-indexer selection: for each of the segments' rows t with more than top_k
     // candidates (n_vis / pool: tokens when pool is 1, complete pools otherwise),
     // score(s) = sum_h w[t][h] * relu(q[t][h] . key_s) over its candidates (rows of its

@@ -30,6 +30,22 @@ void CpuBackend::cache_store(const CacheRows& c, DevPtr<const float> x_, int64_t
 
 // The step forms: each segment's rows become per-query lists, decided from the plan's
 // positions here rather than by the model on the host.
+// The ops one by one: each is one pass of the thread pool over its rows already.
+void CpuBackend::indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float> w,
+                                DevPtr<const int32_t> pos, std::span<const Segment> keys,
+                                int64_t n_heads, int64_t dim, int64_t n_rot, float freq_base,
+                                const float* norm_w, const float* norm_b, float w_scale) {
+    int64_t T = 0;
+    for (const Segment& s : keys) T = std::max(T, s.first + s.n);
+    rope(q, T, n_heads * dim, n_heads, dim, n_rot, pos, freq_base);
+    layer_norm(k, norm_w, norm_b, T, dim, 0.0f, k);
+    rope(k, T, dim, 1, dim, n_rot, pos, freq_base);
+    hadamard(q, T * n_heads, dim);
+    hadamard(k, T, dim);
+    for (const Segment& s : keys) cache_store(s.cache, k + s.first * dim, dim, s.n, pos + s.first);
+    scale(w, w_scale, T * n_heads);
+}
+
 void CpuBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
                                 DevPtr<const int32_t> pos_, std::span<const Segment> keys,
                                 int64_t pool, int64_t n_heads, int64_t dim, int64_t top_k,

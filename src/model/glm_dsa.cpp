@@ -304,20 +304,16 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T,
 
     // ---- lightning indexer (full layers): which cached tokens each query sees
     if (L.full) {
-        be.rope(b.iq, T, Hi * Di, Hi, Di, h.n_rot, dpos, h.freq_base);
-        be.layer_norm(b.ik, L.idx_k_norm, L.idx_k_norm_b, T, Di, 0.0f, b.ik);
-        be.rope(b.ik, T, Di, 1, Di, h.n_rot, dpos, h.freq_base);
-        be.hadamard(b.iq, T * Hi, Di);
-        be.hadamard(b.ik, T, Di);
-        for (const BlockSegment& s : segs)
-            be.cache_store(*s.keys, b.ik + s.first * Di, Di, s.n, dpos + s.first);
-        be.scale(b.iw, 1.0f / std::sqrt(float(Di * Hi)), T * Hi);
+        // Queries and keys RoPE'd and Hadamard-rotated, keys layer-normed first and cached,
+        // head weights scaled by 1 / sqrt(dim * heads).
+        std::vector<AttentionOps::Segment> keys;
+        for (const BlockSegment& s : segs) keys.push_back({*s.keys, s.first, s.n});
+        attn_.indexer_inputs(b.iq, b.ik, b.iw, dpos, keys, Hi, Di, h.n_rot, h.freq_base,
+                             L.idx_k_norm, L.idx_k_norm_b, 1.0f / std::sqrt(float(Di * Hi)));
 
         // While a row sees no more than top_k tokens it keeps them all: the backend
         // decides per row from the plan's positions.
         if (!dense_attention_) {
-            std::vector<AttentionOps::Segment> keys;
-            for (const BlockSegment& s : segs) keys.push_back({*s.keys, s.first, s.n});
             attn_.indexer_select(b.iq, b.iw, dpos, keys, 1, Hi, Di, h.idx_top_k, b.sel);
             b.selection = {b.sel, h.idx_top_k, h.idx_top_k, 1};
         }

@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <span>
 
 #include "backend/cuda/cuda_backend_impl.cuh"
@@ -233,6 +234,45 @@ SegTable seg_table(std::span<const AttentionOps::Segment> segs, int64_t t0, int6
     return t;
 }
 
+// The indexer's query heads, a block each: RoPE, then the Hadamard rotation.
+__global__ void indexer_query_kernel(float* q, int64_t n_heads, int64_t dim, int64_t n_rot,
+                                     const int32_t* pos, float theta_scale) {
+    GLM5_DYNAMIC_SHARED(float, v);
+    const int64_t t = blockIdx.x / n_heads;
+    float* row = q + int64_t(blockIdx.x) * dim;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) v[i] = row[i];
+    __syncthreads();
+    for (int64_t k = threadIdx.x; k < n_rot / 2; k += blockDim.x)
+        rope_pair(v, pos[t], k, theta_scale);
+    __syncthreads();
+    hadamard_shared(v, dim, row);
+}
+
+// The indexer's keys of rows t0 + blockIdx.x, a block each: layer norm, RoPE, the Hadamard
+// rotation, the row stored in its segment's key cache; and the row's head weights scaled.
+__global__ void indexer_key_kernel(float* k, float* w, int64_t t0, SegTable segs, size_t row_bytes,
+                                   bool f16, int64_t n_heads, int64_t dim, int64_t n_rot,
+                                   const int32_t* pos, float theta_scale, const float* norm_w,
+                                   const float* norm_b, float w_scale) {
+    GLM5_DYNAMIC_SHARED(float, v);
+    GLM5_SHARED(double, sh, kThreads);
+    const int64_t t = t0 + blockIdx.x;
+    float* row = k + t * dim;
+    layer_norm_row(row, norm_w, norm_b, dim, 0.0f, v, sh);
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < n_rot / 2; j += blockDim.x)
+        rope_pair(v, pos[t], j, theta_scale);
+    __syncthreads();
+    hadamard_shared(v, dim, row);
+    const int s = seg_of(segs, t);
+    if (s >= 0)
+        for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+            store_value(const_cast<uint8_t*>(segs.data[s]) + size_t(pos[t]) * row_bytes, i, row[i],
+                        f16);
+    for (int64_t h = threadIdx.x; h < n_heads; h += blockDim.x)
+        w[t * n_heads + h] = __fmul_rn(w[t * n_heads + h], w_scale);
+}
+
 constexpr int kPick = 10;
 
 // (x, xi) into a list of the kPick best, kept in order (value descending, the lower id
@@ -277,6 +317,42 @@ __global__ void draft_pick_kernel(const float* logits, int64_t n_vocab, int32_t*
 }
 
 }  // namespace
+
+void CudaBackend::indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float> w,
+                                 DevPtr<const int32_t> pos, std::span<const Segment> keys,
+                                 int64_t n_heads, int64_t dim, int64_t n_rot, float freq_base,
+                                 const float* norm_w, const float* norm_b, float w_scale) {
+    Temporaries tmp(*this);
+    int64_t T = 0;
+    for (const Segment& s : keys) T = std::max(T, s.first + s.n);
+    op("indexer_inputs", T);
+    if (T == 0) return;
+    if (dim > 8192 || (dim & (dim - 1)) != 0)
+        throw Error("indexer_inputs: keys of " + std::to_string(dim) + " values");
+    size_t row_bytes = 0;
+    bool f16 = false;
+    for (const Segment& s : keys) {
+        if (s.cache.type == CacheType::BF16)
+            throw Error("indexer_inputs: BF16 keys are the CPU's --attn-bf16");
+        row_bytes = s.cache.row_bytes();
+        f16 = s.cache.type == CacheType::F16;
+    }
+    // The host's pow, as the CPU computes the angle step.
+    const float theta_scale = std::pow(freq_base, -2.0f / float(n_rot));
+    const size_t shared = size_t(dim) * sizeof(float);
+    GLM5_LAUNCH(indexer_query_kernel, unsigned(T * n_heads), kThreads, shared, stream(), dev(q),
+                n_heads, dim, n_rot, dev(pos), theta_scale);
+    const float *nw = vec(norm_w, dim), *nb = vec(norm_b, dim);
+    for (int64_t t0 = 0; t0 < T;) {
+        int64_t m = T - t0;
+        const SegTable segs =
+            seg_table(keys, t0, m, [&](const Segment& s) { return dev(s.cache.data); });
+        GLM5_LAUNCH(indexer_key_kernel, unsigned(m), kThreads, shared, stream(), dev(k), dev(w), t0,
+                    segs, row_bytes, f16, n_heads, dim, n_rot, dev(pos), theta_scale, nw, nb,
+                    w_scale);
+        t0 += m;
+    }
+}
 
 void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
                                  DevPtr<const int32_t> pos, std::span<const Segment> keys,

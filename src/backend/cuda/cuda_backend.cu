@@ -46,28 +46,11 @@ __global__ void rms_norm_kernel(const float* x, int64_t xs, const float* w, int6
 __global__ void layer_norm_kernel(const float* x, const float* w, const float* b, int64_t dim,
                                   float eps, float* y) {
     GLM5_SHARED(double, sh, kThreads);
-    const float* xr = x + int64_t(blockIdx.x) * dim;
-    float* yr = y + int64_t(blockIdx.x) * dim;
-    double acc = 0.0;
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) acc += double(xr[i]);
-    const float mean = float(block_sum(acc, sh) / double(dim));
-    double acc2 = 0.0;
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = xr[i] - mean;
-        acc2 += double(__fmul_rn(v, v));
-    }
-    const float var = float(block_sum(acc2, sh) / double(dim));
-    const float scale = 1.0f / sqrtf(var + eps);
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = __fmul_rn(xr[i] - mean, scale);
-        if (w) v = __fmul_rn(v, w[i]);
-        if (b) v += b[i];
-        yr[i] = v;
-    }
+    layer_norm_row(x + int64_t(blockIdx.x) * dim, w, b, dim, eps, y + int64_t(blockIdx.x) * dim,
+                   sh);
 }
 
-// One thread per (token, head, pair i); the angle by repeated multiplication, as the
-// CPU forms it.
+// One thread per (token, head, pair i).
 __global__ void rope_kernel(float* x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
                             int64_t head_stride, int64_t n_rot, const int32_t* pos,
                             float theta_scale) {
@@ -75,13 +58,7 @@ __global__ void rope_kernel(float* x, int64_t n_tok, int64_t tok_stride, int64_t
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_tok * n_heads * pairs) return;
     const int64_t t = i / (n_heads * pairs), h = (i / pairs) % n_heads, k = i % pairs;
-    float theta = float(pos[t]);
-    for (int64_t j = 0; j < k; ++j) theta = __fmul_rn(theta, theta_scale);
-    const float c = cosf(theta), s = sinf(theta);
-    float* p = x + t * tok_stride + h * head_stride + 2 * k;
-    const float x0 = p[0], x1 = p[1];
-    p[0] = __fmul_rn(x0, c) - __fmul_rn(x1, s);
-    p[1] = __fmul_rn(x0, s) + __fmul_rn(x1, c);
+    rope_pair(x + t * tok_stride + h * head_stride, pos[t], k, theta_scale);
 }
 
 // One block per vector, in shared memory.
@@ -90,17 +67,7 @@ __global__ void hadamard_kernel(float* x, int64_t dim) {
     float* row = x + int64_t(blockIdx.x) * dim;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) v[i] = row[i];
     __syncthreads();
-    for (int64_t len = 1; len < dim; len <<= 1) {
-        for (int64_t k = threadIdx.x; k < dim / 2; k += blockDim.x) {
-            const int64_t i = (k / len) * 2 * len + k % len;
-            const float a = v[i], b = v[i + len];
-            v[i] = a + b;
-            v[i + len] = a - b;
-        }
-        __syncthreads();
-    }
-    const float s = 1.0f / sqrtf(float(dim));
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) row[i] = __fmul_rn(v[i], s);
+    hadamard_shared(v, dim, row);
 }
 
 __global__ void copy_rows_kernel(const float* src, int64_t ss, const int32_t* rows, int64_t n_rows,

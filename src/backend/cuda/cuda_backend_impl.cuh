@@ -44,6 +44,54 @@ __device__ inline double block_sum(double v, double* sh) {
     return r;
 }
 
+// Row xr's layer norm (w, b may be null) to yr, by the block (`sh` as block_sum's).
+__device__ inline void layer_norm_row(const float* xr, const float* w, const float* b, int64_t dim,
+                                      float eps, float* yr, double* sh) {
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) acc += double(xr[i]);
+    const float mean = float(block_sum(acc, sh) / double(dim));
+    double acc2 = 0.0;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] - mean;
+        acc2 += double(__fmul_rn(v, v));
+    }
+    const float var = float(block_sum(acc2, sh) / double(dim));
+    const float scale = 1.0f / sqrtf(var + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = __fmul_rn(xr[i] - mean, scale);
+        if (w) v = __fmul_rn(v, w[i]);
+        if (b) v += b[i];
+        yr[i] = v;
+    }
+}
+
+// RoPE of pair k (values 2k and 2k + 1 of x) at position p: the angle by repeated
+// multiplication, as the CPU forms it.
+__device__ inline void rope_pair(float* x, int32_t p, int64_t k, float theta_scale) {
+    float theta = float(p);
+    for (int64_t j = 0; j < k; ++j) theta = __fmul_rn(theta, theta_scale);
+    const float c = cosf(theta), s = sinf(theta);
+    const float x0 = x[2 * k], x1 = x[2 * k + 1];
+    x[2 * k] = __fmul_rn(x0, c) - __fmul_rn(x1, s);
+    x[2 * k + 1] = __fmul_rn(x0, s) + __fmul_rn(x1, c);
+}
+
+// The normalised Hadamard transform of v[0, dim) (shared memory, the block's values, dim a
+// power of two) to out; v is left transformed but not scaled.
+__device__ inline void hadamard_shared(float* v, int64_t dim, float* out) {
+    for (int64_t len = 1; len < dim; len <<= 1) {
+        for (int64_t k = threadIdx.x; k < dim / 2; k += blockDim.x) {
+            const int64_t i = (k / len) * 2 * len + k % len;
+            const float a = v[i], b = v[i + len];
+            v[i] = a + b;
+            v[i + len] = a - b;
+        }
+        __syncthreads();
+    }
+    const float s = 1.0f / sqrtf(float(dim));
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[i] = __fmul_rn(v[i], s);
+}
+
 // Value i of a cache row held as F16 or F32.
 __device__ inline float load_value(const uint8_t* row, int64_t i, bool f16) {
     return f16 ? __half2float(reinterpret_cast<const __half*>(row)[i])
@@ -116,6 +164,10 @@ class CudaBackend final : public Backend,
                        int64_t n_tok, DevPtr<float> y, int64_t y_tok, int64_t y_slice) override;
     void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
                      DevPtr<const int32_t> pos) override;
+    void indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float> w,
+                        DevPtr<const int32_t> pos, std::span<const Segment> keys, int64_t n_heads,
+                        int64_t dim, int64_t n_rot, float freq_base, const float* norm_w,
+                        const float* norm_b, float w_scale) override;
     void indexer_select(DevPtr<const float> q, DevPtr<const float> w, DevPtr<const int32_t> pos,
                         std::span<const Segment> keys, int64_t pool, int64_t n_heads, int64_t dim,
                         int64_t top_k, DevPtr<int32_t> out) override;
