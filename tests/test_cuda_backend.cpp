@@ -309,6 +309,55 @@ TEST(CudaOps, IndexerInputsAreTheBitsOfTheOpsTheyFuse) {
     }
 }
 
+// MLA's rows made ready in one op are the bits of the ops it stands for (rms_norm, rope,
+// cache_store, and the query's rope part RoPE'd and copied), on the device and on the CPU:
+// 20 one-row segments, an F16 latent cache.
+TEST(CudaOps, MlaRowsAreTheBitsOfTheOpsTheyFuse) {
+    const int64_t T = 20, H = 3, R = 32, n_rot = 8, W = R + n_rot, nope = 16, Dq = nope + n_rot;
+    const int64_t n = 256;
+    const std::vector<float> kv = test::normal_floats(size_t(T * W), 41);
+    const std::vector<float> q = test::normal_floats(size_t(T * H * Dq), 42);
+    const std::vector<float> nw = test::normal_floats(size_t(R), 43);
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(2 + t * 7);
+    auto run = [&](Backend& be, bool fused) {
+        CacheRows c{be.alloc_cache(size_t(n * W) * 2), W, CacheType::F16};
+        std::vector<AttentionOps::Segment> segs;
+        for (int64_t t = T - 1; t >= 0; --t) segs.push_back({c, t, 1});
+        const DevPtr<float> k = put(be, kv), qd = put(be, q);
+        const DevPtr<float> qfull = put(be, std::vector<float>(size_t(T * H * W), 0.0f));
+        const DevPtr<const int32_t> p = put(be, pos);
+        if (fused) {
+            AttentionOps::MlaRows m;
+            m.kv = k, m.kv_stride = W, m.R = R, m.n_rot = n_rot, m.norm_w = nw.data();
+            m.eps = 1e-6f, m.freq_base = 10000.0f;
+            m.q = qd, m.n_heads = H, m.q_width = Dq, m.nope = nope, m.qfull = qfull;
+            m.qfull_width = W;
+            test::attn_ops(be).mla_rows(m, p, segs);
+        } else {
+            be.rms_norm(k, W, nw.data(), T, R, 1e-6f, k, W);
+            be.rope(k + R, T, W, 1, n_rot, n_rot, p, 10000.0f);
+            for (const auto& s : segs) be.cache_store(c, k + s.first * W, W, s.n, p + s.first);
+            be.rope(qd + nope, T, H * Dq, H, Dq, n_rot, p, 10000.0f);
+            be.copy_rows(qd + nope, Dq, nullptr, T * H, n_rot, qfull + R, W);
+        }
+        std::vector<float> out = get(be, k, size_t(T * W));
+        const std::vector<float> qf = get(be, qfull, size_t(T * H * W));
+        out.insert(out.end(), qf.begin(), qf.end());
+        std::vector<uint8_t> cache(size_t(n * W) * 2);
+        be.read_bytes(c.data, cache.data(), cache.size());
+        be.free_cache(c.data);
+        return std::make_pair(out, cache);
+    };
+    for (auto make : {gpu, cpu}) {
+        auto be = make();
+        const auto [fv, fc] = run(*be, true);
+        const auto [sv, sc] = run(*be, false);
+        EXPECT_TRUE(test::bitwise_equal(fv, sv)) << be->name();
+        EXPECT_EQ(fc, sc) << be->name();
+    }
+}
+
 TEST(CudaOps, MixtureOfExpertsAgreesWithTheCpu) {
     const int64_t E = 256, F = 256, X = 16, T = 5;
     const int K = 4;
@@ -872,9 +921,9 @@ TEST(CudaSteps, ADecodeStepsLaunchesAndHostTraffic) {
     // indexer, convolution and delta-rule descriptors came with their launches, 10 and 33
     // uploads. glm5next's pool compression is launched at every step since its pools are
     // found on the device (296 before); glm-dsa's indexer inputs are two launches, not seven
-    // (161 before).
-    for (const auto& [fixture, most] : {std::pair<std::string, uint64_t>{"glm-dsa/tiny.gguf", 146},
-                                        {"glm5next/tiny.gguf", 301}}) {
+    // (161 before), and MLA's cache row and query rope parts one, not five (146 before).
+    for (const auto& [fixture, most] : {std::pair<std::string, uint64_t>{"glm-dsa/tiny.gguf", 122},
+                                        {"glm5next/tiny.gguf", 299}}) {
         SCOPED_TRACE(fixture);
         const StepTraffic t = decode_step_traffic(fixture);
         EXPECT_LE(t.c.launches, most);

@@ -65,6 +65,26 @@ class AttentionOps {
                                 int64_t n_heads, int64_t dim, int64_t n_rot, float freq_base,
                                 const float* norm_w, const float* norm_b, float w_scale) = 0;
 
+    // MLA's rows of a step made ready for mla_attention: each row t's cache row
+    // kv[t] = [c | k_rope] (kv_stride apart), c = RMSNorm(kv[t][0, R); norm_w, eps) and k_rope
+    // = kv[t][R, R + n_rot) RoPE'd at pos[t], stored as row pos[t] of its segment's cache
+    // (kv is left normed and RoPE'd); and each query head's rope part q[t][h][nope, nope +
+    // n_rot) (q_width apart) RoPE'd into qfull[t][h][R, R + n_rot) (qfull_width apart; q left
+    // as it is). The bits of Backend's rms_norm, rope, cache_store and copy_rows (a device
+    // does it in one launch).
+    struct MlaRows {
+        DevPtr<float> kv;
+        int64_t kv_stride = 0, R = 0, n_rot = 0;
+        const float* norm_w = nullptr;
+        float eps = 0.0f, freq_base = 10000.0f;
+        DevPtr<const float> q;
+        int64_t n_heads = 0, q_width = 0, nope = 0;
+        DevPtr<float> qfull;
+        int64_t qfull_width = 0;
+    };
+    virtual void mla_rows(const MlaRows& m, DevPtr<const int32_t> pos,
+                          std::span<const Segment> segs) = 0;
+
     // Lightning-indexer selection: for each of the segments' rows t with more than top_k
     // candidates (n_vis / pool: tokens when pool is 1, complete pools otherwise),
     // score(s) = sum_h w[t][h] * relu(q[t][h] . key_s) over its candidates (rows of its

@@ -30,6 +30,24 @@ void CpuBackend::cache_store(const CacheRows& c, DevPtr<const float> x_, int64_t
 
 // The step forms: each segment's rows become per-query lists, decided from the plan's
 // positions here rather than by the model on the host.
+// The ops one by one (each is one pass of the thread pool over its rows); the query's rope
+// part RoPE'd where the copy lands.
+void CpuBackend::mla_rows(const MlaRows& m, DevPtr<const int32_t> pos,
+                          std::span<const Segment> segs) {
+    int64_t T = 0;
+    for (const Segment& s : segs) T = std::max(T, s.first + s.n);
+    rms_norm(m.kv, m.kv_stride, m.norm_w, T, m.R, m.eps, m.kv, m.kv_stride);
+    if (m.n_rot > 0) rope(m.kv + m.R, T, m.kv_stride, 1, m.n_rot, m.n_rot, pos, m.freq_base);
+    for (const Segment& s : segs)
+        cache_store(s.cache, m.kv + s.first * m.kv_stride, m.kv_stride, s.n, pos + s.first);
+    if (m.n_rot > 0) {
+        copy_rows(m.q + m.nope, m.q_width, nullptr, T * m.n_heads, m.n_rot, m.qfull + m.R,
+                  m.qfull_width);
+        rope(m.qfull + m.R, T, m.n_heads * m.qfull_width, m.n_heads, m.qfull_width, m.n_rot, pos,
+             m.freq_base);
+    }
+}
+
 // The ops one by one: each is one pass of the thread pool over its rows already.
 void CpuBackend::indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float> w,
                                 DevPtr<const int32_t> pos, std::span<const Segment> keys,

@@ -217,6 +217,8 @@ class CpuBackend final : public Backend,
     void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
                      DevPtr<const int32_t> pos) override;
 
+    void mla_rows(const MlaRows& m, DevPtr<const int32_t> pos,
+                  std::span<const Segment> segs) override;
     void indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float> w,
                         DevPtr<const int32_t> pos, std::span<const Segment> keys, int64_t n_heads,
                         int64_t dim, int64_t n_rot, float freq_base, const float* norm_w,

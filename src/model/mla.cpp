@@ -48,20 +48,20 @@ void MlaBlock::attend(backend::DevPtr<const int32_t> pos, std::span<const MlaSeq
     const int64_t T = T_, H = s_.n_head, R = s_.kv_lora, W = s_.row();
     const int64_t Dq = s_.k_mla, Dv = s_.v_mla, n_rot = s_.n_rot;
 
-    // The cache row [c | k_rope]: c normed, k_rope (shared by all heads) at
-    // its position.
-    be.rms_norm(b_.kv, W, w_.kv_a_norm, T, R, s_.eps, b_.kv, W);
-    if (n_rot > 0) be.rope(b_.kv + R, T, W, 1, n_rot, n_rot, pos, s_.freq_base);
-    for (const MlaSeq& q : seqs)
-        be.cache_store(*q.latent, b_.kv + q.first * W, W, q.n, pos + q.first);
-
-    // Queries in latent space: q_abs = K_b[h] . q_nope[h], then q_rope.
-    if (n_rot > 0) be.rope(b_.q + s_.nope(), T, H * Dq, H, Dq, n_rot, pos, s_.freq_base);
-    be.matmul_slices(w_.k_b, b_.q, H * Dq, Dq, T, b_.qfull, H * W, W);
-    if (n_rot > 0) be.copy_rows(b_.q + s_.nope(), Dq, nullptr, T * H, n_rot, b_.qfull + R, W);
-
+    // The cache row [c | k_rope]: c normed, k_rope (shared by all heads) RoPE'd at its
+    // position, stored; the queries' rope parts RoPE'd into their latent-space rows.
     std::vector<backend::AttentionOps::Segment> segs;
     for (const MlaSeq& q : seqs) segs.push_back({*q.latent, q.first, q.n});
+    backend::AttentionOps::MlaRows rows;
+    rows.kv = b_.kv, rows.kv_stride = W, rows.R = R, rows.n_rot = n_rot;
+    rows.norm_w = w_.kv_a_norm, rows.eps = s_.eps, rows.freq_base = s_.freq_base;
+    rows.q = b_.q, rows.n_heads = H, rows.q_width = Dq, rows.nope = s_.nope();
+    rows.qfull = b_.qfull, rows.qfull_width = W;
+    attn_.mla_rows(rows, pos, segs);
+
+    // Queries in latent space: q_abs = K_b[h] . q_nope[h] beside the rope part.
+    be.matmul_slices(w_.k_b, b_.q, H * Dq, Dq, T, b_.qfull, H * W, W);
+
     attn_.mla_attention(b_.qfull, pos, segs, sel, H, R, 1.0f / std::sqrt(float(Dq)), b_.olat);
 
     // Decompress each head's latent output with V_b[h], then project out.

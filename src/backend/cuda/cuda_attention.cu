@@ -234,6 +234,44 @@ SegTable seg_table(std::span<const AttentionOps::Segment> segs, int64_t t0, int6
     return t;
 }
 
+// MLA's rows t0 + blockIdx.x, a block each: the cache row [c | k_rope] normed, RoPE'd and
+// stored in its segment's cache; the query heads' rope parts RoPE'd into the full queries.
+struct MlaRowArgs {
+    float* kv;
+    int64_t kv_stride, R, n_rot;
+    const float* norm_w;
+    const float* q;
+    int64_t n_heads, q_width, nope;
+    float* qfull;
+    int64_t qfull_width;
+};
+__global__ void mla_rows_kernel(MlaRowArgs a, float eps, float theta_scale, const int32_t* pos,
+                                int64_t t0, SegTable segs, size_t row_bytes, int64_t width,
+                                bool f16) {
+    GLM5_SHARED(double, sh, kThreads);
+    const int64_t t = t0 + blockIdx.x;
+    float* row = a.kv + t * a.kv_stride;
+    rms_norm_row(row, a.norm_w, a.R, eps, row, sh);
+    __syncthreads();
+    const int64_t pairs = a.n_rot / 2;
+    for (int64_t k = threadIdx.x; k < pairs; k += blockDim.x)
+        rope_pair(row + a.R, pos[t], k, theta_scale);
+    __syncthreads();
+    const int s = seg_of(segs, t);
+    if (s >= 0)
+        for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
+            store_value(const_cast<uint8_t*>(segs.data[s]) + size_t(pos[t]) * row_bytes, i, row[i],
+                        f16);
+    for (int64_t i = threadIdx.x; i < a.n_heads * pairs; i += blockDim.x) {
+        const int64_t h = i / pairs, k = i % pairs;
+        const float* src = a.q + (t * a.n_heads + h) * a.q_width + a.nope;
+        float* dst = a.qfull + (t * a.n_heads + h) * a.qfull_width + a.R;
+        dst[2 * k] = src[2 * k];
+        dst[2 * k + 1] = src[2 * k + 1];
+        rope_pair(dst, pos[t], k, theta_scale);
+    }
+}
+
 // The indexer's query heads, a block each: RoPE, then the Hadamard rotation.
 __global__ void indexer_query_kernel(float* q, int64_t n_heads, int64_t dim, int64_t n_rot,
                                      const int32_t* pos, float theta_scale) {
@@ -317,6 +355,37 @@ __global__ void draft_pick_kernel(const float* logits, int64_t n_vocab, int32_t*
 }
 
 }  // namespace
+
+void CudaBackend::mla_rows(const MlaRows& m, DevPtr<const int32_t> pos,
+                           std::span<const Segment> segs) {
+    Temporaries tmp(*this);
+    int64_t T = 0;
+    for (const Segment& s : segs) T = std::max(T, s.first + s.n);
+    op("mla_rows", T);
+    if (T == 0) return;
+    size_t row_bytes = 0;
+    int64_t width = 0;
+    bool f16 = false;
+    for (const Segment& s : segs) {
+        if (s.cache.type == CacheType::BF16)
+            throw Error("mla_rows: BF16 caches are the CPU's --attn-bf16");
+        row_bytes = s.cache.row_bytes();
+        width = s.cache.width;
+        f16 = s.cache.type == CacheType::F16;
+    }
+    const MlaRowArgs a{dev(m.kv), m.kv_stride, m.R,    m.n_rot,      vec(m.norm_w, m.R), dev(m.q),
+                       m.n_heads, m.q_width,   m.nope, dev(m.qfull), m.qfull_width};
+    // The host's pow, as the CPU computes the angle step.
+    const float theta_scale = m.n_rot > 0 ? std::pow(m.freq_base, -2.0f / float(m.n_rot)) : 0.0f;
+    for (int64_t t0 = 0; t0 < T;) {
+        int64_t n = T - t0;
+        const SegTable st =
+            seg_table(segs, t0, n, [&](const Segment& s) { return dev(s.cache.data); });
+        GLM5_LAUNCH(mla_rows_kernel, unsigned(n), kThreads, 0, stream(), a, m.eps, theta_scale,
+                    dev(pos), t0, st, row_bytes, width, f16);
+        t0 += n;
+    }
+}
 
 void CudaBackend::indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float> w,
                                  DevPtr<const int32_t> pos, std::span<const Segment> keys,
