@@ -358,6 +358,29 @@ TEST(CudaOps, MlaRowsAreTheBitsOfTheOpsTheyFuse) {
     }
 }
 
+// A residual add with the next norm in one launch: the bits of add, then rms_norm.
+TEST(CudaOps, AddRmsNormIsTheBitsOfAddThenRmsNorm) {
+    const int64_t T = 5, E = 300;
+    const std::vector<float> x = test::normal_floats(size_t(T * E), 51);
+    const std::vector<float> d = test::normal_floats(size_t(T * E), 52);
+    const std::vector<float> w = test::normal_floats(size_t(E), 53);
+    auto g = gpu();
+    auto run = [&](bool fused) {
+        const DevPtr<float> xd = put(*g, x), y = g->scratch(size_t(T * E));
+        if (fused) {
+            g->add_rms_norm(xd, put(*g, d), w.data(), T, E, 1e-5f, y);
+        } else {
+            g->add(xd, put(*g, d), T * E);
+            g->rms_norm(xd, E, w.data(), T, E, 1e-5f, y, E);
+        }
+        std::vector<float> out = get(*g, xd, size_t(T * E));
+        const std::vector<float> yn = get(*g, y, size_t(T * E));
+        out.insert(out.end(), yn.begin(), yn.end());
+        return out;
+    };
+    EXPECT_TRUE(test::bitwise_equal(run(true), run(false)));
+}
+
 TEST(CudaOps, MixtureOfExpertsAgreesWithTheCpu) {
     const int64_t E = 256, F = 256, X = 16, T = 5;
     const int K = 4;
@@ -921,8 +944,9 @@ TEST(CudaSteps, ADecodeStepsLaunchesAndHostTraffic) {
     // indexer, convolution and delta-rule descriptors came with their launches, 10 and 33
     // uploads. glm5next's pool compression is launched at every step since its pools are
     // found on the device (296 before); glm-dsa's indexer inputs are two launches, not seven
-    // (161 before), and MLA's cache row and query rope parts one, not five (146 before).
-    for (const auto& [fixture, most] : {std::pair<std::string, uint64_t>{"glm-dsa/tiny.gguf", 122},
+    // (161 before), MLA's cache row and query rope parts one, not five (146 before), and the
+    // residual add with the FFN's norm one (122 before).
+    for (const auto& [fixture, most] : {std::pair<std::string, uint64_t>{"glm-dsa/tiny.gguf", 116},
                                         {"glm5next/tiny.gguf", 299}}) {
         SCOPED_TRACE(fixture);
         const StepTraffic t = decode_step_traffic(fixture);

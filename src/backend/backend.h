@@ -353,6 +353,14 @@ class Backend {
     // y = x / sqrt(mean(x^2) + eps) (* w when w != null), per row of `dim`.
     virtual void rms_norm(DevPtr<const float> x, int64_t x_stride, const float* w, int64_t n_rows,
                           int64_t dim, float eps, DevPtr<float> y, int64_t y_stride) = 0;
+    // A residual add and the next norm: x += d (n_rows rows of dim, packed), then y =
+    // rms_norm(x) (packed rows). The bits of add and rms_norm; a device does both in one
+    // launch.
+    virtual void add_rms_norm(DevPtr<float> x, DevPtr<const float> d, const float* w,
+                              int64_t n_rows, int64_t dim, float eps, DevPtr<float> y) {
+        add(x, d, n_rows * dim);
+        rms_norm(x, dim, w, n_rows, dim, eps, y, dim);
+    }
     // y = (x - mean) / sqrt(var + eps) * w + b, per row.
     virtual void layer_norm(DevPtr<const float> x, const float* w, const float* b, int64_t n_rows,
                             int64_t dim, float eps, DevPtr<float> y) = 0;

@@ -324,10 +324,9 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T,
     for (const BlockSegment& s : segs) seqs.push_back({s.latent, s.first, s.n});
     mla.attend(dpos, seqs, b.selection, b.tmp);
     be.reduce_sum(b.tmp, T * E);  // tensor parallel: every rank's heads
-    be.add(x, b.tmp, T * E);
 
-    // ---- FFN
-    be.rms_norm(x, E, L.ffn_norm, T, E, h.eps, b.xn, E);
+    // ---- FFN, on the residual with the attention's output added
+    be.add_rms_norm(x, b.tmp, L.ffn_norm, T, E, h.eps, b.xn);
     if (L.dense) {
         const backend::Backend::MatmulOut gu[] = {{&L.ffn_gate, b.fg, h.n_ff},
                                                   {&L.ffn_up, b.fu, h.n_ff}};

@@ -32,15 +32,17 @@ __global__ void embed_kernel(quant::Type type, const uint8_t* table, size_t row_
 __global__ void rms_norm_kernel(const float* x, int64_t xs, const float* w, int64_t dim, float eps,
                                 float* y, int64_t ys) {
     GLM5_SHARED(double, sh, kThreads);
-    const float* xr = x + int64_t(blockIdx.x) * xs;
-    float* yr = y + int64_t(blockIdx.x) * ys;
-    double acc = 0.0;
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) acc += double(__fmul_rn(xr[i], xr[i]));
-    const double sum = block_sum(acc, sh);
-    const float mean = float(sum / double(dim));
-    const float scale = 1.0f / sqrtf(mean + eps);
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
-        yr[i] = w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
+    rms_norm_row(x + int64_t(blockIdx.x) * xs, w, dim, eps, y + int64_t(blockIdx.x) * ys, sh);
+}
+
+__global__ void add_rms_norm_kernel(float* x, const float* d, const float* w, int64_t dim,
+                                    float eps, float* y) {
+    GLM5_SHARED(double, sh, kThreads);
+    float* xr = x + int64_t(blockIdx.x) * dim;
+    const float* dr = d + int64_t(blockIdx.x) * dim;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) xr[i] += dr[i];
+    __syncthreads();
+    rms_norm_row(xr, w, dim, eps, y + int64_t(blockIdx.x) * dim, sh);
 }
 
 __global__ void layer_norm_kernel(const float* x, const float* w, const float* b, int64_t dim,
@@ -424,6 +426,15 @@ void CudaBackend::rms_norm(DevPtr<const float> x, int64_t x_stride, const float*
     if (n_rows <= 0) return;
     GLM5_LAUNCH(rms_norm_kernel, unsigned(n_rows), kThreads, 0, stream(), dev(x), x_stride,
                 vec(w, dim), dim, eps, dev(y), y_stride);
+}
+
+void CudaBackend::add_rms_norm(DevPtr<float> x, DevPtr<const float> d, const float* w,
+                               int64_t n_rows, int64_t dim, float eps, DevPtr<float> y) {
+    Temporaries tmp(*this);
+    op("rms_norm", n_rows);
+    if (n_rows <= 0) return;
+    GLM5_LAUNCH(add_rms_norm_kernel, unsigned(n_rows), kThreads, 0, stream(), dev(x), dev(d),
+                vec(w, dim), dim, eps, dev(y));
 }
 
 void CudaBackend::layer_norm(DevPtr<const float> x, const float* w, const float* b, int64_t n_rows,

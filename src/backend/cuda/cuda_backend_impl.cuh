@@ -44,6 +44,18 @@ __device__ inline double block_sum(double v, double* sh) {
     return r;
 }
 
+// Row xr's RMS norm (w may be null) to yr, by the block (`sh` as block_sum's).
+__device__ inline void rms_norm_row(const float* xr, const float* w, int64_t dim, float eps,
+                                    float* yr, double* sh) {
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) acc += double(__fmul_rn(xr[i], xr[i]));
+    const double sum = block_sum(acc, sh);
+    const float mean = float(sum / double(dim));
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+        yr[i] = w ? __fmul_rn(__fmul_rn(xr[i], scale), w[i]) : __fmul_rn(xr[i], scale);
+}
+
 // Row xr's layer norm (w, b may be null) to yr, by the block (`sh` as block_sum's).
 __device__ inline void layer_norm_row(const float* xr, const float* w, const float* b, int64_t dim,
                                       float eps, float* yr, double* sh) {
@@ -144,6 +156,8 @@ class CudaBackend final : public Backend,
                DevPtr<float> out) override;
     void rms_norm(DevPtr<const float> x, int64_t x_stride, const float* w, int64_t n_rows,
                   int64_t dim, float eps, DevPtr<float> y, int64_t y_stride) override;
+    void add_rms_norm(DevPtr<float> x, DevPtr<const float> d, const float* w, int64_t n_rows,
+                      int64_t dim, float eps, DevPtr<float> y) override;
     void layer_norm(DevPtr<const float> x, const float* w, const float* b, int64_t n_rows,
                     int64_t dim, float eps, DevPtr<float> y) override;
     void rope(DevPtr<float> x, int64_t n_tok, int64_t tok_stride, int64_t n_heads,
@@ -164,6 +178,8 @@ class CudaBackend final : public Backend,
                        int64_t n_tok, DevPtr<float> y, int64_t y_tok, int64_t y_slice) override;
     void cache_store(const CacheRows& cache, DevPtr<const float> x, int64_t x_stride, int64_t n_tok,
                      DevPtr<const int32_t> pos) override;
+    void mla_rows(const MlaRows& m, DevPtr<const int32_t> pos,
+                  std::span<const Segment> segs) override;
     void indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float> w,
                         DevPtr<const int32_t> pos, std::span<const Segment> keys, int64_t n_heads,
                         int64_t dim, int64_t n_rot, float freq_base, const float* norm_w,
