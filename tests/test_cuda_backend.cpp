@@ -193,28 +193,42 @@ TEST(CudaOps, MlaAttentionDenseAndSelectedAgreesWithTheCpu) {
 }
 
 TEST(CudaOps, IndexerSelectsTheCpusRows) {
-    const int64_t dim = 128, heads = 8, n = 500, top_k = 64;
+    const int64_t dim = 128, heads = 8, n = 500, top_k = 64, R = 4;
     const std::vector<float> keys = test::normal_floats(size_t(n * dim), 5);
-    const std::vector<float> q = test::normal_floats(size_t(3 * heads * dim), 6);
-    const std::vector<float> w = test::normal_floats(size_t(3 * heads), 7);
+    // Every key 13 times over: scores tie in groups across the k-th, in runs of rows that
+    // different threads count.
+    std::vector<float> repeated(keys.size());
+    for (int64_t i = 0; i < n; ++i)
+        std::copy_n(keys.begin() + (i % 37) * dim, dim, repeated.begin() + i * dim);
+    const std::vector<float> q = test::normal_floats(size_t(R * heads * dim), 6);
+    std::vector<float> w = test::normal_floats(size_t(R * heads), 7);
+    std::fill(w.begin() + 3 * heads, w.end(), 0.0f);  // row 3: every score 0, one tie
     std::vector<int32_t> cell_pos(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) cell_pos[size_t(i)] = int32_t(i);
-    const std::vector<int32_t> pos = {100, 300, 499};
-    auto run = [&](Backend& be) {
+    const std::vector<int32_t> pos = {100, 300, 499, 499};
+    auto run = [&](Backend& be, const std::vector<float>& k) {
         CacheRows c{be.alloc_cache(size_t(n * dim) * 4), dim, CacheType::F32};
-        be.cache_store(c, put(be, keys), dim, n, put(be, cell_pos));
-        AttentionOps::Segment seg{c, 0, 3};
-        auto out = be.scratch_ids(size_t(3 * top_k));
+        be.cache_store(c, put(be, k), dim, n, put(be, cell_pos));
+        AttentionOps::Segment seg{c, 0, R};
+        // One row more than the output: it must come back as it was put.
+        auto out = put(be, std::vector<int32_t>(size_t((R + 1) * top_k), -7));
         test::attn_ops(be).indexer_select(put(be, q), put(be, w), put(be, pos), {&seg, 1}, 1, heads,
                                           dim, top_k, out);
-        auto h = get(be, out, size_t(3 * top_k));
+        auto h = get(be, out, size_t((R + 1) * top_k));
         be.free_cache(c.data);
         return h;
     };
     auto g = gpu();
     auto c = cpu();
-    // Random scores are far apart at the k-th: the same rows, in the same order.
-    EXPECT_EQ(run(*g), run(*c));
+    // The same rows, in the same order; among equal scores the lower rows.
+    for (const std::vector<float>* k : {&keys, &std::as_const(repeated)}) {
+        const std::vector<int32_t> ids = run(*g, *k);
+        EXPECT_EQ(ids, run(*c, *k));
+        for (int64_t j = 0; j < top_k; ++j) {
+            EXPECT_EQ(ids[size_t(3 * top_k + j)], j);
+            EXPECT_EQ(ids[size_t(R * top_k + j)], -7);
+        }
+    }
 }
 
 // A step of more sequences than a launch's segment table holds (20 one-row segments): the

@@ -91,6 +91,8 @@ __global__ void indexer_scores_kernel(RowRule rule, int64_t t0, const float* q, 
 __global__ void top_k_kernel(RowRule rule, int64_t t0, const float* scores, int64_t ld,
                              int64_t top_k, int32_t* out) {
     GLM5_SHARED(int, hist, 256);
+    GLM5_SHARED(int64_t, out_at, kThreads);
+    GLM5_SHARED(int64_t, equal_at, kThreads);
     GLM5_SHARED_VAR(uint32_t, prefix_sh);
     GLM5_SHARED_VAR(int64_t, remaining_sh);
     const IndexerRow r = indexer_row(rule, t0 + blockIdx.x);
@@ -121,12 +123,36 @@ __global__ void top_k_kernel(RowRule rule, int64_t t0, const float* scores, int6
         mask |= 255u << shift;
         __syncthreads();
     }
-    if (threadIdx.x != 0) return;
+    // The rows taken, ascending: each thread counts its own run of rows (those above the
+    // k-th key, and those equal to it), the runs' offsets follow in thread order, then each
+    // thread writes its run's rows.
     const uint32_t kth = prefix_sh;
     const int64_t equal = remaining_sh;
+    const int64_t per = (n + blockDim.x - 1) / blockDim.x;
+    const int64_t b = std::min<int64_t>(n, int64_t(threadIdx.x) * per), e = std::min(n, b + per);
+    int64_t above = 0, eq = 0;
+    for (int64_t j = b; j < e; ++j) {
+        const uint32_t k = device::order_key(sc[j]);
+        above += k > kth;
+        eq += k == kth;
+    }
+    out_at[threadIdx.x] = above;
+    equal_at[threadIdx.x] = eq;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int64_t m = 0, eb = 0;
+        for (unsigned i = 0; i < blockDim.x; ++i) {
+            const int64_t a = out_at[i], q = equal_at[i];
+            out_at[i] = m;
+            equal_at[i] = eb;
+            m += a + std::min(q, std::max<int64_t>(0, equal - eb));
+            eb += q;
+        }
+    }
+    __syncthreads();
     int32_t* o = out + r.t * top_k;
-    int64_t m = 0, equal_before = 0;
-    for (int64_t j = 0; j < n; ++j) {
+    int64_t m = out_at[threadIdx.x], equal_before = equal_at[threadIdx.x];
+    for (int64_t j = b; j < e; ++j) {
         const uint32_t k = device::order_key(sc[j]);
         if (device::takes(k, kth, equal_before, equal)) o[m++] = int32_t(j);
         equal_before += k == kth;
