@@ -24,6 +24,10 @@ namespace glm5::backend::cuda {
 
 namespace {
 
+GLM5_HD int64_t min64(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
+
 __device__ float f16_round(float v) {
     return __half2float(__float2half_rn(v));
 }
@@ -66,25 +70,39 @@ __device__ inline IndexerRow indexer_row(const RowRule& r, int64_t t) {
     return {r.segs.data[s], t, n_vis / r.pool};
 }
 
-// Block (key chunk, query): one thread per key, every head's dot and the relu-weighted
-// sum in head order.
+// Block (key chunk, query): the chunk's keys read once, together (each warp's loads one
+// stretch of memory), into shared memory; then one thread per key, every head's dot and the
+// relu-weighted sum in head order.
+constexpr int kScoreKeys = 64;
+size_t score_tile_bytes(int64_t dim) {
+    return size_t(kScoreKeys) * size_t(dim + 1) * sizeof(float);
+}
 __global__ void indexer_scores_kernel(RowRule rule, int64_t t0, const float* q, const float* w,
                                       int64_t n_heads, int64_t dim, size_t row_bytes, bool f16,
                                       float* scores, int64_t ld) {
-    // Query rows on x (any number), key chunks on y (up to 65535 x 128 keys).
+    GLM5_DYNAMIC_SHARED(float, tile);  // a row of dim + 1 floats a key (no bank conflicts)
+    // Query rows on x (any number), key chunks on y (up to 65535 x kScoreKeys keys).
     const IndexerRow r = indexer_row(rule, t0 + blockIdx.x);
-    const int64_t j = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-    if (j >= r.n_keys) return;
-    const uint8_t* key = r.keys + size_t(j) * row_bytes;
+    const int64_t j0 = int64_t(blockIdx.y) * blockDim.x;
+    if (j0 >= r.n_keys) return;  // the whole block
+    const int64_t left = r.n_keys - j0, n = left < blockDim.x ? left : blockDim.x;
+    const int64_t stride = dim + 1;
+    for (int64_t e = threadIdx.x; e < n * dim; e += blockDim.x) {
+        const int64_t k = e / dim, i = e % dim;
+        tile[k * stride + i] = load_value(r.keys + size_t(j0 + k) * row_bytes, i, f16);
+    }
+    __syncthreads();
+    if (int64_t(threadIdx.x) >= n) return;
+    const float* key = tile + threadIdx.x * stride;
     const float* qt = q + r.t * n_heads * dim;
     const float* wt = w + r.t * n_heads;
     float s = 0.f;
     for (int64_t h = 0; h < n_heads; ++h) {
         float d = 0.f;
-        for (int64_t i = 0; i < dim; ++i) d = fmaf(qt[h * dim + i], load_value(key, i, f16), d);
+        for (int64_t i = 0; i < dim; ++i) d = fmaf(qt[h * dim + i], key[i], d);
         s += __fmul_rn(fmaxf(d, 0.f), wt[h]);
     }
-    scores[int64_t(blockIdx.x) * ld + j] = s;
+    scores[int64_t(blockIdx.x) * ld + j0 + threadIdx.x] = s;
 }
 
 // One block per query: the top_k rows by score (ties to the lower row), ascending.
@@ -129,7 +147,7 @@ __global__ void top_k_kernel(RowRule rule, int64_t t0, const float* scores, int6
     const uint32_t kth = prefix_sh;
     const int64_t equal = remaining_sh;
     const int64_t per = (n + blockDim.x - 1) / blockDim.x;
-    const int64_t b = std::min<int64_t>(n, int64_t(threadIdx.x) * per), e = std::min(n, b + per);
+    const int64_t b = min64(n, int64_t(threadIdx.x) * per), e = min64(n, b + per);
     int64_t above = 0, eq = 0;
     for (int64_t j = b; j < e; ++j) {
         const uint32_t k = device::order_key(sc[j]);
@@ -145,7 +163,8 @@ __global__ void top_k_kernel(RowRule rule, int64_t t0, const float* scores, int6
             const int64_t a = out_at[i], q = equal_at[i];
             out_at[i] = m;
             equal_at[i] = eb;
-            m += a + std::min(q, std::max<int64_t>(0, equal - eb));
+            const int64_t left = equal - eb;  // k-th keys still to take
+            m += a + min64(q, left > 0 ? left : 0);
             eb += q;
         }
     }
@@ -481,6 +500,11 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
     if (most == 0) return;
     most = bucket(most);
     const int64_t chunk = rows_per_chunk(most);
+    const size_t tile = score_tile_bytes(dim);
+    if (tile > 48 * 1024)  // past the default a block may take: asked for once
+        check(cudaFuncSetAttribute(indexer_scores_kernel,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(tile)),
+              "indexer_select: keys too wide for a block's shared memory");
     for (int64_t t0 = 0; t0 < T;) {
         Temporaries part(*this);
         int64_t m = std::min(chunk, T - t0);
@@ -491,9 +515,9 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
                      pool,
                      top_k};
         auto* scores = static_cast<float*>(scratch_bytes(size_t(m * most) * sizeof(float)));
-        const dim3 grid(unsigned(m), grid_for(most, 128));
-        GLM5_LAUNCH(indexer_scores_kernel, grid, 128, 0, stream(), rule, t0, dev(q), dev(w),
-                    n_heads, dim, row_bytes, f16, scores, most);
+        const dim3 grid(unsigned(m), grid_for(most, kScoreKeys));
+        GLM5_LAUNCH(indexer_scores_kernel, grid, kScoreKeys, tile, stream(), rule, t0, dev(q),
+                    dev(w), n_heads, dim, row_bytes, f16, scores, most);
         GLM5_LAUNCH(top_k_kernel, unsigned(m), kThreads, 0, stream(), rule, t0, scores, most, top_k,
                     dev(out));
         t0 += m;
