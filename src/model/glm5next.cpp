@@ -291,7 +291,8 @@ Glm5NextModel::WorkWidths Glm5NextModel::work_widths() const {
         } else {
             w.width = std::max(w.width, L.n_head * h.kda_dim);
             w.width3 = std::max(w.width3, 3 * L.n_head * h.kda_dim);
-            w.lowrank = std::max({w.lowrank, L.f_a.rows, L.g_a ? L.g_a.rows : int64_t(1)});
+            // The decay's and the output gate's low-rank halves side by side.
+            w.lowrank = std::max(w.lowrank, L.f_a.rows + (L.g_a ? L.g_a.rows : int64_t(0)));
         }
     }
     w.width3 = std::max(w.width3, w.width);
@@ -381,13 +382,24 @@ void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, DevPtr<const
     DevPtr<float> gate = b.w[4];  // [T][di] output gate
     DevPtr<float> beta = b.w[5];  // [T][H]
 
-    // 1. Projections and the short convs, continuing from each sequence's tail.
-    const backend::Weight* proj[3] = {&L.wq, &L.wk, &L.wv};
+    // 1. Every product of x in one op (q, k, v, beta, the decay's low-rank half and the
+    // output gate's, or its full form), then the short convs of q, k and v, continuing
+    // from each sequence's tail.
+    const int64_t Rf = L.f_a.rows, LR = Rf + (L.g_a ? L.g_a.rows : 0);
+    std::vector<Backend::MatmulOut> from_x = {{&L.wq, raw, di},
+                                              {&L.wk, raw + T * di, di},
+                                              {&L.wv, raw + 2 * T * di, di},
+                                              {&L.beta, beta, H},
+                                              {&L.f_a, b.lowrank, LR}};
+    if (L.g_full)
+        from_x.push_back({&L.g_full, gate, di});
+    else
+        from_x.push_back({&L.g_a, b.lowrank + Rf, LR});
+    be.matmuls(from_x, x, E, T);
     std::vector<LinearOps::ConvSeq> cs(b.segs.size());
     for (int u = 0; u < 3; ++u) {
         DevPtr<float> r = raw + u * T * di;
         DevPtr<float> c = qkv + u * T * di;
-        be.matmul(*proj[u], x, E, T, r, di);
         for (size_t i = 0; i < b.segs.size(); ++i) {
             const auto& s = b.segs[i];
             cs[i] = {r + s.first * di, s.state->conv_tail_out(il, u, (K - 1) * di),
@@ -403,12 +415,10 @@ void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, DevPtr<const
     linear_.l2_norm(k, T * H, D, hp_.eps, k);
 
     // 3. Per-channel decay in (lower, 0) from the low-rank gate.
-    be.matmul(L.f_a, x, E, T, b.lowrank, L.f_a.rows);
-    be.matmul(L.f_b, b.lowrank, L.f_a.rows, T, g, di);
+    be.matmul(L.f_b, b.lowrank, LR, T, g, di);
     linear_.bounded_decay(g, L.dt_bias, L.decay_rate.data(), T, H, D, hp_.gate_lower, g);
 
     // 4. Beta per head.
-    be.matmul(L.beta, x, E, T, beta, H);
     linear_.apply_sigmoid(beta, T * H);
 
     // 5. The gated delta rule, token by token, on each sequence's state.
@@ -429,12 +439,7 @@ void Glm5NextModel::kda(const Batch& b, int64_t il, const Layer& L, DevPtr<const
     linear_.gated_delta_rule(ds, H, D, 1.0f / std::sqrt(float(D)));
 
     // 6. Output gate and the per-head RMSNorm shared by all heads.
-    if (L.g_full) {
-        be.matmul(L.g_full, x, E, T, gate, di);
-    } else {
-        be.matmul(L.g_a, x, E, T, b.lowrank, L.g_a.rows);
-        be.matmul(L.g_b, b.lowrank, L.g_a.rows, T, gate, di);
-    }
+    if (!L.g_full) be.matmul(L.g_b, b.lowrank + Rf, LR, T, gate, di);
     be.rms_norm(o, D, L.o_norm, T * H, D, hp_.eps, o, D);
     linear_.mul_sigmoid(o, gate, T * di);
 

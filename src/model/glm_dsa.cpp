@@ -264,6 +264,13 @@ struct GlmDsaModel::Buffers {
     DevPtr<int32_t> sel;  // the indexer's selection, reused by shared layers
     // What the attention sees: dense until a full layer's indexer has selected.
     backend::AttentionOps::Selection selection;
+    // tmp holds the last block's FFN output, not yet added to the residual x: the next
+    // block adds it with its norm in one op, settle() where no block follows.
+    bool ffn_pending = false;
+    void settle(backend::Backend& be, DevPtr<float> x, int64_t n) {
+        if (ffn_pending) be.add(x, tmp, n);
+        ffn_pending = false;
+    }
     Buffers(backend::Backend& be, const GlmDsaHParams& h, int64_t T) {
         const int64_t E = h.n_embd, H = h.n_head, W = h.kv_lora + h.n_rot;
         const int64_t F = std::max(h.n_ff, h.n_ff_exp);
@@ -285,7 +292,8 @@ struct GlmDsaModel::Buffers {
 };
 
 // One decoder block over the rows of x: attention norm, q/kv projections,
-// the lightning indexer (full layers), absorbed MLA, then the dense or MoE FFN.
+// the lightning indexer (full layers), absorbed MLA, then the dense or MoE FFN, whose
+// output the next block (or Buffers::settle) adds to x.
 void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T,
                         DevPtr<const int32_t> dpos, std::span<const BlockSegment> segs) {
     backend::Backend& be = *backend_;
@@ -296,7 +304,11 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T,
 
     // ---- attention input: the projections of the normed row and of the
     // query latent, the indexer's (full layers) in the same ops.
-    be.rms_norm(x, E, L.attn_norm, T, E, h.eps, b.xn, E);
+    if (b.ffn_pending)
+        be.add_rms_norm(x, b.tmp, L.attn_norm, T, E, h.eps, b.xn);
+    else
+        be.rms_norm(x, E, L.attn_norm, T, E, h.eps, b.xn, E);
+    b.ffn_pending = false;
     const MlaBlock::MatmulOut idx_from_xn[] = {{&L.idx_k, b.ik, Di}, {&L.idx_proj, b.iw, Hi}};
     const MlaBlock::MatmulOut idx_from_qr[] = {{&L.idx_q_b, b.iq, Hi * Di}};
     mla.project(b.xn, std::span(idx_from_xn, L.full ? 2 : 0),
@@ -341,7 +353,7 @@ void GlmDsaModel::block(const Layer& L, Buffers& b, DevPtr<float> x, int64_t T,
                 moe_overlap_);
         if (ff_split_) be.reduce_sum(b.tmp, T * E);  // tensor parallel: every rank's strip
     }
-    be.add(x, b.tmp, T * E);
+    b.ffn_pending = true;  // added to x with the next norm
 }
 
 void GlmDsaModel::commit(std::span<const SeqInput> inputs) {
@@ -394,6 +406,7 @@ void GlmDsaModel::forward(std::span<const SeqInput> inputs, std::vector<float>& 
         }
         block(layers_[size_t(il)], b, x, T, plan.pos, segs);
     }
+    b.settle(be, x, T * E);
     if (!sr.head) {
         be.send_rows(*span.rows_out, x, size_t(T * E));
         step.end();
@@ -520,6 +533,7 @@ DevPtr<float> GlmDsaModel::mtp_block(std::span<const int32_t> tokens, std::span<
     be.matmul(nx.eh_proj, cat, 2 * E, M, x, E);
     Buffers b(be, h, M);  // no indexer: the block attends densely
     block(nx.block, b, x, M, plan.pos, segs);
+    b.settle(be, x, M * E);
     be.rms_norm(x, E, nx.shared_head_norm, M, E, h.eps, x, E);
     return x;
 }
