@@ -391,6 +391,10 @@ void Device::set_graphs(bool on) {
 
 void Device::begin_graph() {
     if (!impl_->graphs_on || impl_->recording) return;
+    if (impl_->eager_steps > 0) {  // steps that found no graph to replay lately
+        --impl_->eager_steps;
+        return;
+    }
     std::lock_guard lock(g_streams_mu);
     impl_->recording = true;
 }
@@ -443,9 +447,17 @@ void Device::end_graph(bool complete) {
         kept.push_back({key, exec});
         it = kept.end() - 1;
         ++impl_->traffic.captures;
+        // Steps whose work keeps changing (a batch that changes every step) would pay for a
+        // capture each: after kGraphs captures in a row, kEagerSteps steps are launched as
+        // they come.
+        if (++impl_->captures_in_a_row >= kGraphs) {
+            impl_->captures_in_a_row = 0;
+            impl_->eager_steps = kEagerSteps;
+        }
     } else {
         std::rotate(it, it + 1, kept.end());  // the most recently used last
         it = kept.end() - 1;
+        impl_->captures_in_a_row = 0;
     }
     check(cudaGraphLaunch(it->exec, s), "launching a step's graph");
     ++impl_->traffic.graphs;

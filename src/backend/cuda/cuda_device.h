@@ -100,8 +100,11 @@ class Device {
     // A replay is that work, bit for bit. What needs the recorded work to have been queued
     // (a wait for the device, a free, a copy the recorder does not see) calls eager() first:
     // the step's work so far is queued and the rest of the step is queued as it comes.
+    // After kGraphs steps in a row that found no graph to replay, the next kEagerSteps steps
+    // are queued as they come (a batch that changes every step would pay for a capture each).
     // Graphs are off with GLM5_CUDA_GRAPHS=0 or GLM5_CUDA_SYNC=1 in the environment.
     static constexpr size_t kGraphs = 8;
+    static constexpr int kEagerSteps = 64;
     void begin_graph();
     // `complete`: the step ended normally (not by an exception): its work may become a graph.
     void end_graph(bool complete);

@@ -87,6 +87,8 @@ struct Device::Impl {
         cudaGraphExec_t exec;
     };
     std::vector<Kept> kept;
+    size_t captures_in_a_row = 0;  // steps captured since a step last replayed a graph
+    int eager_steps = 0;           // steps still to launch as they come
 };
 
 }  // namespace glm5::backend::cuda

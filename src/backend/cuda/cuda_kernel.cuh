@@ -91,7 +91,6 @@ template <class... P, class... A>
 void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared,
             cudaStream_t s, A&&... args) {
     if (StepRecorder* r = recorder_of(s)) {
-        if (std::getenv("DBG_LAUNCH")) std::fprintf(stderr, "L %s\n", name);
         count_launch(s);
         // The arguments as the kernel takes them, so that the key holds what it will read.
         auto keep = [&](std::decay_t<P>... a) {
