@@ -150,9 +150,7 @@ void* CudaBackend::scratch_bytes(size_t bytes) {
         Block b;
         b.cap = std::max({bytes, total, kFirstBlock});
         b.p = static_cast<uint8_t*>(dev_.alloc(b.cap, "scratch activations"));
-#if defined(GLM5_CUDA_SIM)
-        cudasim::release(stream(), b.p, b.cap);  // watched until carved
-#endif
+        dev_.watch_scratch(b.p, b.cap, false);  // watched until carved
         blocks_.push_back(b);
     }
     Block& b = blocks_[cur_];
@@ -162,9 +160,7 @@ void* CudaBackend::scratch_bytes(size_t bytes) {
     for (const Block& x : blocks_) held += x.used;
     high_water_ = std::max(high_water_, held);
     most_held_ = std::max(most_held_, held);
-#if defined(GLM5_CUDA_SIM)
-    cudasim::carve(stream(), p, asked);  // the rounding stays watched
-#endif
+    dev_.watch_scratch(p, asked, true);  // the rounding stays watched
     return p;
 }
 
@@ -173,9 +169,7 @@ void CudaBackend::rewind(size_t block, size_t used) {
         Block& b = blocks_[i];
         const size_t keep = i == block ? used : 0;
         if (b.used <= keep) continue;
-#if defined(GLM5_CUDA_SIM)
-        cudasim::release(stream(), b.p + keep, b.used - keep);
-#endif
+        dev_.watch_scratch(b.p + keep, b.used - keep, false);
         b.used = keep;
     }
     cur_ = std::min(block, blocks_.size());
@@ -203,9 +197,7 @@ void CudaBackend::reset_scratch() {
         Block b;
         b.cap = (most_held_ + kAlign - 1) / kAlign * kAlign;
         b.p = static_cast<uint8_t*>(dev_.alloc(b.cap, "scratch activations"));
-#if defined(GLM5_CUDA_SIM)
-        cudasim::release(stream(), b.p, b.cap);
-#endif
+        dev_.watch_scratch(b.p, b.cap, false);
         blocks_.push_back(b);
     }
 }

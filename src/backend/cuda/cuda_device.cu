@@ -361,6 +361,27 @@ void Device::record_copy(void* dst, const void* src, size_t bytes, int kind) {
     r.add([=] { check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyKind(kind), s), "a copy"); });
 }
 
+void Device::watch_scratch(const void* p, size_t bytes, bool in_use) {
+#if defined(GLM5_CUDA_SIM)
+    cudaStream_t s = impl_->stream;
+    auto op = [s, p, bytes, in_use] {
+        if (in_use)
+            cudasim::carve(s, p, bytes);
+        else
+            cudasim::release(s, p, bytes);
+    };
+    if (!impl_->recording) return op();
+    StepRecorder& r = impl_->recorder;
+    r.key(uintptr_t(1));  // no kernel: a watch
+    r.key(reinterpret_cast<uintptr_t>(p));
+    r.key(bytes);
+    r.key(in_use);
+    r.add(op);
+#else
+    (void)p, (void)bytes, (void)in_use;
+#endif
+}
+
 void Device::synchronize() {
     bind();
     eager();

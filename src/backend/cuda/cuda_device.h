@@ -92,6 +92,11 @@ class Device {
     // glm5::Error.
     void synchronize();
 
+    // The simulator's watch of scratch memory (a no-op on a GPU), queued in order with the
+    // work: `in_use` bytes at p are carved for an op (readable), or else released (filled
+    // with NaN and watched by AddressSanitizer).
+    void watch_scratch(const void* p, size_t bytes, bool in_use);
+
     // ---- steps as graphs ----------------------------------------------------
     // Between begin_graph() and end_graph() the kernels and copies queued on the stream are
     // recorded, not queued. end_graph() launches the CUDA graph of an earlier step whose work
