@@ -273,6 +273,19 @@ TEST(CudaOps, AttentionOfManySequencesInOneStepIsTheCpus) {
     EXPECT_LT(rel_err(hg, hc), 1e-4);
 }
 
+// run(backend, fused) gives an op's outputs and cache bytes, fused or as the ops it stands
+// for: on the device and on the CPU, the same bits.
+template <class Run>
+void expect_fused_bits(Run run) {
+    for (auto make : {gpu, cpu}) {
+        auto be = make();
+        const auto [fv, fc] = run(*be, true);
+        const auto [sv, sc] = run(*be, false);
+        EXPECT_TRUE(test::bitwise_equal(fv, sv)) << be->name();
+        EXPECT_EQ(fc, sc) << be->name();
+    }
+}
+
 // The indexer's inputs made ready in one op are the bits of the ops it stands for (rope,
 // layer_norm, hadamard, cache_store, scale), on the device and on the CPU: 20 one-row
 // segments (more than one launch's table), an F16 key cache.
@@ -314,13 +327,7 @@ TEST(CudaOps, IndexerInputsAreTheBitsOfTheOpsTheyFuse) {
         be.free_cache(c.data);
         return std::make_pair(out, cache);
     };
-    for (auto make : {gpu, cpu}) {
-        auto be = make();
-        const auto [fv, fc] = run(*be, true);
-        const auto [sv, sc] = run(*be, false);
-        EXPECT_TRUE(test::bitwise_equal(fv, sv)) << be->name();
-        EXPECT_EQ(fc, sc) << be->name();
-    }
+    expect_fused_bits(run);
 }
 
 // MLA's rows made ready in one op are the bits of the ops it stands for (rms_norm, rope,
@@ -363,13 +370,7 @@ TEST(CudaOps, MlaRowsAreTheBitsOfTheOpsTheyFuse) {
         be.free_cache(c.data);
         return std::make_pair(out, cache);
     };
-    for (auto make : {gpu, cpu}) {
-        auto be = make();
-        const auto [fv, fc] = run(*be, true);
-        const auto [sv, sc] = run(*be, false);
-        EXPECT_TRUE(test::bitwise_equal(fv, sv)) << be->name();
-        EXPECT_EQ(fc, sc) << be->name();
-    }
+    expect_fused_bits(run);
 }
 
 // A residual add with the next norm in one launch: the bits of add, then rms_norm.

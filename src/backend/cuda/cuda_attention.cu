@@ -399,25 +399,39 @@ __global__ void draft_pick_kernel(const float* logits, int64_t n_vocab, int32_t*
     prob[blockIdx.x] = 1.0 / z;
 }
 
+// The rows a step's segments cover (0 to the end of the last) and their caches' one layout:
+// BF16 caches (the CPU's --attn-bf16) and segments whose caches differ are refused, naming
+// the op.
+struct SegLayout {
+    int64_t rows = 0, width = 0;
+    size_t row_bytes = 0;
+    bool f16 = false;
+};
+SegLayout seg_layout(std::span<const AttentionOps::Segment> segs, const char* op) {
+    SegLayout l;
+    bool first = true;
+    for (const AttentionOps::Segment& s : segs) {
+        l.rows = std::max(l.rows, s.first + s.n);
+        if (s.cache.type == CacheType::BF16)
+            throw Error(std::string(op) + ": BF16 caches are the CPU's --attn-bf16");
+        const bool f16 = s.cache.type == CacheType::F16;
+        if (!first && (s.cache.width != l.width || f16 != l.f16))
+            throw Error(std::string(op) + ": the segments' caches differ in layout");
+        l.width = s.cache.width, l.row_bytes = s.cache.row_bytes(), l.f16 = f16;
+        first = false;
+    }
+    return l;
+}
+
 }  // namespace
 
 void CudaBackend::mla_rows(const MlaRows& m, DevPtr<const int32_t> pos,
                            std::span<const Segment> segs) {
     Temporaries tmp(*this);
-    int64_t T = 0;
-    for (const Segment& s : segs) T = std::max(T, s.first + s.n);
+    const SegLayout l = seg_layout(segs, "mla_rows");
+    const int64_t T = l.rows;
     op("mla_rows", T);
     if (T == 0) return;
-    size_t row_bytes = 0;
-    int64_t width = 0;
-    bool f16 = false;
-    for (const Segment& s : segs) {
-        if (s.cache.type == CacheType::BF16)
-            throw Error("mla_rows: BF16 caches are the CPU's --attn-bf16");
-        row_bytes = s.cache.row_bytes();
-        width = s.cache.width;
-        f16 = s.cache.type == CacheType::F16;
-    }
     const MlaRowArgs a{dev(m.kv), m.kv_stride, m.R,    m.n_rot,      vec(m.norm_w, m.R), dev(m.q),
                        m.n_heads, m.q_width,   m.nope, dev(m.qfull), m.qfull_width};
     // The host's pow, as the CPU computes the angle step.
@@ -427,7 +441,7 @@ void CudaBackend::mla_rows(const MlaRows& m, DevPtr<const int32_t> pos,
         const SegTable st =
             seg_table(segs, t0, n, [&](const Segment& s) { return dev(s.cache.data); });
         GLM5_LAUNCH(mla_rows_kernel, unsigned(n), kThreads, 0, stream(), a, m.eps, theta_scale,
-                    dev(pos), t0, st, row_bytes, width, f16);
+                    dev(pos), t0, st, l.row_bytes, l.width, l.f16);
         t0 += n;
     }
 }
@@ -437,20 +451,12 @@ void CudaBackend::indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float>
                                  int64_t n_heads, int64_t dim, int64_t n_rot, float freq_base,
                                  const float* norm_w, const float* norm_b, float w_scale) {
     Temporaries tmp(*this);
-    int64_t T = 0;
-    for (const Segment& s : keys) T = std::max(T, s.first + s.n);
+    const SegLayout l = seg_layout(keys, "indexer_inputs");
+    const int64_t T = l.rows;
     op("indexer_inputs", T);
     if (T == 0) return;
     if (dim > 8192 || (dim & (dim - 1)) != 0)
         throw Error("indexer_inputs: keys of " + std::to_string(dim) + " values");
-    size_t row_bytes = 0;
-    bool f16 = false;
-    for (const Segment& s : keys) {
-        if (s.cache.type == CacheType::BF16)
-            throw Error("indexer_inputs: BF16 keys are the CPU's --attn-bf16");
-        row_bytes = s.cache.row_bytes();
-        f16 = s.cache.type == CacheType::F16;
-    }
     // The host's pow, as the CPU computes the angle step.
     const float theta_scale = std::pow(freq_base, -2.0f / float(n_rot));
     const size_t shared = size_t(dim) * sizeof(float);
@@ -462,7 +468,7 @@ void CudaBackend::indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float>
         const SegTable segs =
             seg_table(keys, t0, m, [&](const Segment& s) { return dev(s.cache.data); });
         GLM5_LAUNCH(indexer_key_kernel, unsigned(m), kThreads, shared, stream(), dev(k), dev(w), t0,
-                    segs, row_bytes, f16, n_heads, dim, n_rot, dev(pos), theta_scale, nw, nb,
+                    segs, l.row_bytes, l.f16, n_heads, dim, n_rot, dev(pos), theta_scale, nw, nb,
                     w_scale);
         t0 += m;
     }
@@ -473,23 +479,16 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
                                  int64_t pool, int64_t n_heads, int64_t dim, int64_t top_k,
                                  DevPtr<int32_t> out) {
     Temporaries tmp(*this);
-    int64_t T = 0;
-    for (const Segment& s : keys) T = std::max(T, s.first + s.n);
+    const SegLayout l = seg_layout(keys, "indexer_select");
+    const int64_t T = l.rows;
+    const size_t row_bytes = l.row_bytes;
     op("indexer_select", T);
     if (T == 0) return;
     // The host's copy of the plan bounds the launches (and counts the reads); the kernels
     // read the positions and work out each row's candidates themselves.
     const int32_t* p = host_positions(pos, T);
     int64_t most = 0;
-    size_t row_bytes = 0;
-    bool f16 = false;
     for (const Segment& s : keys) {
-        if (s.cache.type == CacheType::BF16)
-            throw Error("indexer_select: BF16 keys are the CPU's --attn-bf16");
-        if (row_bytes && row_bytes != s.cache.row_bytes())
-            throw Error("indexer_select: the segments' key caches differ in layout");
-        row_bytes = s.cache.row_bytes();
-        f16 = s.cache.type == CacheType::F16;
         for (int64_t t = s.first; t < s.first + s.n; ++t) {
             const int64_t n_vis = int64_t(p[t]) + 1;
             if (!Selection::selects(n_vis, pool, top_k)) continue;
@@ -517,7 +516,7 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
         auto* scores = static_cast<float*>(scratch_bytes(size_t(m * most) * sizeof(float)));
         const dim3 grid(unsigned(m), grid_for(most, kScoreKeys));
         GLM5_LAUNCH(indexer_scores_kernel, grid, kScoreKeys, tile, stream(), rule, t0, dev(q),
-                    dev(w), n_heads, dim, row_bytes, f16, scores, most);
+                    dev(w), n_heads, dim, row_bytes, l.f16, scores, most);
         GLM5_LAUNCH(top_k_kernel, unsigned(m), kThreads, 0, stream(), rule, t0, scores, most, top_k,
                     dev(out));
         t0 += m;
@@ -528,22 +527,14 @@ void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos
                                 std::span<const Segment> segs, const Selection& sel,
                                 int64_t n_heads, int64_t v_width, float scale, DevPtr<float> out) {
     Temporaries tmp(*this);
-    int64_t T = 0;
-    for (const Segment& s : segs) T = std::max(T, s.first + s.n);
+    const SegLayout l = seg_layout(segs, "mla_attention");
+    const int64_t T = l.rows, width = l.width;
+    const size_t row_bytes = l.row_bytes;
     op("mla_attention", T);
     if (T == 0) return;
     const int32_t* p = host_positions(pos, T);
-    int64_t most = 1, width = 0;
-    size_t row_bytes = 0;
-    bool f16 = false;
+    int64_t most = 1;
     for (const Segment& s : segs) {
-        if (s.cache.type == CacheType::BF16)
-            throw Error("mla_attention: BF16 caches are the CPU's --attn-bf16");
-        if (width && (width != s.cache.width || f16 != (s.cache.type == CacheType::F16)))
-            throw Error("mla_attention: the segments' caches differ in layout");
-        width = s.cache.width;
-        row_bytes = s.cache.row_bytes();
-        f16 = s.cache.type == CacheType::F16;
         for (int64_t t = s.first; t < s.first + s.n; ++t) {
             const int64_t n_vis = int64_t(p[t]) + 1;
             const int64_t n = sel.selects(n_vis) ? sel.n_selected(n_vis) : n_vis;
@@ -565,7 +556,7 @@ void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos
         auto* scores = static_cast<float*>(scratch_bytes(size_t(n * per_query) * sizeof(float)));
         GLM5_LAUNCH(mla_kernel, unsigned(n * n_heads), kThreads, size_t(width) * sizeof(float),
                     stream(), rule, t0, dev(q) + t0 * n_heads * width, n_heads, width, v_width,
-                    row_bytes, f16, scale, scores, most, dev(out) + t0 * n_heads * v_width);
+                    row_bytes, l.f16, scale, scores, most, dev(out) + t0 * n_heads * v_width);
         t0 += n;
     }
 }
