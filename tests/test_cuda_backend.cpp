@@ -1038,6 +1038,23 @@ TEST(CudaGraphs, DecodeStepsReplayOneGraphWithTheEagerBits) {
     }
 }
 
+// A step an op's failure leaves part-way queues what it recorded and throws the failure once;
+// the backend then runs the next steps, as graphs, with the bits of a backend that never
+// failed.
+TEST(CudaGraphs, AFailedStepLeavesTheDeviceWorking) {
+    OnBackend g(gpu()), fresh(gpu());
+    const std::vector<int32_t> tokens = test::random_ids(8, 12, g.model->info().n_vocab);
+    bool fail = true;
+    g.be->set_op_hook([&](const char* op, int64_t) {
+        if (fail && std::string_view(op) == "mla_attention") throw Error("injected");
+    });
+    EXPECT_THROW(prefill(*g.model, tokens), Error);
+    fail = false;
+    g.be->reset_counters();
+    EXPECT_TRUE(test::bitwise_equal(prefill(*g.model, tokens), prefill(*fresh.model, tokens)));
+    EXPECT_EQ(g.be->counters().graphs, 1u);
+}
+
 // Steps whose work never repeats (prompt chunks of a new length each time) would each pay for
 // a capture that is never replayed: after 8 such captures the steps are launched as they come.
 TEST(CudaGraphs, StepsThatNeverRepeatStopBeingCaptured) {

@@ -246,8 +246,14 @@ void CudaBackend::begin_step() {
 }
 
 void CudaBackend::end_step() {
-    if (steps_open_ > 0 && --steps_open_ == 0)
-        dev_.end_graph(std::uncaught_exceptions() == exceptions_at_step_);
+    if (steps_open_ <= 0 || --steps_open_ > 0) return;
+    if (std::uncaught_exceptions() == exceptions_at_step_) return dev_.end_graph(true);
+    // Left by an exception: what was recorded is queued as it would have been, and a second
+    // failure is not thrown while the first unwinds.
+    try {
+        dev_.end_graph(false);
+    } catch (const std::exception&) {
+    }
 }
 
 void CudaBackend::copy_cache(DevPtr<uint8_t> dst, DevPtr<const uint8_t> src, size_t bytes,
