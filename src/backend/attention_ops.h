@@ -3,6 +3,9 @@
 // compressed keys and the cells its picks expand to.
 #pragma once
 
+#include <algorithm>
+#include <span>
+
 #include "backend/backend.h"
 
 namespace glm5::backend {
@@ -31,6 +34,12 @@ class AttentionOps {
         CacheRows cache;
         int64_t first = 0, n = 0;
     };
+    // The batch rows a step's segments cover: 0 to the end of the last.
+    static int64_t rows_of(std::span<const Segment> segs) {
+        int64_t T = 0;
+        for (const Segment& s : segs) T = std::max(T, s.first + s.n);
+        return T;
+    }
     // A sparse selection. A row with more than `keep` candidates (cells, or complete
     // pools of `pool` cells: n_vis / pool of them) sees the keep * pool + n_vis % pool
     // cells listed at rows[t * stride ..]; a row with fewer sees all of its n_vis cells.

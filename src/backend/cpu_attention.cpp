@@ -34,8 +34,7 @@ void CpuBackend::cache_store(const CacheRows& c, DevPtr<const float> x_, int64_t
 // part RoPE'd where the copy lands.
 void CpuBackend::mla_rows(const MlaRows& m, DevPtr<const int32_t> pos,
                           std::span<const Segment> segs) {
-    int64_t T = 0;
-    for (const Segment& s : segs) T = std::max(T, s.first + s.n);
+    const int64_t T = rows_of(segs);
     rms_norm(m.kv, m.kv_stride, m.norm_w, T, m.R, m.eps, m.kv, m.kv_stride);
     if (m.n_rot > 0) rope(m.kv + m.R, T, m.kv_stride, 1, m.n_rot, m.n_rot, pos, m.freq_base);
     for (const Segment& s : segs)
@@ -53,8 +52,7 @@ void CpuBackend::indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float> 
                                 DevPtr<const int32_t> pos, std::span<const Segment> keys,
                                 int64_t n_heads, int64_t dim, int64_t n_rot, float freq_base,
                                 const float* norm_w, const float* norm_b, float w_scale) {
-    int64_t T = 0;
-    for (const Segment& s : keys) T = std::max(T, s.first + s.n);
+    const int64_t T = rows_of(keys);
     rope(q, T, n_heads * dim, n_heads, dim, n_rot, pos, freq_base);
     layer_norm(k, norm_w, norm_b, T, dim, 0.0f, k);
     rope(k, T, dim, 1, dim, n_rot, pos, freq_base);
@@ -84,8 +82,7 @@ void CpuBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos_
                                std::span<const Segment> segs, const Selection& sel, int64_t n_heads,
                                int64_t v_width, float scale, DevPtr<float> out) {
     const int32_t* pos = host(pos_);
-    int64_t T = 0;
-    for (const Segment& s : segs) T = std::max(T, s.first + s.n);
+    const int64_t T = rows_of(segs);
     std::vector<AttentionQuery> queries(static_cast<size_t>(T));  // in batch order
     for (const Segment& s : segs)
         for (int64_t t = s.first; t < s.first + s.n; ++t) {

@@ -47,6 +47,16 @@ __device__ inline int seg_of(const SegTable& s, int64_t t) {
     return -1;
 }
 
+// Batch row t's `width` values, by the block, as row p of its segment's cache (a row of no
+// segment is not stored).
+__device__ inline void store_row(const SegTable& segs, int64_t t, int32_t p, const float* row,
+                                 int64_t width, size_t row_bytes, bool f16) {
+    const int s = seg_of(segs, t);
+    if (s < 0) return;
+    uint8_t* dst = const_cast<uint8_t*>(segs.data[s]) + size_t(p) * row_bytes;
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) store_value(dst, i, row[i], f16);
+}
+
 // What a batch row sees, worked out by the kernel from the step's plan (the positions in
 // device memory) and the segments: the rule the CPU applies (attention_ops.h).
 struct RowRule {
@@ -258,9 +268,9 @@ int64_t rows_per_chunk(int64_t floats_per_row) {
 }
 
 // The table of the segments that rows [t0, t0 + n) belong to, n first cut where it would
-// take more than kMaxSegs of them. `data` gives a segment's cache rows in device memory.
-template <class Data>
-SegTable seg_table(std::span<const AttentionOps::Segment> segs, int64_t t0, int64_t& n, Data data) {
+// take more than kMaxSegs of them, their caches in `be`'s memory.
+SegTable seg_table(const CudaBackend& be, std::span<const AttentionOps::Segment> segs, int64_t t0,
+                   int64_t& n) {
     std::vector<const AttentionOps::Segment*> order;
     for (const auto& s : segs)
         if (s.n > 0 && s.first + s.n > t0 && s.first < t0 + n) order.push_back(&s);
@@ -271,12 +281,25 @@ SegTable seg_table(std::span<const AttentionOps::Segment> segs, int64_t t0, int6
             n = s->first - t0;
             break;
         }
-        t.data[t.n] = data(*s);
+        t.data[t.n] = be.dev(s->cache.data);
         t.first[t.n] = s->first;
         t.end[t.n] = s->first + s->n;
         ++t.n;
     }
     return t;
+}
+
+// Rows [0, T) in launches of at most `chunk` rows and kMaxSegs segments: launch(t0, n,
+// table) for each.
+template <class Launch>
+void each_launch(const CudaBackend& be, std::span<const AttentionOps::Segment> segs, int64_t T,
+                 int64_t chunk, Launch launch) {
+    for (int64_t t0 = 0; t0 < T;) {
+        int64_t n = std::min(chunk, T - t0);
+        const SegTable table = seg_table(be, segs, t0, n);
+        launch(t0, n, table);
+        t0 += n;
+    }
 }
 
 // MLA's rows t0 + blockIdx.x, a block each: the cache row [c | k_rope] normed, RoPE'd and
@@ -302,11 +325,7 @@ __global__ void mla_rows_kernel(MlaRowArgs a, float eps, float theta_scale, cons
     for (int64_t k = threadIdx.x; k < pairs; k += blockDim.x)
         rope_pair(row + a.R, pos[t], k, theta_scale);
     __syncthreads();
-    const int s = seg_of(segs, t);
-    if (s >= 0)
-        for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
-            store_value(const_cast<uint8_t*>(segs.data[s]) + size_t(pos[t]) * row_bytes, i, row[i],
-                        f16);
+    store_row(segs, t, pos[t], row, width, row_bytes, f16);
     for (int64_t i = threadIdx.x; i < a.n_heads * pairs; i += blockDim.x) {
         const int64_t h = i / pairs, k = i % pairs;
         const float* src = a.q + (t * a.n_heads + h) * a.q_width + a.nope;
@@ -347,11 +366,7 @@ __global__ void indexer_key_kernel(float* k, float* w, int64_t t0, SegTable segs
         rope_pair(v, pos[t], j, theta_scale);
     __syncthreads();
     hadamard_shared(v, dim, row);
-    const int s = seg_of(segs, t);
-    if (s >= 0)
-        for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
-            store_value(const_cast<uint8_t*>(segs.data[s]) + size_t(pos[t]) * row_bytes, i, row[i],
-                        f16);
+    store_row(segs, t, pos[t], row, dim, row_bytes, f16);
     for (int64_t h = threadIdx.x; h < n_heads; h += blockDim.x)
         w[t * n_heads + h] = __fmul_rn(w[t * n_heads + h], w_scale);
 }
@@ -409,9 +424,9 @@ struct SegLayout {
 };
 SegLayout seg_layout(std::span<const AttentionOps::Segment> segs, const char* op) {
     SegLayout l;
+    l.rows = AttentionOps::rows_of(segs);
     bool first = true;
     for (const AttentionOps::Segment& s : segs) {
-        l.rows = std::max(l.rows, s.first + s.n);
         if (s.cache.type == CacheType::BF16)
             throw Error(std::string(op) + ": BF16 caches are the CPU's --attn-bf16");
         const bool f16 = s.cache.type == CacheType::F16;
@@ -436,14 +451,10 @@ void CudaBackend::mla_rows(const MlaRows& m, DevPtr<const int32_t> pos,
                        m.n_heads, m.q_width,   m.nope, dev(m.qfull), m.qfull_width};
     // The host's pow, as the CPU computes the angle step.
     const float theta_scale = m.n_rot > 0 ? std::pow(m.freq_base, -2.0f / float(m.n_rot)) : 0.0f;
-    for (int64_t t0 = 0; t0 < T;) {
-        int64_t n = T - t0;
-        const SegTable st =
-            seg_table(segs, t0, n, [&](const Segment& s) { return dev(s.cache.data); });
+    each_launch(*this, segs, T, T, [&](int64_t t0, int64_t n, const SegTable& st) {
         GLM5_LAUNCH(mla_rows_kernel, unsigned(n), kThreads, 0, stream(), a, m.eps, theta_scale,
                     dev(pos), t0, st, l.row_bytes, l.width, l.f16);
-        t0 += n;
-    }
+    });
 }
 
 void CudaBackend::indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float> w,
@@ -463,15 +474,11 @@ void CudaBackend::indexer_inputs(DevPtr<float> q, DevPtr<float> k, DevPtr<float>
     GLM5_LAUNCH(indexer_query_kernel, unsigned(T * n_heads), kThreads, shared, stream(), dev(q),
                 n_heads, dim, n_rot, dev(pos), theta_scale);
     const float *nw = vec(norm_w, dim), *nb = vec(norm_b, dim);
-    for (int64_t t0 = 0; t0 < T;) {
-        int64_t m = T - t0;
-        const SegTable segs =
-            seg_table(keys, t0, m, [&](const Segment& s) { return dev(s.cache.data); });
-        GLM5_LAUNCH(indexer_key_kernel, unsigned(m), kThreads, shared, stream(), dev(k), dev(w), t0,
-                    segs, l.row_bytes, l.f16, n_heads, dim, n_rot, dev(pos), theta_scale, nw, nb,
+    each_launch(*this, keys, T, T, [&](int64_t t0, int64_t n, const SegTable& st) {
+        GLM5_LAUNCH(indexer_key_kernel, unsigned(n), kThreads, shared, stream(), dev(k), dev(w), t0,
+                    st, l.row_bytes, l.f16, n_heads, dim, n_rot, dev(pos), theta_scale, nw, nb,
                     w_scale);
-        t0 += m;
-    }
+    });
 }
 
 void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
@@ -504,23 +511,16 @@ void CudaBackend::indexer_select(DevPtr<const float> q, DevPtr<const float> w,
         check(cudaFuncSetAttribute(indexer_scores_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(tile)),
               "indexer_select: keys too wide for a block's shared memory");
-    for (int64_t t0 = 0; t0 < T;) {
+    each_launch(*this, keys, T, chunk, [&](int64_t t0, int64_t m, const SegTable& st) {
         Temporaries part(*this);
-        int64_t m = std::min(chunk, T - t0);
-        RowRule rule{seg_table(keys, t0, m, [&](const Segment& s) { return dev(s.cache.data); }),
-                     dev(pos),
-                     nullptr,
-                     0,
-                     pool,
-                     top_k};
+        const RowRule rule{st, dev(pos), nullptr, 0, pool, top_k};
         auto* scores = static_cast<float*>(scratch_bytes(size_t(m * most) * sizeof(float)));
         const dim3 grid(unsigned(m), grid_for(most, kScoreKeys));
         GLM5_LAUNCH(indexer_scores_kernel, grid, kScoreKeys, tile, stream(), rule, t0, dev(q),
                     dev(w), n_heads, dim, row_bytes, l.f16, scores, most);
         GLM5_LAUNCH(top_k_kernel, unsigned(m), kThreads, 0, stream(), rule, t0, scores, most, top_k,
                     dev(out));
-        t0 += m;
-    }
+    });
 }
 
 void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos,
@@ -544,21 +544,15 @@ void CudaBackend::mla_attention(DevPtr<const float> q, DevPtr<const int32_t> pos
     }
     most = bucket(most);
     const int64_t per_query = n_heads * most, chunk = rows_per_chunk(per_query);
-    for (int64_t t0 = 0; t0 < T;) {
+    each_launch(*this, segs, T, chunk, [&](int64_t t0, int64_t n, const SegTable& st) {
         Temporaries part(*this);
-        int64_t n = std::min(chunk, T - t0);
-        RowRule rule{seg_table(segs, t0, n, [&](const Segment& s) { return dev(s.cache.data); }),
-                     dev(pos),
-                     sel.rows ? dev(sel.rows) : nullptr,
-                     sel.stride,
-                     sel.pool,
-                     sel.keep};
+        const RowRule rule{st,         dev(pos), sel.rows ? dev(sel.rows) : nullptr,
+                           sel.stride, sel.pool, sel.keep};
         auto* scores = static_cast<float*>(scratch_bytes(size_t(n * per_query) * sizeof(float)));
         GLM5_LAUNCH(mla_kernel, unsigned(n * n_heads), kThreads, size_t(width) * sizeof(float),
                     stream(), rule, t0, dev(q) + t0 * n_heads * width, n_heads, width, v_width,
                     row_bytes, l.f16, scale, scores, most, dev(out) + t0 * n_heads * v_width);
-        t0 += n;
-    }
+    });
 }
 
 size_t CudaBackend::attention_scratch_bytes(int64_t n_heads, int64_t n_visible) const {
