@@ -399,8 +399,17 @@ bool env_is(const char* name, const char* value) {
     return v && std::strcmp(v, value) == 0;
 }
 
-void run_all(std::vector<std::function<void()>>& ops) {
-    for (auto& op : ops) op();
+void run_all(const std::vector<std::function<void()>>& ops) {
+    for (const auto& op : ops) op();
+}
+
+// Ends the step being recorded: its work, taken from the recorder.
+StepRecorder::Work stop_recording(Device::Impl& d) {
+    {
+        std::lock_guard lock(g_streams_mu);
+        d.recording = false;
+    }
+    return d.recorder.take();
 }
 
 }  // namespace
@@ -422,28 +431,19 @@ void Device::begin_graph() {
 
 void Device::eager() {
     if (!impl_->recording) return;
-    {
-        std::lock_guard lock(g_streams_mu);
-        impl_->recording = false;
-    }
-    std::vector<std::function<void()>> ops = impl_->recorder.take();
-    run_all(ops);
+    run_all(stop_recording(*impl_).ops);
 }
 
 void Device::end_graph(bool complete) {
     if (!impl_->recording) return;
     bind();
-    if (!complete || impl_->recorder.empty()) return eager();
-    {
-        std::lock_guard lock(g_streams_mu);
-        impl_->recording = false;
-    }
+    StepRecorder::Work w = stop_recording(*impl_);
+    if (!complete || w.ops.empty()) return run_all(w.ops);
     std::vector<Impl::Kept>& kept = impl_->kept;
-    const std::vector<unsigned char> key = impl_->recorder.key();
-    std::vector<std::function<void()>> ops = impl_->recorder.take();
+    std::vector<std::function<void()>>& ops = w.ops;
     cudaStream_t s = impl_->stream;
     auto it =
-        std::find_if(kept.begin(), kept.end(), [&](const Impl::Kept& k) { return k.key == key; });
+        std::find_if(kept.begin(), kept.end(), [&](const Impl::Kept& k) { return k.key == w.key; });
     if (it == kept.end()) {
         check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "beginning a capture");
         cudaGraph_t g = nullptr;
@@ -465,7 +465,7 @@ void Device::end_graph(bool complete) {
             cudaGraphExecDestroy(kept.front().exec);
             kept.erase(kept.begin());
         }
-        kept.push_back({key, exec});
+        kept.push_back({std::move(w.key), exec});
         it = kept.end() - 1;
         ++impl_->traffic.captures;
         // Steps whose work keeps changing (a batch that changes every step) would pay for a

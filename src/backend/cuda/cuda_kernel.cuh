@@ -56,13 +56,12 @@ class StepRecorder {
         key_.insert(key_.end(), p, p + sizeof(T));
     }
     void add(std::function<void()> op) { ops_.push_back(std::move(op)); }
-    const std::vector<unsigned char>& key() const { return key_; }
-    // The recorded work, taken (the recorder starts empty again).
-    std::vector<std::function<void()>> take() {
-        key_.clear();
-        return std::exchange(ops_, {});
-    }
-    bool empty() const { return ops_.empty(); }
+    // The recorded work and its key, taken (the recorder starts empty again).
+    struct Work {
+        std::vector<unsigned char> key;
+        std::vector<std::function<void()>> ops;
+    };
+    Work take() { return {std::exchange(key_, {}), std::exchange(ops_, {})}; }
 
   private:
     std::vector<unsigned char> key_;
